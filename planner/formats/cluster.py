@@ -1,0 +1,164 @@
+"""The cluster file (design.md section 5): devices, their types and hosts, and the links between them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.errors import InputFileError
+from planner.formats._validate import Checker
+from planner.formats.jsonio import read_document, write_json_atomic
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link: a transfer of ``n`` bytes costs ``latency_s + n / bandwidth_Bps``."""
+
+    bandwidth_Bps: float
+    latency_s: float
+    source: str = ""
+    """Where the figure comes from (datasheet, measurement); informational."""
+
+    def transfer_s(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
+        if self.source:
+            data["source"] = self.source
+        return data
+
+
+LOCAL = Link(bandwidth_Bps=math.inf, latency_s=0.0, source="same device")
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    type: str
+    host: str
+    memory_bytes: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"id": self.id, "type": self.type, "host": self.host, "memory_bytes": self.memory_bytes}
+        data.update(self.extra)
+        return data
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    devices: tuple[Device, ...]
+    intra_host: Link
+    inter_host: Link
+    pairs: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+    """Measured or declared links for specific pairs, keyed by sorted (a, b)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def device(self, device_id: str) -> Device:
+        for dev in self.devices:
+            if dev.id == device_id:
+                return dev
+        known = ", ".join(d.id for d in self.devices)
+        raise InputFileError(f"device {device_id!r} is not in cluster {self.name!r} (devices: {known})")
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(d.id for d in self.devices)
+
+    def link(self, a: str, b: str) -> Link:
+        """The link between devices ``a`` and ``b``: an explicit pair, else intra- or inter-host."""
+        if a == b:
+            return LOCAL
+        pair = self.pairs.get((a, b) if a < b else (b, a))
+        if pair is not None:
+            return pair
+        return self.intra_host if self.device(a).host == self.device(b).host else self.inter_host
+
+    def transfer_s(self, a: str, b: str, nbytes: float) -> float:
+        return self.link(a, b).transfer_s(nbytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        links: dict[str, Any] = {"intra_host": self.intra_host.to_dict(), "inter_host": self.inter_host.to_dict()}
+        if self.pairs:
+            links["pairs"] = [{"a": a, "b": b, **link.to_dict()} for (a, b), link in sorted(self.pairs.items())]
+        data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": self.name}
+        data.update(self.extra)
+        data["devices"] = [d.to_dict() for d in self.devices]
+        data["links"] = links
+        return data
+
+
+def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
+    """Validate a cluster document; raises ``InputFileError`` naming the broken rule."""
+    check = Checker(what)
+    check.schema_version(data, SCHEMA_VERSION)
+    name = check.get(data, "name", str)
+    raw_devices = check.get(data, "devices", list)
+    if not raw_devices:
+        check.fail("devices", "a non-empty list", raw_devices, "list at least one device")
+    devices = []
+    for i, raw in enumerate(raw_devices):
+        where = f"devices[{i}]"
+        if not isinstance(raw, dict):
+            check.fail(where, "an object", raw)
+        memory = check.get(raw, "memory_bytes", int, f"{where}.memory_bytes")
+        if memory <= 0:
+            check.fail(f"{where}.memory_bytes", "positive", memory)
+        devices.append(Device(
+            id=check.get(raw, "id", str, f"{where}.id"),
+            type=check.get(raw, "type", str, f"{where}.type"),
+            host=check.get(raw, "host", str, f"{where}.host"),
+            memory_bytes=memory,
+            extra=MappingProxyType({k: v for k, v in raw.items() if k not in ("id", "type", "host", "memory_bytes")}),
+        ))
+    ids = [d.id for d in devices]
+    if len(set(ids)) != len(ids):
+        check.fail("devices[].id", "unique", sorted({i for i in ids if ids.count(i) > 1}))
+    links = check.get(data, "links", dict)
+    pairs: dict[tuple[str, str], Link] = {}
+    for i, raw in enumerate(check.opt(links, "pairs", list, [], "links.pairs")):
+        where = f"links.pairs[{i}]"
+        if not isinstance(raw, dict):
+            check.fail(where, "an object", raw)
+        a = check.get(raw, "a", str, f"{where}.a")
+        b = check.get(raw, "b", str, f"{where}.b")
+        for end in (a, b):
+            if end not in ids:
+                check.fail(where, f"a pair of known device ids ({', '.join(ids)})", end)
+        pairs[(a, b) if a < b else (b, a)] = _link(raw, where, check)
+    extra = {k: v for k, v in data.items() if k not in ("schema_version", "name", "devices", "links")}
+    return Cluster(
+        name=name,
+        devices=tuple(devices),
+        intra_host=_link(check.get(links, "intra_host", dict, "links.intra_host"), "links.intra_host", check),
+        inter_host=_link(check.get(links, "inter_host", dict, "links.inter_host"), "links.inter_host", check),
+        pairs=MappingProxyType(pairs),
+        extra=MappingProxyType(extra),
+    )
+
+
+def _link(raw: dict[str, Any], where: str, check: Checker) -> Link:
+    bandwidth = float(check.get(raw, "bandwidth_Bps", float, f"{where}.bandwidth_Bps"))
+    latency = float(check.get(raw, "latency_s", float, f"{where}.latency_s"))
+    if bandwidth <= 0:
+        check.fail(f"{where}.bandwidth_Bps", "positive", bandwidth)
+    check.non_negative(latency, f"{where}.latency_s")
+    return Link(bandwidth, latency, str(raw.get("source", "")))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster file (JSON, or YAML by extension)."""
+    return cluster_from_dict(read_document(path, "cluster"), f"cluster {str(path)!r}")
+
+
+def save_cluster(cluster: Cluster, path: str | Path) -> Path:
+    return write_json_atomic(path, cluster.to_dict())

@@ -1,0 +1,127 @@
+"""The plan file (design.md section 5): stages, their devices and nodes, and the prediction.
+
+Binding: ``schema_version``, ``method``, ``schedule``, ``microbatches``, ``stages`` (``index``,
+``device``, ``nodes``) and ``predicted`` (``step_time_s`` and per device ``busy_s``, ``idle_s``,
+``peak_memory_bytes``). Everything else (solver status, refine rounds, the embedded cluster, the
+profile's path and digest, per-stage costs) is carried in ``extra`` fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.errors import InputFileError
+from planner.formats._validate import Checker
+from planner.formats.jsonio import read_document, write_json_atomic
+
+SCHEMA_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    device: str
+    nodes: tuple[str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Per-stage figures (compute_s, transfer_s, memory_bytes, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"index": self.index, "device": self.device, "nodes": list(self.nodes)}
+        data.update(self.extra)
+        return data
+
+
+@dataclass(frozen=True)
+class Plan:
+    method: str
+    schedule: str
+    microbatches: int
+    stages: tuple[Stage, ...]
+    predicted: Mapping[str, Any]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Top-level fields such as ``profile``, ``cluster``, ``optimizer``, ``solver``, ``refine``."""
+
+    @property
+    def step_time_s(self) -> float:
+        return float(self.predicted["step_time_s"])
+
+    def assignment(self) -> dict[str, int]:
+        """Node name -> stage index."""
+        return {name: stage.index for stage in self.stages for name in stage.nodes}
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "method": self.method,
+            "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "stages": [s.to_dict() for s in self.stages],
+            "predicted": _plain(self.predicted),
+        }
+        data.update(_plain(self.extra))
+        return data
+
+
+def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
+    """Validate a plan document's shape (not yet against a profile; see ``planner.check``)."""
+    check = Checker(what)
+    check.schema_version(data, SCHEMA_VERSION)
+    schedule = check.get(data, "schedule", str)
+    if schedule not in SCHEDULES:
+        check.fail("schedule", f"one of {', '.join(SCHEDULES)}", schedule)
+    microbatches = check.get(data, "microbatches", int)
+    if microbatches < 1:
+        check.fail("microbatches", "at least 1", microbatches)
+    raw_stages = check.get(data, "stages", list)
+    if not raw_stages:
+        check.fail("stages", "a non-empty list", raw_stages)
+    stages = []
+    for i, raw in enumerate(raw_stages):
+        where = f"stages[{i}]"
+        if not isinstance(raw, dict):
+            check.fail(where, "an object", raw)
+        index = check.get(raw, "index", int, f"{where}.index")
+        if index != i:
+            check.fail(f"{where}.index", f"{i} (stages listed in order)", index)
+        nodes = check.get(raw, "nodes", list, f"{where}.nodes")
+        if not all(isinstance(n, str) for n in nodes):
+            check.fail(f"{where}.nodes", "a list of node names", nodes)
+        stages.append(Stage(
+            index=index,
+            device=check.get(raw, "device", str, f"{where}.device"),
+            nodes=tuple(nodes),
+            extra=MappingProxyType({k: v for k, v in raw.items() if k not in ("index", "device", "nodes")}),
+        ))
+    predicted = check.get(data, "predicted", dict)
+    check.get(predicted, "step_time_s", float, "predicted.step_time_s")
+    extra = {k: v for k, v in data.items()
+             if k not in ("schema_version", "method", "schedule", "microbatches", "stages", "predicted")}
+    return Plan(
+        method=check.get(data, "method", str),
+        schedule=schedule,
+        microbatches=microbatches,
+        stages=tuple(stages),
+        predicted=MappingProxyType(predicted),
+        extra=MappingProxyType(extra),
+    )
+
+
+def load_plan(path: str | Path) -> Plan:
+    return plan_from_dict(read_document(path, "plan"), f"plan {str(path)!r}")
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    return write_json_atomic(path, plan.to_dict())
+
+
+def _plain(value: Any) -> Any:
+    """Turn mapping proxies and tuples into JSON-ready dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
