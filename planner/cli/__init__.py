@@ -6,7 +6,6 @@ Each command lives in its own module and registers itself on the shared ``app``.
 from planner.cli.app import app
 
 # Importing a module registers its commands on ``app``; one line per command module.
-from planner.cli import profile_cmd  # noqa: E402,F401
 
 __all__ = ["app", "main"]
 
