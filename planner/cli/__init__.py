@@ -6,6 +6,7 @@ Each command lives in its own module and registers itself on the shared ``app``.
 from planner.cli.app import app
 
 # Importing a module registers its commands on ``app``; one line per command module.
+from planner.cli import plan_cmds  # noqa: E402,F401
 
 __all__ = ["app", "main"]
 

@@ -1,0 +1,225 @@
+"""``plan partition | show | check | diff``: gather options, call one library function, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from planner.cli.app import command, console, emit_json
+
+if TYPE_CHECKING:
+    from planner.check import CheckResult, PlanDiff
+
+_JSON = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+@command("partition")
+def partition_cmd(
+    profile: Annotated[Path, typer.Argument(help="Profile JSON written by `plan profile`.", show_default=False)],
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster file path, or a bundled cluster name "
+                                         "(e.g. dgx-h100-8, a100-2x8-ib, cpu-2).", show_default=False)],
+    method: Annotated[str, typer.Option("--method", "-m", help="Placer: greedy, ilp, dp, or a baseline "
+                                        "(see docs/commands.md).")] = "dp",
+    microbatches: Annotated[int, typer.Option("--microbatches", "-n", help="Micro-batches per step (>= 1).")] = 8,
+    schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b or interleaved-1f1b.")] = "1f1b",
+    optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam (optimizer state in the memory model).")] = "adam",
+    refine: Annotated[bool, typer.Option("--refine", help="Re-weight devices from simulated waits and re-plan "
+                                         "until stable (seed 003 S3-S6, offline).")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the plan JSON "
+                                                   "(atomically; nothing is written on error).")] = None,
+    as_json: _JSON = False,
+) -> None:
+    """Split a profiled model into pipeline stages over a cluster and write the plan.
+
+    Prints one row per stage (device, layers, compute, transfer, memory against capacity, idle)
+    and the predicted step time and bubble.
+
+    Examples:
+
+      plan partition profile.json --cluster dgx-h100-8 --method dp -n 16 -s 1f1b -o plan.json
+
+      plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
+    """
+    from planner.planning import partition_file
+    from planner.report import plan_summary, stage_table, summary_text
+
+    plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches, schedule=schedule,
+                          optimizer=optimizer, refine=refine)
+    if as_json:
+        emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
+        return
+    console.print(stage_table(plan))
+    console.print(summary_text(plan))
+    if output is not None:
+        console.print(f"wrote {output}")
+
+
+@command("show")
+def show_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan JSON written by `plan partition`.", show_default=False)],
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Timeline PNG "
+                        "[default: PLAN-STEM.timeline.png next to the plan].", show_default=False)] = None,
+    svg: Annotated[Optional[Path], typer.Option("--svg", help="Timeline SVG "
+                   "[default: PLAN-STEM.timeline.svg next to the plan].", show_default=False)] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Chrome/Perfetto trace JSON "
+                     "[default: PLAN-STEM.trace.json next to the plan].", show_default=False)] = None,
+    no_files: Annotated[bool, typer.Option("--no-files", help="Print the table only; write no pictures or trace.")] = False,
+    as_json: _JSON = False,
+) -> None:
+    """Print a plan's stage table, and re-simulate it to draw a per-device timeline and a trace.
+
+    By default writes PLAN-STEM.timeline.png, PLAN-STEM.timeline.svg and PLAN-STEM.trace.json
+    next to PLAN (for run/plan.json: run/plan.timeline.png, ...). Open the trace in
+    https://ui.perfetto.dev or chrome://tracing.
+
+    Examples:
+
+      plan show plan.json
+
+      plan show plan.json --timeline out/t.png --svg out/t.svg --trace out/t.trace.json
+    """
+    from planner.report import default_report_paths, plan_summary, stage_table, summary_text, write_report
+
+    paths = {} if no_files else default_report_paths(plan)
+    for key, given in (("png", timeline), ("svg", svg), ("trace", trace)):
+        if given is not None:
+            paths[key] = given
+    report = write_report(plan, paths)
+    if as_json:
+        emit_json({**plan_summary(report.plan), "simulated_step_time_s": report.step_time_s,
+                   "files": {k: str(v) for k, v in report.files.items()}})
+        return
+    console.print(stage_table(report.plan, title=str(plan)))
+    console.print(summary_text(report.plan))
+    for kind, path in report.files.items():
+        console.print(f"wrote {kind}: {path}")
+
+
+@command("check")
+def check_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan JSON to check.", show_default=False)],
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", "-b", help="Plan to compare against "
+                        "(step time and peak memory).", show_default=False)] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile to validate against "
+                       "[default: the plan's profile.path].", show_default=False)] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster path or bundled name "
+                       "[default: the cluster embedded in the plan].", show_default=False)] = None,
+    tolerance: Annotated[str, typer.Option("--tolerance", "-t", help="Allowed growth over the baseline: "
+                                           "a percentage (2%) or a fraction (0.02).")] = "2%",
+    as_json: _JSON = False,
+) -> None:
+    """Validate a plan and compare it with a baseline; for CI.
+
+    Valid means: every profile node in exactly one stage, no empty stage, no edge running
+    backwards, every device in the cluster, every device's memory within its capacity.
+    Exit codes: 0 valid and no regression; 1 invalid plan or a regression beyond the tolerance
+    (or unreadable input); 2 bad usage.
+
+    Examples:
+
+      plan check plan.json
+
+      plan check new.json --baseline golden.json --tolerance 2%
+    """
+    from planner.check import check_files, parse_tolerance
+
+    result = check_files(plan, baseline_path=baseline, profile_path=profile, cluster_spec=cluster,
+                         tolerance=parse_tolerance(tolerance))
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        _print_check(result)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@command("diff")
+def diff_cmd(
+    a: Annotated[Path, typer.Argument(help="First plan (A).", show_default=False)],
+    b: Annotated[Path, typer.Argument(help="Second plan (B).", show_default=False)],
+    as_json: _JSON = False,
+) -> None:
+    """Show what changed from plan A to plan B: devices, node counts and moved nodes per stage,
+    and the predicted step time and memory.
+
+    Example:
+
+      plan diff plan-greedy.json plan-dp.json
+    """
+    from planner.check import diff_files
+
+    result = diff_files(a, b)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    _print_diff(result)
+
+
+def _print_check(result: CheckResult) -> None:
+    from planner.report.table import fmt_bytes, fmt_time
+
+    for problem in result.problems:
+        console.print(Text(f"invalid: {problem}", style="red"))
+    if result.metrics:
+        table = Table(title=f"{result.plan} vs baseline {result.baseline}", title_justify="left", header_style="bold")
+        for name in ("metric", "baseline", "current", "change", "limit", "verdict"):
+            table.add_column(name, justify="left" if name in ("metric", "verdict") else "right")
+        for m in result.metrics:
+            fmt = fmt_time if m.unit == "s" else fmt_bytes
+            verdict = Text("regressed", style="red bold") if m.regressed else Text("ok", style="green")
+            table.add_row(m.name, fmt(m.baseline), fmt(m.current), f"{m.change:+.2%}", f"+{m.tolerance:.2%}", verdict)
+        console.print(table)
+    for note in result.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    verdict = "PASS" if result.passed else "FAIL"
+    detail = []
+    if result.problems:
+        detail.append(f"{len(result.problems)} problem(s)")
+    if result.regressions:
+        detail.append("regressed: " + ", ".join(m.name for m in result.regressions))
+    console.print(Text(f"{verdict}: {result.plan}" + (f" ({'; '.join(detail)})" if detail else ""),
+                       style="green bold" if result.passed else "red bold"))
+
+
+def _print_diff(result: PlanDiff) -> None:
+    from planner.report.table import fmt_bytes, fmt_time
+
+    for key, (va, vb) in result.settings.items():
+        console.print(f"{key}: {va} -> {vb}")
+    table = Table(title=f"{result.a} -> {result.b}", title_justify="left", header_style="bold")
+    for name in ("stage", "device", "nodes", "moved in", "moved out", "compute", "memory"):
+        table.add_column(name, justify="right" if name in ("stage", "nodes", "compute", "memory") else "left")
+    for s in result.stages:
+        table.add_row(
+            str(s.index), _arrow(s.device_a, s.device_b), _arrow(s.nodes_a, s.nodes_b),
+            _names(s.moved_in), _names(s.moved_out),
+            _arrow(fmt_time(s.compute_s_a), fmt_time(s.compute_s_b)),
+            _arrow(fmt_bytes(s.memory_bytes_a), fmt_bytes(s.memory_bytes_b)),
+        )
+    console.print(table)
+    (ta, tb), (ma, mb) = result.step_time_s, result.peak_memory_bytes
+    change = f" ({tb / ta - 1:+.2%})" if ta > 0 else ""
+    console.print(f"step time: {fmt_time(ta)} -> {fmt_time(tb)}{change}; peak memory: {fmt_bytes(ma)} -> {fmt_bytes(mb)}; "
+                  f"moved nodes: {result.moved_nodes}")
+    for label, names in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
+        if names:
+            console.print(Text(f"{label}: {_names(names, 8)}", style="yellow"))
+    if result.identical:
+        console.print("the plans place every node identically")
+
+
+def _arrow(a: object, b: object) -> str:
+    none = "-"
+    a_text, b_text = none if a is None else str(a), none if b is None else str(b)
+    return a_text if a_text == b_text else f"{a_text} -> {b_text}"
+
+
+def _names(names: tuple[str, ...], limit: int = 3) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} (+{len(names) - limit})"

@@ -1,0 +1,52 @@
+"""What the report needs from a simulated event, and how tracks (devices, links) are ordered.
+
+The simulator (``planner.partition.simulate``) produces the events; this module only reads their
+``resource``, ``kind``, ``stage``, ``microbatch``, ``start_s`` and ``end_s`` attributes, so the
+timeline and trace can be tested with hand-made events.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+KINDS = ("fwd", "bwd", "send_fwd", "send_bwd")
+_SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB"}
+
+
+class TimedEvent(Protocol):
+    """One busy interval on one resource (a device or a link)."""
+
+    @property
+    def resource(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def stage(self) -> int: ...
+    @property
+    def microbatch(self) -> int: ...
+    @property
+    def start_s(self) -> float: ...
+    @property
+    def end_s(self) -> float: ...
+
+
+def event_label(ev: TimedEvent) -> str:
+    """Short name: ``F3`` (forward of micro-batch 3), ``B3``, ``sF3``/``sB3`` (sends); stage in brackets."""
+    return f"{_SHORT.get(ev.kind, ev.kind)}{ev.microbatch} [s{ev.stage}]"
+
+
+def split_tracks(events: Sequence[TimedEvent], device_order: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Device tracks in ``device_order`` (every device, busy or not), then link tracks.
+
+    A resource that is not a device is a link (``"a->b"``); links appear only when they carry a
+    transfer, ordered by the pipeline positions of their ends (``d0->d1``, ``d1->d0``, ``d1->d2``, ...).
+    """
+    devices = list(dict.fromkeys(device_order))
+    position = {d: i for i, d in enumerate(devices)}
+
+    def key(link: str) -> tuple[int, int, str]:
+        src, _, dst = link.partition("->")
+        return position.get(src, len(position)), position.get(dst, len(position)), link
+
+    links = sorted({ev.resource for ev in events} - set(devices), key=key)
+    return devices, links

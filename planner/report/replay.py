@@ -1,0 +1,39 @@
+"""Re-simulate a saved plan from what it carries: per-stage simulator figures and the embedded cluster.
+
+Every field of ``planner.partition.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
+``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``) is stored on each
+stage of a plan by ``build_plan``; reading them back by the dataclass's own field list keeps this
+module in step with the simulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from planner.clusters import embedded_cluster
+from planner.errors import InputFileError
+from planner.formats.plan import Plan, Stage
+from planner.partition.simulate import SimResult, SimStage, simulate
+
+
+def sim_stage(stage: Stage, what: str = "plan") -> SimStage:
+    """The simulator's view of one stored stage; a missing or non-numeric figure is an input error."""
+    values: dict[str, Any] = {"device": stage.device}
+    for f in dataclasses.fields(SimStage):
+        if f.name == "device":
+            continue
+        raw = stage.extra.get(f.name)
+        if not isinstance(raw, (int, float)) or isinstance(raw, bool) or raw < 0:
+            raise InputFileError(
+                f"{what}: stage {stage.index} has no usable {f.name!r} (found {raw!r}); the plan cannot be "
+                f"re-simulated. Re-create it with `plan partition`"
+            )
+        values[f.name] = int(raw) if f.type in ("int", int) else float(raw)
+    return SimStage(**values)
+
+
+def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
+    """Simulate one training step of ``plan`` on its embedded cluster, recording every event."""
+    stages = [sim_stage(stage, what) for stage in plan.stages]
+    return simulate(stages, embedded_cluster(plan, what), plan.schedule, plan.microbatches)

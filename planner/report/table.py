@@ -1,0 +1,141 @@
+"""The stage table shared by ``plan partition`` and ``plan show``, and the plan summary for ``--json``.
+
+Reads the per-stage figures a plan carries (``compute_s``, ``transfer_s``, ``memory_bytes``,
+``capacity_bytes``, ``idle_s``, ``layers``) and the embedded cluster for device types. Builds
+rich renderables; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from planner.formats.plan import Plan, Stage
+
+
+def stage_table(plan: Plan, title: str | None = None) -> Table:
+    """One row per stage: device and type, layers and op count, compute, transfer, memory, idle."""
+    types = device_types(plan)
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name, justify in (("stage", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
+                          ("transfer", "right"), ("memory / capacity", "right"), ("idle", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "layers / ops")  # type: ignore[arg-type]
+    for stage in plan.stages:
+        x = stage.extra
+        device = f"{stage.device} ({types[stage.device]})" if stage.device in types else stage.device
+        table.add_row(
+            str(stage.index), device, layer_span(stage), fmt_time(x.get("compute_s")), fmt_time(x.get("transfer_s")),
+            _memory_cell(x.get("memory_bytes"), x.get("capacity_bytes")), fmt_time(x.get("idle_s")),
+        )
+    return table
+
+
+def summary_text(plan: Plan) -> Text:
+    """The line under the table: method, schedule, micro-batches, predicted step time and bubble."""
+    bubble = plan.predicted.get("bubble_fraction")
+    text = Text()
+    text.append(f"{plan.method}", style="bold")
+    text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {len(plan.stages)} stages · ")
+    text.append(f"step {fmt_time(plan.step_time_s)}", style="bold green")
+    if isinstance(bubble, (int, float)):
+        text.append(f" · bubble {bubble:.1%}")
+    solver = plan.extra.get("solver")
+    if isinstance(solver, Mapping) and solver.get("status"):
+        text.append(f" · solver {solver['status']}")
+    estimated = plan.extra.get("estimated_types")
+    if estimated:
+        text.append(f" · estimated times for {', '.join(map(str, estimated))}", style="yellow")
+    return text
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """Machine-readable summary: the settings, the prediction and one compact record per stage."""
+    types = device_types(plan)
+    stages = []
+    for stage in plan.stages:
+        layers = _layers(stage)
+        stages.append({
+            "index": stage.index, "device": stage.device, "type": types.get(stage.device),
+            "nodes": len(stage.nodes), "first_layer": layers[0] if layers else None,
+            "last_layer": layers[-1] if layers else None,
+            **{k: stage.extra.get(k) for k in ("compute_s", "transfer_s", "memory_bytes", "capacity_bytes", "idle_s")},
+        })
+    return {
+        "method": plan.method, "schedule": plan.schedule, "microbatches": plan.microbatches,
+        "step_time_s": plan.step_time_s, "bubble_fraction": plan.predicted.get("bubble_fraction"),
+        "peak_memory_bytes": peak_memory_bytes(plan), "stages": stages,
+    }
+
+
+def device_types(plan: Plan) -> dict[str, str]:
+    """Device id -> type, from the cluster embedded in the plan (empty when none is embedded)."""
+    cluster = plan.extra.get("cluster")
+    if not isinstance(cluster, Mapping):
+        return {}
+    return {str(d["id"]): str(d.get("type", "?")) for d in cluster.get("devices", ()) if isinstance(d, Mapping) and "id" in d}
+
+
+def peak_memory_bytes(plan: Plan) -> int | None:
+    """Largest predicted per-device peak memory, else the largest stage memory, else ``None``."""
+    devices = plan.predicted.get("devices")
+    if isinstance(devices, Mapping):
+        peaks = [d.get("peak_memory_bytes") for d in devices.values() if isinstance(d, Mapping)]
+        peaks = [p for p in peaks if isinstance(p, (int, float))]
+        if peaks:
+            return int(max(peaks))
+    stage_mem = [s.extra.get("memory_bytes") for s in plan.stages]
+    stage_mem = [m for m in stage_mem if isinstance(m, (int, float))]
+    return int(max(stage_mem)) if stage_mem else None
+
+
+def layer_span(stage: Stage) -> str:
+    """``h.0 .. h.3 (4 layers, 212 ops)``: first and last layer and the op count, compact."""
+    layers = _layers(stage)
+    ops = f"{len(stage.nodes)} ops"
+    if not layers:
+        return ops if not stage.nodes else f"{stage.nodes[0]} .. {stage.nodes[-1]} ({ops})"
+    if len(layers) == 1:
+        return f"{layers[0]} ({ops})"
+    return f"{layers[0]} .. {layers[-1]} ({len(layers)} layers, {ops})"
+
+
+def _layers(stage: Stage) -> Sequence[str]:
+    layers = stage.extra.get("layers")
+    if not isinstance(layers, (list, tuple)):
+        return ()
+    return [str(x) if str(x) else "(root)" for x in layers]
+
+
+def fmt_time(seconds: Any) -> str:
+    """Seconds in the unit that keeps 3 significant digits: ``1.23 s``, ``45.6 ms``, ``789 µs``."""
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    value = float(seconds)
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return "0 s" if value == 0 else f"{value * 1e9:.3g} ns"
+
+
+def fmt_bytes(nbytes: Any) -> str:
+    """Bytes in binary units: ``1.50 GiB``."""
+    if not isinstance(nbytes, (int, float)):
+        return "-"
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} TiB"
+
+
+def _memory_cell(memory: Any, capacity: Any) -> Text:
+    if not isinstance(memory, (int, float)):
+        return Text("-")
+    if not isinstance(capacity, (int, float)) or capacity <= 0:
+        return Text(fmt_bytes(memory))
+    share = memory / capacity
+    style = "red bold" if share > 1 else "yellow" if share > 0.9 else ""
+    return Text(f"{fmt_bytes(memory)} / {fmt_bytes(capacity)} ({share:.0%})", style=style)
