@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from functools import cached_property
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
-from planner.formats.profile import INPUT_OP, Profile
+from planner.formats.profile import INPUT_OP, Node, Profile
+
+if TYPE_CHECKING:
+    from planner.partition.cost import CostTables
 
 OPTIMIZER_STATES = {"sgd": 0, "adam": 2}
 """Optimizer state per parameter, in units of the parameter's bytes (plain SGD keeps none; Adam two moments)."""
@@ -35,6 +40,8 @@ class Block:
     saved_bytes: int
     time_s: Mapping[str, tuple[float, float]]
     """Per device type: (forward, backward) seconds per micro-batch, summed over the block's nodes."""
+    layers: tuple[str, ...] = ()
+    """Sorted unique ``layer_of(module_path)`` of the block's nodes (empty paths left out)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,13 @@ class Problem:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
         factor = self.speed_factors.get(device_id, 1.0)
         return fwd * factor, bwd * factor
+
+    @cached_property
+    def tables(self) -> CostTables:
+        """Prefix-sum cost tables, built on first use and kept (O(1) stage costs for placers)."""
+        from planner.partition.cost import CostTables
+
+        return CostTables.build(self)
 
 
 @dataclass(frozen=True)
@@ -133,3 +147,137 @@ def layer_of(module_path: str) -> str:
     if match:
         return match.group(1)
     return module_path.split(".")[0]
+
+
+def build_problem(
+    profile: Profile,
+    cluster: Cluster,
+    *,
+    microbatches: int,
+    schedule: str,
+    optimizer: str = "adam",
+    groups: Sequence[Sequence[str]] | None = None,
+    speed_factors: Mapping[str, float] | None = None,
+) -> Problem:
+    """Build the placers' problem: blocks with per-device-type times, cut bytes, the cluster and settings.
+
+    ``groups`` are contiguous runs of the profile's nodes in its order (default: one block per node,
+    i.e. op granularity). Device types of the cluster that the profile lacks are estimated with the
+    profiler's roofline (``planner.profile.estimate``) and listed in ``Problem.estimated_types``.
+    Work is per node and per device *type*, never per device.
+    """
+    validate_settings(microbatches, schedule, optimizer)
+    factors = _check_speed_factors(cluster, speed_factors or {})
+    names = [[n] for n in (node.name for node in profile.nodes)] if groups is None else [list(g) for g in groups]
+    _check_groups(profile, names)
+    types = sorted({d.type for d in cluster.devices})
+    _check_estimable(profile, cluster, types)
+    times, estimated = _node_times(profile, types)
+    fwd_cut, bwd_cut = cut_bytes(profile, names)
+    blocks, start = [], 0
+    for group in names:
+        stop = start + len(group)
+        blocks.append(_block(profile.nodes[start:stop], times[start:stop], types))
+        start = stop
+    return Problem(
+        blocks=tuple(blocks),
+        cut_fwd_bytes=fwd_cut,
+        cut_bwd_bytes=bwd_cut,
+        cluster=cluster,
+        microbatches=microbatches,
+        schedule=schedule,
+        optimizer=optimizer,
+        estimated_types=tuple(sorted(estimated)),
+        speed_factors=MappingProxyType(factors),
+    )
+
+
+def _check_speed_factors(cluster: Cluster, factors: Mapping[str, float]) -> dict[str, float]:
+    ids = set(cluster.device_ids)
+    for device_id, factor in sorted(factors.items()):
+        if device_id not in ids:
+            raise PlannerError(f"speed factor given for device {device_id!r}, which is not in cluster "
+                               f"{cluster.name!r} (devices: {', '.join(cluster.device_ids)})")
+        if not (factor > 0 and factor < float("inf")):
+            raise PlannerError(f"speed factor of device {device_id!r} must be a positive finite number, found {factor!r}")
+    return dict(sorted(factors.items()))
+
+
+def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
+    """Groups must be non-empty and, concatenated, list every profile node once in profile order."""
+    position = 0
+    for g, group in enumerate(groups):
+        if not group:
+            raise PlannerError(f"group {g} is empty; every group must hold at least one node")
+        for name in group:
+            expected = profile.nodes[position].name if position < len(profile.nodes) else None
+            if name != expected:
+                raise PlannerError(
+                    f"group {g} lists node {name!r} where the profile's order has {expected!r}; groups must be "
+                    f"contiguous runs of the profile's nodes, in profile order, covering each node exactly once"
+                )
+            position += 1
+    if position != len(profile.nodes):
+        raise PlannerError(f"groups cover {position} of the profile's {len(profile.nodes)} nodes; "
+                           f"the first left out is {profile.nodes[position].name!r}")
+
+
+def _node_times(profile: Profile, types: Sequence[str]) -> tuple[list[list[tuple[float, float]]], set[str]]:
+    """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times."""
+    estimated: set[str] = set()
+    out: list[list[tuple[float, float]]] = []
+    for node in profile.nodes:
+        row = []
+        for dev_type in types:
+            op_time = node.time_s.get(dev_type)
+            if op_time is None:
+                row.append(_estimate(node, dev_type))
+                estimated.add(dev_type)
+            else:
+                row.append((op_time.fwd, op_time.bwd))
+                if op_time.source == "estimated":
+                    estimated.add(dev_type)
+        out.append(row)
+    return out, estimated
+
+
+def _estimate(node: Node, device_type: str) -> tuple[float, float]:
+    """Roofline estimate of a node the profile did not time on ``device_type``."""
+    from planner.profile.estimate import estimate_node_time
+
+    result = estimate_node_time(node, device_type)
+    return result.fwd, result.bwd
+
+
+def _check_estimable(profile: Profile, cluster: Cluster, types: Sequence[str]) -> None:
+    """Every cluster type the profile did not time on every node must be in the device catalog."""
+    from planner.profile.catalog import load_catalog
+
+    timed = set(profile.device_types)
+    missing = [t for t in types if t not in timed]
+    if not missing:
+        return
+    catalog = load_catalog()
+    for dev_type in missing:
+        if dev_type not in catalog:
+            ids = ", ".join(d.id for d in cluster.devices if d.type == dev_type)
+            raise PlannerError(
+                f"cluster {cluster.name!r} has devices of type {dev_type!r} ({ids}), which the profile did not "
+                f"time (it has {', '.join(timed) or 'no complete type'}) and the device catalog does not know "
+                f"(known: {', '.join(sorted(catalog))}); fix the device type or profile on that device"
+            )
+
+
+def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]], types: Sequence[str]) -> Block:
+    name = nodes[0].name if len(nodes) == 1 else f"{nodes[0].name}..{nodes[-1].name}"
+    time_s = {}
+    for k, dev_type in enumerate(types):
+        time_s[dev_type] = (sum(row[k][0] for row in times), sum(row[k][1] for row in times))
+    return Block(
+        name=name,
+        nodes=tuple(node.name for node in nodes),
+        param_bytes=sum(node.param_bytes for node in nodes),
+        saved_bytes=sum(node.saved_bytes for node in nodes),
+        time_s=MappingProxyType(time_s),
+        layers=tuple(sorted({layer_of(node.module_path) for node in nodes} - {""})),
+    )

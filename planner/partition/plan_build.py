@@ -1,0 +1,81 @@
+"""Turn a placer's partition into a ``Plan``: the stages' nodes, per-stage costs and the simulated prediction."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.formats.plan import Plan, Stage
+from planner.partition.cost import check_fits, stage_memory_bytes, stage_sims, transfer_s
+from planner.partition.problem import Partition, Problem
+from planner.partition.simulate import SimResult, SimStage, simulate
+
+
+def build_plan(problem: Problem, partition: Partition, *, method: str,
+               profile_ref: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> Plan:
+    """Check memory, simulate, and assemble the plan (design.md section 5).
+
+    ``profile_ref`` (path, sha256, model name: the caller knows them) is stored as ``profile``; the
+    cluster is embedded so that a plan can be checked without its cluster file. ``extra`` adds
+    top-level fields (solver status, refine rounds, ...). Raises ``InfeasibleError`` when a device's
+    peak memory exceeds its capacity.
+    """
+    check_fits(problem, partition)
+    sims = stage_sims(problem, partition)
+    result = simulate(sims, problem.cluster, problem.schedule, problem.microbatches, record_events=False)
+    stages = tuple(_stage(problem, partition, i, sims[i], result) for i in range(len(partition)))
+    top: dict[str, Any] = {
+        "optimizer": problem.optimizer,
+        "estimated_types": list(problem.estimated_types),
+        "cluster": problem.cluster.to_dict(),
+    }
+    if problem.speed_factors:
+        top["speed_factors"] = dict(problem.speed_factors)
+    if profile_ref is not None:
+        top["profile"] = dict(profile_ref)
+    top.update(extra or {})
+    return Plan(
+        method=method,
+        schedule=problem.schedule,
+        microbatches=problem.microbatches,
+        stages=stages,
+        predicted=MappingProxyType(predicted(result)),
+        extra=MappingProxyType(top),
+    )
+
+
+def predicted(result: SimResult) -> dict[str, Any]:
+    """The plan's ``predicted`` field from a simulation."""
+    return {
+        "step_time_s": result.step_time_s,
+        "bubble_fraction": result.bubble_fraction,
+        "devices": {dev: {"busy_s": s.busy_s, "idle_s": s.idle_s, "peak_memory_bytes": s.peak_memory_bytes}
+                    for dev, s in result.devices.items()},
+    }
+
+
+def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result: SimResult) -> Stage:
+    spec = partition[i]
+    blocks = problem.blocks[spec.start:spec.stop]
+    nodes = tuple(name for block in blocks for name in block.nodes)
+    next_device = partition[i + 1].device if i + 1 < len(partition) else spec.device
+    prev_device = partition[i - 1].device if i > 0 else spec.device
+    device = problem.cluster.device(spec.device)
+    fields = {
+        "device_type": device.type,
+        "blocks": [spec.start, spec.stop],
+        "fwd_s": sim.fwd_s,
+        "bwd_s": sim.bwd_s,
+        "compute_s": sim.fwd_s + sim.bwd_s,
+        "send_fwd_bytes": sim.send_fwd_bytes,
+        "send_bwd_bytes": sim.send_bwd_bytes,
+        "transfer_s": transfer_s(problem.tables, spec.device, next_device, sim.send_fwd_bytes),
+        "transfer_bwd_s": transfer_s(problem.tables, spec.device, prev_device, sim.send_bwd_bytes),
+        "static_bytes": sim.static_bytes,
+        "activation_bytes": sim.activation_bytes,
+        "memory_bytes": stage_memory_bytes(problem, partition, i),
+        "capacity_bytes": device.memory_bytes,
+        "idle_s": result.devices[spec.device].idle_s,
+        "layers": sorted({layer for block in blocks for layer in block.layers}),
+    }
+    return Stage(index=i, device=spec.device, nodes=nodes, extra=MappingProxyType(fields))

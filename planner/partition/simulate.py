@@ -1,0 +1,219 @@
+"""Event-driven simulation of one pipelined training step (forward and backward of every micro-batch).
+
+Resources are the devices and the *directed* links between them. Each device runs its passes in the
+fixed order of its schedule (``planner.partition.schedules``), one at a time, each as soon as the device
+is free and its input has arrived. A finished forward sends its activations to the next stage's
+device, a finished backward sends gradients to the previous stage's device; a transfer of ``n`` bytes
+occupies its directed link for ``latency_s + n / bandwidth_Bps`` and transfers on the same link run one
+after another in request order (first come, first served). Compute and communication overlap, as they
+do with asynchronous point-to-point sends on separate streams. The heap holds pass completions; every
+resource decision is made at a completion time, so requests reach each link in time order.
+
+See docs/simulator.md for the model and what it leaves out.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from planner.errors import PlannerError
+from planner.formats.cluster import Cluster
+from planner.partition.schedules import FWD, Op, device_orders, pipeline_layout
+
+
+@dataclass(frozen=True)
+class SimStage:
+    """One pipeline stage as the simulator sees it; times and bytes are per micro-batch."""
+
+    device: str
+    fwd_s: float
+    bwd_s: float
+    send_fwd_bytes: int
+    """Activations sent to the next stage (0 for the last stage)."""
+    send_bwd_bytes: int
+    """Gradients sent to the previous stage (0 for the first stage)."""
+    static_bytes: int
+    """Weights, gradients and optimizer state."""
+    activation_bytes: int
+    """Bytes kept from a micro-batch's forward until its backward."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A busy interval of one resource: a device (its id) or a directed link (``"a->b"``)."""
+
+    resource: str
+    kind: str
+    """``fwd``, ``bwd``, ``send_fwd`` or ``send_bwd``."""
+    stage: int
+    """The stage that computed, or that sent."""
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    busy_s: float
+    idle_s: float
+    peak_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    step_time_s: float
+    devices: Mapping[str, DeviceStats]
+    """Every device that holds a stage, in pipeline order."""
+    bubble_fraction: float
+    """Total idle time / (devices x step time)."""
+    events: tuple[Event, ...]
+    """Busy intervals sorted by start time (empty when simulated with ``record_events=False``)."""
+    stage_inflight: tuple[int, ...] = ()
+    """Per stage: the most micro-batches observed between their forward start and backward end."""
+
+
+@dataclass
+class _State:
+    """Mutable bookkeeping of one simulation run (private; never escapes ``simulate``)."""
+
+    orders: tuple[tuple[Op, ...], ...]
+    rank_of_stage: list[int]
+    fwd_ready: list[list[float | None]]
+    bwd_ready: list[list[float | None]]
+    position: list[int]
+    free_at: list[float]
+    running: list[bool]
+    busy_s: list[float]
+    live_bytes: list[int]
+    peak_bytes: list[int]
+    live_mb: list[int]
+    peak_mb: list[int]
+    link_free: dict[tuple[int, int], float]
+    heap: list[tuple[float, int, int]]
+    events: list[Event] | None
+    seq: int = 0
+
+
+def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
+             *, record_events: bool = True) -> SimResult:
+    """Simulate one training step of ``stages`` (in pipeline order) under ``schedule``."""
+    if microbatches < 1:
+        raise PlannerError(f"microbatches must be at least 1, found {microbatches}")
+    ranks, chunks = pipeline_layout([st.device for st in stages], schedule)
+    for dev in ranks:
+        cluster.device(dev)  # raises a clear error for an unknown device
+    state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
+    for rank in range(len(ranks)):
+        _try_start(state, stages, ranks, rank, 0.0)
+    while state.heap:
+        now, _, rank = heapq.heappop(state.heap)
+        _finish(state, stages, ranks, cluster, rank, now)
+    stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < len(state.orders[r])]
+    if stuck:
+        raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
+                           f"(stuck: {', '.join(stuck)}); use a micro-batch count that is a multiple of the device count")
+    return _result(state, stages, ranks)
+
+
+def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: int, schedule: str,
+                   m: int, record_events: bool) -> _State:
+    n, p = len(stages), len(ranks)
+    fwd_ready: list[list[float | None]] = [[None] * m for _ in range(n)]
+    fwd_ready[0] = [0.0] * m
+    return _State(
+        orders=device_orders(schedule, p, chunks, m),
+        rank_of_stage=[s % p for s in range(n)],
+        fwd_ready=fwd_ready,
+        bwd_ready=[[None] * m for _ in range(n)],
+        position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,
+        live_bytes=[0] * p, peak_bytes=[0] * p, live_mb=[0] * n, peak_mb=[0] * n,
+        link_free={}, heap=[], events=[] if record_events else None,
+    )
+
+
+def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
+    """Start the device's next pass if the device is free and the pass's input has arrived."""
+    if state.running[rank] or state.position[rank] == len(state.orders[rank]):
+        return
+    kind, s, j = state.orders[rank][state.position[rank]]
+    ready = state.fwd_ready[s][j] if kind == FWD else state.bwd_ready[s][j]
+    if ready is None:
+        return
+    start = max(now, ready, state.free_at[rank])
+    stage = stages[s]
+    duration = stage.fwd_s if kind == FWD else stage.bwd_s
+    if kind == FWD:
+        state.live_bytes[rank] += stage.activation_bytes
+        state.peak_bytes[rank] = max(state.peak_bytes[rank], state.live_bytes[rank])
+        state.live_mb[s] += 1
+        state.peak_mb[s] = max(state.peak_mb[s], state.live_mb[s])
+    state.running[rank] = True
+    state.free_at[rank] = start + duration
+    state.busy_s[rank] += duration
+    if state.events is not None:
+        state.events.append(Event(ranks[rank], "fwd" if kind == FWD else "bwd", s, j, start, start + duration))
+    state.seq += 1
+    heapq.heappush(state.heap, (start + duration, state.seq, rank))
+
+
+def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], cluster: Cluster,
+            rank: int, now: float) -> None:
+    """A pass on ``rank`` completed at ``now``: send its output, then start what became runnable."""
+    kind, s, j = state.orders[rank][state.position[rank]]
+    state.position[rank] += 1
+    state.running[rank] = False
+    last = len(stages) - 1
+    if kind == FWD:
+        if s == last:
+            state.bwd_ready[s][j] = now
+        else:
+            state.fwd_ready[s + 1][j] = _send(state, stages, ranks, cluster, s, s + 1, j, now)
+            _try_start(state, stages, ranks, state.rank_of_stage[s + 1], now)
+    else:
+        state.live_bytes[rank] -= stages[s].activation_bytes
+        state.live_mb[s] -= 1
+        if s > 0:
+            state.bwd_ready[s - 1][j] = _send(state, stages, ranks, cluster, s, s - 1, j, now)
+            _try_start(state, stages, ranks, state.rank_of_stage[s - 1], now)
+    _try_start(state, stages, ranks, rank, now)
+
+
+def _send(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], cluster: Cluster,
+          src: int, dst: int, j: int, now: float) -> float:
+    """Queue stage ``src``'s output for stage ``dst`` on their directed link; return its arrival time."""
+    nbytes = stages[src].send_fwd_bytes if dst > src else stages[src].send_bwd_bytes
+    a, b = state.rank_of_stage[src], state.rank_of_stage[dst]
+    duration = cluster.transfer_s(ranks[a], ranks[b], nbytes)
+    if a == b or duration <= 0:
+        return now
+    start = max(now, state.link_free.get((a, b), 0.0))
+    end = start + duration
+    state.link_free[(a, b)] = end
+    if state.events is not None:
+        kind = "send_fwd" if dst > src else "send_bwd"
+        state.events.append(Event(f"{ranks[a]}->{ranks[b]}", kind, src, j, start, end))
+    return end
+
+
+def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> SimResult:
+    step = max(state.free_at) if state.free_at else 0.0
+    static = [0] * len(ranks)
+    for s, stage in enumerate(stages):
+        static[state.rank_of_stage[s]] += stage.static_bytes
+    devices = {
+        dev: DeviceStats(busy_s=state.busy_s[r], idle_s=max(step - state.busy_s[r], 0.0),
+                         peak_memory_bytes=static[r] + state.peak_bytes[r])
+        for r, dev in enumerate(ranks)
+    }
+    idle = sum(d.idle_s for d in devices.values())
+    events = tuple(sorted(state.events, key=lambda e: (e.start_s, e.end_s))) if state.events is not None else ()
+    return SimResult(
+        step_time_s=step,
+        devices=MappingProxyType(devices),
+        bubble_fraction=idle / (len(ranks) * step) if step > 0 else 0.0,
+        events=events,
+        stage_inflight=tuple(state.peak_mb),
+    )

@@ -1,0 +1,101 @@
+"""Building the partitioning problem: blocks, cut bytes, estimated device types, settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from _partition_cases import chain, cluster, node, profile
+from planner.errors import PlannerError
+from planner.partition.problem import build_problem, cut_bytes
+
+
+def skip_profile():
+    # x -> a -> b -> c(a, b) -> d : a's output skips b, so it crosses the cut after b as well.
+    return profile(
+        node("x", op="input", out=8, times={"cpu": (0.0, 0.0)}),
+        node("a", ["x"], out=100, params=40, saved=8, times={"cpu": (1.0, 2.0)}, module_path="embed"),
+        node("b", ["a"], out=10, params=4, saved=100, times={"cpu": (0.5, 1.0)}, module_path="h.0.mlp"),
+        node("c", ["a", "b"], out=20, saved=110, times={"cpu": (0.25, 0.5)}, module_path="h.1.attn"),
+        node("d", ["c"], out=4, params=8, saved=20, times={"cpu": (0.125, 0.25)}, module_path="head"),
+    )
+
+
+def test_op_granularity_blocks_and_cut_bytes_with_a_skip() -> None:
+    problem = build_problem(skip_profile(), cluster(2), microbatches=4, schedule="1f1b")
+    assert [b.nodes for b in problem.blocks] == [("x",), ("a",), ("b",), ("c",), ("d",)]
+    # Cuts after x, a, b, c. The input x carries no gradient backwards.
+    assert problem.cut_fwd_bytes == (8, 100, 110, 20)
+    assert problem.cut_bwd_bytes == (0, 100, 110, 20)
+    assert problem.blocks[2].time_s["cpu"] == (0.5, 1.0)
+    assert [b.layers for b in problem.blocks] == [(), ("embed",), ("h.0",), ("h.1",), ("head",)]
+    assert problem.estimated_types == ()
+
+
+def test_groups_sum_their_nodes() -> None:
+    problem = build_problem(skip_profile(), cluster(2), microbatches=2, schedule="gpipe",
+                            groups=[["x", "a"], ["b", "c"], ["d"]])
+    first, middle, _ = problem.blocks
+    assert first.nodes == ("x", "a") and first.param_bytes == 40 and first.saved_bytes == 8
+    assert middle.time_s["cpu"] == (0.75, 1.5)
+    assert middle.layers == ("h.0", "h.1")
+    assert problem.cut_fwd_bytes == (100, 20)
+    assert cut_bytes(skip_profile(), [["x", "a"], ["b", "c"], ["d"]]) == ((100, 20), (100, 20))
+
+
+@pytest.mark.parametrize("groups,match", [
+    ([["x", "a"], ["c", "b"], ["d"]], "profile's order"),
+    ([["x", "a"], ["b", "c"]], "first left out is 'd'"),
+    ([["x", "a"], [], ["b", "c", "d"]], "group 1 is empty"),
+    ([["x", "a", "b", "c", "d", "e"]], "where the profile's order has None"),
+])
+def test_bad_groups_raise(groups, match) -> None:
+    with pytest.raises(PlannerError, match=match):
+        build_problem(skip_profile(), cluster(2), microbatches=2, schedule="gpipe", groups=groups)
+
+
+def test_missing_type_is_estimated_and_recorded() -> None:
+    net = cluster(2, types=["cpu", "a100-80g"])
+    problem = build_problem(chain(3), net, microbatches=2, schedule="1f1b")
+    assert problem.estimated_types == ("a100-80g",)
+    assert problem.blocks[0].time_s["a100-80g"] == (0.0, 0.0)  # the model input costs nothing
+    fwd, bwd = problem.blocks[1].time_s["a100-80g"]
+    assert fwd > 0 and bwd > 0
+    assert problem.blocks[1].time_s["cpu"] == (1.0, 2.0)
+
+
+def test_unknown_device_type_names_it() -> None:
+    net = cluster(2, types=["cpu", "h100"])
+    with pytest.raises(PlannerError, match=r"type 'h100' \(d1\).*device catalog does not know"):
+        build_problem(chain(2), net, microbatches=2, schedule="1f1b")
+
+
+def test_measured_type_outside_the_catalog_is_fine() -> None:
+    problem = build_problem(chain(2, types=("cuda-mystery",)), cluster(1, dev_type="cuda-mystery"),
+                            microbatches=1, schedule="gpipe")
+    assert problem.blocks[1].time_s["cuda-mystery"] == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"microbatches": 0, "schedule": "1f1b"}, "at least 1"),
+    ({"microbatches": 2, "schedule": "pipedream"}, "unknown schedule"),
+    ({"microbatches": 2, "schedule": "1f1b", "optimizer": "lion"}, "unknown optimizer"),
+    ({"microbatches": 2, "schedule": "1f1b", "speed_factors": {"d9": 1.0}}, "not in cluster"),
+    ({"microbatches": 2, "schedule": "1f1b", "speed_factors": {"d0": 0.0}}, "positive finite"),
+])
+def test_bad_settings_raise(kwargs, match) -> None:
+    with pytest.raises(PlannerError, match=match):
+        build_problem(chain(2), cluster(2), **kwargs)
+
+
+def test_speed_factors_scale_one_device() -> None:
+    problem = build_problem(chain(2), cluster(2), microbatches=2, schedule="1f1b", speed_factors={"d1": 2.0})
+    assert problem.time_on(1, "d0") == (1.0, 2.0)
+    assert problem.time_on(1, "d1") == (2.0, 4.0)
+    assert problem.tables is problem.tables  # built once
+
+
+def test_tables_are_per_type_not_per_copy() -> None:
+    problem = build_problem(chain(4), cluster(8), microbatches=2, schedule="1f1b")
+    tables = problem.tables
+    assert tables.fwd_prefix["d0"] is tables.fwd_prefix["d7"]
+    assert tables.fwd_prefix["d0"] == (0.0, 0.0, 1.0, 2.0, 3.0, 4.0)

@@ -1,0 +1,172 @@
+"""Golden tests of the pipeline simulator: textbook bubbles, transfers on links, contention, memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from _partition_cases import FREE, cluster
+from planner.errors import PlannerError
+from planner.partition.cost import inflight_microbatches
+from planner.partition.schedules import BWD, FWD, device_orders, inflight_counts
+from planner.partition.simulate import SimStage, simulate
+
+TEXTBOOK = [(2, 1, 1.0, 2.0), (2, 4, 1.0, 1.0), (3, 5, 0.3, 0.7), (4, 8, 1.0, 2.0), (5, 2, 1.0, 3.0),
+            (8, 8, 0.25, 0.5), (4, 3, 0.1, 0.1), (1, 4, 1.0, 1.0)]
+
+
+def uniform(p: int, fwd: float, bwd: float, *, sends: int = 0, static: int = 0, act: int = 0,
+            devices: list[str] | None = None) -> list[SimStage]:
+    devices = devices or [f"d{i}" for i in range(p)]
+    return [SimStage(devices[i], fwd, bwd, sends if i < p - 1 else 0, sends if i > 0 else 0, static, act)
+            for i in range(p)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m,fwd,bwd", TEXTBOOK)
+def test_textbook_bubble(schedule: str, p: int, m: int, fwd: float, bwd: float) -> None:
+    result = simulate(uniform(p, fwd, bwd), cluster(p, bandwidth_Bps=FREE), schedule, m)
+    assert result.step_time_s == pytest.approx((m + p - 1) * (fwd + bwd), rel=1e-12)
+    for stats in result.devices.values():
+        assert stats.busy_s == pytest.approx(m * (fwd + bwd), rel=1e-12)
+        assert stats.idle_s == pytest.approx((p - 1) * (fwd + bwd), rel=1e-12, abs=1e-12)
+    assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (3, 2), (4, 4), (4, 9), (6, 3)])
+def test_observed_inflight_matches_cost_model(schedule: str, p: int, m: int) -> None:
+    result = simulate(uniform(p, 1.0, 2.0, static=1000, act=10), cluster(p, bandwidth_Bps=FREE), schedule, m)
+    expected = [inflight_microbatches(schedule, s, p, m) for s in range(p)]
+    assert list(result.stage_inflight) == expected
+    assert expected == ([m] * p if schedule == "gpipe" else [min(m, p - s) for s in range(p)])
+    for s, stats in enumerate(result.devices.values()):
+        assert stats.peak_memory_bytes == 1000 + 10 * expected[s]
+
+
+def test_events_cover_every_pass_in_dependency_order() -> None:
+    p, m = 3, 4
+    result = simulate(uniform(p, 1.0, 2.0, sends=10**9), cluster(p, bandwidth_Bps=1e9), "1f1b", m)
+    ends = {(e.kind, e.stage, e.microbatch): e for e in result.events}
+    assert sum(e.kind == "fwd" for e in result.events) == p * m
+    assert sum(e.kind == "bwd" for e in result.events) == p * m
+    for s in range(p):
+        for j in range(m):
+            if s > 0:
+                assert ends[("fwd", s, j)].start_s >= ends[("send_fwd", s - 1, j)].end_s
+                assert ends[("send_fwd", s - 1, j)].start_s >= ends[("fwd", s - 1, j)].end_s
+            if s < p - 1:
+                assert ends[("bwd", s, j)].start_s >= ends[("send_bwd", s + 1, j)].end_s
+            assert ends[("bwd", s, j)].start_s >= ends[("fwd", s, j)].end_s
+    for device in result.devices:
+        busy = sorted((e.start_s, e.end_s) for e in result.events if e.resource == device)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(busy, busy[1:])), "a device ran two passes at once"
+
+
+def test_transfer_is_latency_plus_bytes_over_link_bandwidth() -> None:
+    # Two hosts: d0 on h0, d1 on h1, so the inter-host link carries the cut.
+    stages = [SimStage("d0", 1.0, 2.0, 500, 0, 0, 0), SimStage("d1", 1.0, 2.0, 0, 300, 0, 0)]
+    net = cluster(2, hosts=2, bandwidth_Bps=FREE, inter_bandwidth_Bps=100.0, inter_latency_s=0.5)
+    result = simulate(stages, net, "gpipe", 1)
+    # fwd d0 [0,1]; send 0.5 + 500/100 = 5.5 -> [1, 6.5]; fwd d1 [6.5, 7.5]; bwd d1 [7.5, 9.5];
+    # send back 0.5 + 300/100 = 3.5 -> [9.5, 13]; bwd d0 [13, 15].
+    assert result.step_time_s == pytest.approx(15.0)
+    sends = [(e.resource, e.kind, e.start_s, e.end_s) for e in result.events if e.kind.startswith("send")]
+    assert sends == [("d0->d1", "send_fwd", 1.0, 6.5), ("d1->d0", "send_bwd", 9.5, 13.0)]
+
+
+def test_intra_host_pair_uses_its_own_link() -> None:
+    stages = [SimStage("d0", 1.0, 1.0, 1000, 0, 0, 0), SimStage("d1", 1.0, 1.0, 0, 0, 0, 0)]
+    net = cluster(2, bandwidth_Bps=1000.0, pairs=[{"a": "d1", "b": "d0", "bandwidth_Bps": 100.0, "latency_s": 1.0}])
+    result = simulate(stages, net, "gpipe", 1)
+    assert result.step_time_s == pytest.approx(1.0 + (1.0 + 10.0) + 1.0 + 1.0 + 1.0)
+
+
+def test_transfers_on_one_link_serialise_but_overlap_compute() -> None:
+    # Stage 0 computes fast (0.1 s) but each activation takes 1 s on the link: the link is the bottleneck,
+    # so micro-batch j arrives at 0.1 + (j + 1) * 1.0, and the device never waits for its sends.
+    stages = [SimStage("d0", 0.1, 0.0, 100, 0, 0, 0), SimStage("d1", 0.0, 0.0, 0, 0, 0, 0)]
+    result = simulate(stages, cluster(2, bandwidth_Bps=100.0), "gpipe", 4)
+    sends = [e for e in result.events if e.kind == "send_fwd"]
+    assert [(e.start_s, e.end_s) for e in sends] == pytest.approx([(0.1, 1.1), (1.1, 2.1), (2.1, 3.1), (3.1, 4.1)])
+    stage0 = [e for e in result.events if e.resource == "d0"]
+    assert [e.end_s for e in stage0 if e.kind == "fwd"] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert result.step_time_s == pytest.approx(4.1)
+
+
+def test_opposite_directions_do_not_contend() -> None:
+    # 1F1B on two stages: gradients flow d1->d0 while activations flow d0->d1; separate directed links.
+    stages = [SimStage("d0", 1.0, 1.0, 100, 0, 0, 0), SimStage("d1", 1.0, 1.0, 0, 100, 0, 0)]
+    result = simulate(stages, cluster(2, bandwidth_Bps=100.0), "1f1b", 4)
+    for link in ("d0->d1", "d1->d0"):
+        busy = sorted((e.start_s, e.end_s) for e in result.events if e.resource == link)
+        assert len(busy) == 4 and all(a[1] <= b[0] + 1e-12 for a, b in zip(busy, busy[1:]))
+    assert {e.resource for e in result.events} == {"d0", "d1", "d0->d1", "d1->d0"}
+
+
+def test_interleaving_reduces_the_bubble() -> None:
+    p, v, m, fwd, bwd = 4, 2, 8, 1.0, 2.0
+    net = cluster(p, bandwidth_Bps=FREE)
+    plain = simulate(uniform(p, fwd, bwd), net, "1f1b", m)
+    chunks = [SimStage(f"d{s % p}", fwd / v, bwd / v, 0, 0, 0, 0) for s in range(p * v)]
+    inter = simulate(chunks, net, "interleaved-1f1b", m)
+    # Megatron-LM: the bubble shrinks from (p-1)(F+B) to (p-1)(F+B)/v.
+    assert inter.step_time_s == pytest.approx(m * (fwd + bwd) + (p - 1) * (fwd + bwd) / v, rel=1e-12)
+    assert plain.step_time_s == pytest.approx((m + p - 1) * (fwd + bwd), rel=1e-12)
+    assert inter.bubble_fraction < plain.bubble_fraction
+    assert set(inter.devices) == {f"d{i}" for i in range(p)}
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (3, 2, 6), (4, 3, 8), (1, 3, 2), (4, 2, 4)])
+def test_interleaved_memory_matches_cost_model(p: int, v: int, m: int) -> None:
+    chunks = [SimStage(f"d{s % p}", 1.0, 2.0, 0, 0, 5, 10 + s) for s in range(p * v)]
+    result = simulate(chunks, cluster(p, bandwidth_Bps=FREE), "interleaved-1f1b", m)
+    assert list(result.stage_inflight) == [inflight_microbatches("interleaved-1f1b", s, p * v, m, p)
+                                           for s in range(p * v)]
+
+
+def test_interleaved_needs_round_robin_and_a_multiple_of_devices() -> None:
+    net = cluster(2, bandwidth_Bps=FREE)
+    bad_order = [SimStage(d, 1.0, 1.0, 0, 0, 0, 0) for d in ("d0", "d0", "d1", "d1")]
+    with pytest.raises(PlannerError, match="round-robin"):
+        simulate(bad_order, net, "interleaved-1f1b", 4)
+    ok = [SimStage(d, 1.0, 1.0, 0, 0, 0, 0) for d in ("d0", "d1", "d0", "d1")]
+    with pytest.raises(PlannerError, match="multiple of the 2 devices"):
+        simulate(ok, net, "interleaved-1f1b", 3)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_repeated_device_needs_interleaving(schedule: str) -> None:
+    stages = [SimStage(d, 1.0, 1.0, 0, 0, 0, 0) for d in ("d0", "d1", "d0")]
+    with pytest.raises(PlannerError, match="holds stages 0 and 2"):
+        simulate(stages, cluster(2), schedule, 2)
+
+
+def test_unknown_device_and_bad_settings_raise() -> None:
+    with pytest.raises(PlannerError, match="not in cluster"):
+        simulate([SimStage("gpu9", 1.0, 1.0, 0, 0, 0, 0)], cluster(1), "gpipe", 1)
+    with pytest.raises(PlannerError, match="unknown schedule"):
+        simulate(uniform(1, 1.0, 1.0), cluster(1), "zb-v", 1)
+    with pytest.raises(PlannerError, match="at least 1"):
+        simulate(uniform(1, 1.0, 1.0), cluster(1), "gpipe", 0)
+
+
+def test_record_events_off_gives_the_same_figures() -> None:
+    stages = uniform(4, 0.3, 0.6, sends=1000)
+    net = cluster(4, bandwidth_Bps=1e4, latency_s=0.01)
+    with_events = simulate(stages, net, "1f1b", 6)
+    without = simulate(stages, net, "1f1b", 6, record_events=False)
+    assert without.events == ()
+    assert (without.step_time_s, dict(without.devices)) == (with_events.step_time_s, dict(with_events.devices))
+
+
+def test_schedule_orders_follow_their_definitions() -> None:
+    gpipe = device_orders("gpipe", 2, 1, 2)
+    assert gpipe[0] == ((FWD, 0, 0), (FWD, 0, 1), (BWD, 0, 0), (BWD, 0, 1))
+    one_f = device_orders("1f1b", 3, 1, 4)
+    assert one_f[0] == ((FWD, 0, 0), (FWD, 0, 1), (FWD, 0, 2), (BWD, 0, 0), (FWD, 0, 3), (BWD, 0, 1),
+                        (BWD, 0, 2), (BWD, 0, 3))
+    assert one_f[2] == tuple(op for j in range(4) for op in ((FWD, 2, j), (BWD, 2, j)))
+    inter = device_orders("interleaved-1f1b", 2, 2, 2)
+    # rank 0: warm-up 2*(2-1-0) + (2-1)*2 = 4 = all forwards: chunk 0 then chunk 1 for micro-batches 0, 1.
+    assert inter[0][:4] == ((FWD, 0, 0), (FWD, 0, 1), (FWD, 2, 0), (FWD, 2, 1))
+    assert inflight_counts(inter[0]) == {0: 2, 2: 2}
