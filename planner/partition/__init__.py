@@ -1,0 +1,57 @@
+"""Partition a profiled model over a cluster into pipeline stages: the one entry point of the placers.
+
+Public: ``partition`` (profile + cluster -> plan), ``methods`` (the registry: ``register``, ``METHODS``),
+``RefineConfig``. The placers live in ``greedy`` (seed 003 S2), ``baselines`` (the peers' uniform,
+parameter and time balance) and the modules other packages register; ``refine`` is the offline
+S3-S6 loop; ``validate.validate_plan`` checks any plan against its profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from planner.errors import InfeasibleError
+from planner.formats.cluster import Cluster
+from planner.formats.plan import Plan
+from planner.formats.profile import Profile
+from planner.partition import methods
+from planner.partition.cost import infeasible_reason
+from planner.partition.plan_build import build_plan
+from planner.partition.problem import build_problem
+from planner.partition.refine import RefineConfig, normalise_weights, refine as refine_loop
+
+__all__ = ["partition", "methods", "RefineConfig"]
+
+
+def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: int, schedule: str,
+              optimizer: str = "adam", refine: bool = False, weights: Mapping[str, float] | None = None,
+              speed_factors: Mapping[str, float] | None = None, profile_ref: Mapping[str, Any] | None = None,
+              refine_config: RefineConfig | None = None, **method_options: Any) -> Plan:
+    """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
+
+    ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
+    them; ``speed_factors`` (device id -> multiplier on its compute times) come from measurements.
+    ``refine=True`` runs the offline S4-S6 loop (``planner.partition.refine``) and records its rounds
+    under ``refine``. Raises ``UsageError`` for an unknown method (listing the methods) and
+    ``InfeasibleError`` when no stage split fits in memory.
+    """
+    entry = methods.get(method)
+    problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
+                            speed_factors=speed_factors)
+    reason = infeasible_reason(problem)
+    if reason is not None:
+        raise InfeasibleError(reason)
+    start = normalise_weights(weights or {}, cluster.device_ids)
+    extra: dict[str, Any] = {}
+    if refine:
+        result = refine_loop(problem, method, start, method_options, refine_config or RefineConfig())
+        chosen, used = result.partition, result.weights
+        extra["refine"] = result.record
+    else:
+        chosen, used = entry.fn(problem, weights=start, **method_options), start
+    if entry.takes_weights:
+        extra["weights"] = used
+    try:
+        return build_plan(problem, chosen, method=method, profile_ref=profile_ref, extra=extra)
+    except InfeasibleError as exc:
+        raise InfeasibleError(f"method {method!r} made a split that does not fit: {exc}") from None

@@ -1,0 +1,262 @@
+"""Greedy earliest-finish-time placement for pipelines (seed 003 S2, with the device weights of S3).
+
+Seed 003 S2 walks the graph in topological order and gives each op to the device, among those that
+implement it, on which it would finish earliest: the work already queued there plus the time to
+bring its inputs from other devices. A pipeline needs two changes to make that executable and
+meaningful (docs/placers.md has the full mapping):
+
+1. *Pipeline constraint.* An op may go only to the current stage's device or to a device not used
+   yet, so stages stay contiguous runs of the topological order and each device holds one stage.
+2. *A period to finish by.* In a pipeline every device works all the time, so "earliest finish" is
+   judged against a target period ``T``: device ``d`` may queue ``capacity_d = T * w_d * n / sum(w)``
+   seconds of forward + backward work per micro-batch (``w``: the S3 weights, ``n``: devices). An op
+   stays on the current device while it finishes within that capacity and memory allows (static
+   bytes + activations in flight for the stage's position under the schedule); otherwise it goes
+   to the unused device where it finishes earliest: input transfer over the actual link plus its
+   compute time there. Stage extension bisects the cost model's prefix sums (O(log n) per stage).
+
+``T`` is bisected between a lower bound and the period of the memory-only fill; every distinct
+feasible cut set met on the way is simulated and the one with the smallest simulated step time
+wins (ties: smaller bottleneck, then the order found). Deterministic: devices are tried in the
+cluster file's order and ties keep the earlier device.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from planner.errors import InfeasibleError, UsageError
+from planner.partition.cost import evaluate, inflight_microbatches, infeasible_reason, transfer_s
+from planner.partition.methods import register
+from planner.partition.problem import Partition, Problem, StageSpec
+
+BISECTION_STEPS = 40
+"""Upper bound on bisection steps over ``T``; it also stops once ``T`` is known to 1e-4 relative."""
+MAX_SIMULATED = 12
+"""How many of the best distinct candidate cut sets (by bottleneck) the simulator judges."""
+
+
+@dataclass(frozen=True)
+class _Device:
+    """One device's constants for the fill: its prefix sums, speed, share and memory."""
+
+    id: str
+    work_prefix: Sequence[float]
+    """Forward + backward seconds of blocks ``0 .. k-1`` on this device's type (speed factor not applied)."""
+    speed: float
+    share: float
+    """``w_d * n / sum(w)``: the fraction of the period ``T`` this device may fill."""
+    memory_bytes: int
+    unsupported: Sequence[int]
+    """Sorted indices of blocks this device's type has no (finite) time for: it cannot run them."""
+
+
+@dataclass(frozen=True)
+class _Context:
+    problem: Problem
+    devices: tuple[_Device, ...]
+    param_prefix: Sequence[int]
+    saved_prefix: Sequence[int]
+    static_per_param_byte: int
+    assumed_stages: int
+    """Stage count used for the 1F1B in-flight count (an upper bound on the stages the fill makes)."""
+
+
+def place(problem: Problem, *, weights: Mapping[str, float] | None = None, **options: Any) -> Partition:
+    """Greedy EFT placement; see the module docstring. Raises ``InfeasibleError`` when nothing fits."""
+    if options:
+        raise UsageError(f"method 'greedy' takes no options, found {', '.join(sorted(options))}")
+    ctx = _context(problem, weights or {})
+    widest = _fill(ctx, math.inf)
+    if widest is None:
+        ctx = _fewer_assumed_stages(ctx)
+        widest = _fill(ctx, math.inf) if ctx is not None else None
+    if widest is None:
+        reason = infeasible_reason(problem)
+        raise InfeasibleError(reason or _no_fit_message(problem))
+    assert ctx is not None
+    candidates = _bisect(ctx, widest)
+    return _best_by_simulation(problem, candidates)
+
+
+def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
+    tables = problem.tables
+    ids = problem.cluster.device_ids
+    raw = [float(weights.get(d, 1.0)) for d in ids]
+    total = sum(raw)
+    by_type: dict[str, tuple[list[float], list[int]]] = {}
+    devices = []
+    for device, weight in zip(problem.cluster.devices, raw):
+        if device.type not in by_type:
+            by_type[device.type] = _work_prefix(tables.fwd_prefix[device.id], tables.bwd_prefix[device.id])
+        prefix, unsupported = by_type[device.type]
+        devices.append(_Device(device.id, prefix, tables.speed[device.id], weight * len(ids) / total,
+                               device.memory_bytes, unsupported))
+    return _Context(problem, tuple(devices), tables.param_prefix, tables.saved_prefix,
+                    tables.static_per_param_byte, len(ids))
+
+
+def _work_prefix(fwd: Sequence[float], bwd: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Prefix sums of fwd + bwd with blocks of non-finite time left out, and the list of those blocks."""
+    prefix, unsupported, running = [0.0], [], 0.0
+    for b in range(len(fwd) - 1):
+        work = (fwd[b + 1] - fwd[b]) + (bwd[b + 1] - bwd[b])
+        if math.isfinite(work):
+            running += work
+        else:
+            unsupported.append(b)
+        prefix.append(running)
+    return prefix, unsupported
+
+
+def _fewer_assumed_stages(ctx: _Context) -> _Context | None:
+    """Under 1F1B a fill with fewer stages keeps fewer micro-batches in flight; retry with smaller counts."""
+    if ctx.problem.schedule == "gpipe":
+        return None
+    for assumed in range(ctx.assumed_stages - 1, 0, -1):
+        trial = _Context(ctx.problem, ctx.devices, ctx.param_prefix, ctx.saved_prefix, ctx.static_per_param_byte,
+                         assumed)
+        if _fill(trial, math.inf) is not None:
+            return trial
+    return None
+
+
+# --- one fill at a fixed period T -----------------------------------------------------------------
+
+def _fill(ctx: _Context, period_s: float) -> Partition | None:
+    """Walk the blocks once at period ``period_s``; ``None`` when the devices run out first."""
+    n = len(ctx.problem.blocks)
+    unused = list(ctx.devices)
+    stages: list[StageSpec] = []
+    start, previous = 0, None
+    while start < n:
+        if len(stages) == ctx.assumed_stages:
+            return None
+        stage_index = len(stages)
+        choice = _earliest_finish(ctx, unused, start, previous, period_s, stage_index)
+        if choice is None:
+            return None
+        stop = _extend(ctx, choice, start, period_s * choice.share, stage_index)
+        stages.append(StageSpec(start, stop, choice.id))
+        unused.remove(choice)
+        start, previous = stop, choice.id
+    return tuple(stages)
+
+
+def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previous: str | None,
+                     period_s: float, stage_index: int) -> _Device | None:
+    """S2: among unused devices that implement ``block`` and can hold it, the one where it finishes first.
+
+    Finish time = its inputs' transfer over the actual link from the previous stage's device + its
+    compute time there (an unused device has nothing queued). Ties keep the earlier device.
+    """
+    cut_bytes = ctx.problem.cut_fwd_bytes[block - 1] if block > 0 else 0
+    best, best_finish = None, math.inf
+    for device in unused:
+        compute = _work(device, block, block + 1)
+        if compute > period_s * device.share or not _fits(ctx, device, block, block + 1, stage_index):
+            continue
+        if _blocked(device, block, block + 1):
+            continue
+        arrival = transfer_s(ctx.problem.tables, previous, device.id, cut_bytes) if previous else 0.0
+        finish = arrival + compute
+        if finish < best_finish:
+            best, best_finish = device, finish
+    return best
+
+
+def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, stage_index: int) -> int:
+    """The furthest stop such that blocks ``[start, stop)`` fit ``device``'s capacity, memory and kernels."""
+    prefix = device.work_prefix
+    if math.isinf(capacity_s):
+        stop = len(prefix) - 1
+    else:
+        target = prefix[start] + capacity_s / device.speed
+        stop = bisect_right(prefix, target + 1e-12 * abs(target)) - 1
+    first_blocked = bisect_left(device.unsupported, start)
+    if first_blocked < len(device.unsupported):
+        stop = min(stop, device.unsupported[first_blocked])
+    return _memory_stop(ctx, device, start, stop, stage_index)
+
+
+def _memory_stop(ctx: _Context, device: _Device, start: int, stop: int, stage_index: int) -> int:
+    """Largest ``k`` in ``(start, stop]`` with blocks ``[start, k)`` in memory (bisection; memory grows with k)."""
+    lo, hi = start + 1, stop
+    if _fits(ctx, device, start, hi, stage_index):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(ctx, device, start, mid, stage_index):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _fits(ctx: _Context, device: _Device, start: int, stop: int, stage_index: int) -> bool:
+    """Static bytes + saved activations x micro-batches in flight at this position (cost model's rule)."""
+    problem = ctx.problem
+    inflight = inflight_microbatches(problem.schedule, stage_index, ctx.assumed_stages, problem.microbatches)
+    static = (ctx.param_prefix[stop] - ctx.param_prefix[start]) * ctx.static_per_param_byte
+    activations = (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight
+    return static + activations <= device.memory_bytes
+
+
+def _work(device: _Device, start: int, stop: int) -> float:
+    return (device.work_prefix[stop] - device.work_prefix[start]) * device.speed
+
+
+def _blocked(device: _Device, start: int, stop: int) -> bool:
+    i = bisect_left(device.unsupported, start)
+    return i < len(device.unsupported) and device.unsupported[i] < stop
+
+
+# --- the search over T ----------------------------------------------------------------------------
+
+def _bottleneck(ctx: _Context, partition: Partition) -> float:
+    """The smallest period at which every stage fits its device's share: max over stages of work / share."""
+    by_id = {d.id: d for d in ctx.devices}
+    return max(_work(by_id[s.device], s.start, s.stop) / by_id[s.device].share for s in partition)
+
+
+def _lower_bound(ctx: _Context) -> float:
+    """No period is shorter than total work at every device's full share in parallel (types' best case)."""
+    total = sum(d.share / (_work(d, 0, len(d.work_prefix) - 1) or math.inf) for d in ctx.devices)
+    return 1.0 / total if total > 0 else 0.0
+
+
+def _bisect(ctx: _Context, widest: Partition) -> list[tuple[float, Partition]]:
+    """Bisect ``T``; return every distinct feasible cut set met, with its bottleneck, in discovery order."""
+    seen: dict[Partition, float] = {widest: _bottleneck(ctx, widest)}
+    lo, hi = _lower_bound(ctx), seen[widest]
+    for _ in range(BISECTION_STEPS):
+        if hi - lo <= 1e-4 * hi:
+            break
+        mid = (lo + hi) / 2
+        found = _fill(ctx, mid)
+        if found is None:
+            lo = mid
+            continue
+        seen.setdefault(found, _bottleneck(ctx, found))
+        hi = min(mid, seen[found])
+    return [(bottleneck, partition) for partition, bottleneck in seen.items()]
+
+
+def _best_by_simulation(problem: Problem, candidates: list[tuple[float, Partition]]) -> Partition:
+    ranked = sorted(enumerate(candidates), key=lambda item: (item[1][0], item[0]))[:MAX_SIMULATED]
+    scored = [(evaluate(problem, partition, record_events=False).step_time_s, bottleneck, order, partition)
+              for order, (bottleneck, partition) in ranked]
+    return min(scored, key=lambda item: item[:3])[3]
+
+
+def _no_fit_message(problem: Problem) -> str:
+    largest = max(problem.cluster.devices, key=lambda d: (d.memory_bytes, d.id))
+    return (f"greedy found no placement that fits in memory on {len(problem.cluster.devices)} devices under "
+            f"{problem.schedule} with {problem.microbatches} micro-batches (largest device {largest.id!r}: "
+            f"{largest.memory_bytes} bytes); use more or larger devices, fewer micro-batches in flight, or --method ilp")
+
+
+register("greedy", place, takes_weights=True)

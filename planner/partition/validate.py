@@ -1,0 +1,158 @@
+"""The plan invariant checker: what every plan must satisfy against its profile and cluster.
+
+Each violation is one line naming the rule that broke and the offending nodes, stages or devices:
+
+1. every profile node lies in exactly one stage (names dropped, duplicated and unknown nodes);
+2. no stage is empty;
+3. no edge runs backwards: ``stage(u) <= stage(v)`` for every edge ``u -> v``;
+4. stages are contiguous runs of the profile's node order, in stage order (what the runtime cuts);
+5. every device is in the cluster (the plan's embedded cluster unless one is given);
+6. a device holds several stages only under ``interleaved-1f1b``, round-robin (``schedules.pipeline_layout``);
+7. every device's peak memory fits, recomputed from the profile with the cost model (the plan's own
+   numbers are not trusted).
+
+``plan check`` and every placer test call ``validate_plan``; ``assert_valid_plan`` raises instead.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from planner.errors import PlanMismatchError, PlannerError
+from planner.formats.cluster import Cluster
+from planner.formats.plan import Plan
+from planner.formats.profile import Profile
+
+_SHOWN = 5
+"""How many names a violation lists before summarising the rest."""
+
+
+def validate_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None) -> list[str]:
+    """All violations of the rules above (empty when the plan is valid)."""
+    violations = _coverage(plan, profile) + _empty_stages(plan)
+    violations += _backward_edges(plan, profile)
+    contiguous = _contiguity(plan, profile)
+    violations += contiguous
+    resolved, problems = _cluster(plan, cluster)
+    violations += problems
+    if resolved is not None:
+        layout = _devices(plan, resolved)
+        violations += layout
+        if not violations:
+            violations += _memory(plan, profile, resolved)
+    return violations
+
+
+def assert_valid_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None) -> None:
+    """Raise ``PlanMismatchError`` listing every violation; for tests and callers that must not go on."""
+    violations = validate_plan(plan, profile, cluster)
+    if violations:
+        raise PlanMismatchError(f"plan ({plan.method}) is invalid: " + "; ".join(violations))
+
+
+def _names(items: Sequence[str]) -> str:
+    shown = ", ".join(repr(x) for x in items[:_SHOWN])
+    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+
+
+def _coverage(plan: Plan, profile: Profile) -> list[str]:
+    counts: dict[str, int] = {}
+    for stage in plan.stages:
+        for name in stage.nodes:
+            counts[name] = counts.get(name, 0) + 1
+    known = profile.node_index()
+    dropped = [n.name for n in profile.nodes if n.name not in counts]
+    duplicated = [name for name, c in counts.items() if c > 1]
+    unknown = [name for name in counts if name not in known]
+    out = []
+    if dropped:
+        out.append(f"{len(dropped)} profile node(s) in no stage: {_names(dropped)}")
+    if duplicated:
+        out.append(f"{len(duplicated)} node(s) in more than one stage: {_names(duplicated)}")
+    if unknown:
+        out.append(f"{len(unknown)} node(s) not in the profile: {_names(unknown)}")
+    return out
+
+
+def _empty_stages(plan: Plan) -> list[str]:
+    empty = [str(s.index) for s in plan.stages if not s.nodes]
+    return [f"empty stage(s): {', '.join(empty)}; every stage must hold at least one node"] if empty else []
+
+
+def _backward_edges(plan: Plan, profile: Profile) -> list[str]:
+    stage_of = plan.assignment()
+    backwards = [f"{src!r} (stage {stage_of[src]}) -> {node.name!r} (stage {stage_of[node.name]})"
+                 for node in profile.nodes if node.name in stage_of
+                 for src in node.inputs if src in stage_of and stage_of[src] > stage_of[node.name]]
+    if not backwards:
+        return []
+    return [f"{len(backwards)} edge(s) run backwards (stage(u) must be <= stage(v)): {', '.join(backwards[:_SHOWN])}"
+            + (f" and {len(backwards) - _SHOWN} more" if len(backwards) > _SHOWN else "")]
+
+
+def _contiguity(plan: Plan, profile: Profile) -> list[str]:
+    """Stage ``i`` must hold exactly the profile nodes ``[a_i, a_{i+1})`` for increasing bounds ``a``."""
+    index = profile.node_index()
+    out, expected = [], 0
+    for stage in plan.stages:
+        positions = sorted(index[n] for n in stage.nodes if n in index)
+        if not positions:
+            continue
+        if positions != list(range(expected, expected + len(positions))):
+            first = profile.nodes[expected].name if expected < len(profile.nodes) else "(end of profile)"
+            out.append(f"stage {stage.index} is not the contiguous run of profile nodes starting at {first!r} "
+                       f"(it holds profile positions {positions[0]}..{positions[-1]}, {len(positions)} nodes); "
+                       f"stages must be contiguous runs of the profile's order")
+        expected = max(expected, positions[-1] + 1)
+    return out
+
+
+def _cluster(plan: Plan, cluster: Cluster | None) -> tuple[Cluster | None, list[str]]:
+    if cluster is not None:
+        return cluster, []
+    from planner.clusters import embedded_cluster
+
+    try:
+        return embedded_cluster(plan), []
+    except PlannerError as exc:
+        return None, [f"cannot check devices and memory: {exc}"]
+
+
+def _devices(plan: Plan, cluster: Cluster) -> list[str]:
+    from planner.partition.schedules import pipeline_layout
+
+    known = set(cluster.device_ids)
+    unknown = sorted({s.device for s in plan.stages} - known)
+    if unknown:
+        return [f"device(s) not in cluster {cluster.name!r}: {_names(unknown)} "
+                f"(known: {', '.join(cluster.device_ids)})"]
+    try:
+        pipeline_layout([s.device for s in plan.stages], plan.schedule)
+    except PlannerError as exc:
+        return [str(exc)]
+    return []
+
+
+def _memory(plan: Plan, profile: Profile, cluster: Cluster) -> list[str]:
+    """Recompute each device's peak memory from the profile (one block per stage) with the cost model."""
+    from planner.partition.cost import device_memory_bytes, format_bytes
+    from planner.partition.problem import StageSpec, build_problem
+
+    optimizer = str(plan.extra.get("optimizer", "adam"))
+    index = profile.node_index()
+    groups = [sorted(s.nodes, key=index.__getitem__) for s in plan.stages]
+    try:
+        problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
+                                optimizer=optimizer, groups=groups)
+    except PlannerError as exc:
+        return [f"cannot recompute memory: {exc}"]
+    spec = tuple(StageSpec(i, i + 1, s.device) for i, s in enumerate(plan.stages))
+    out = []
+    for device, need in device_memory_bytes(problem, spec).items():
+        capacity = cluster.device(device).memory_bytes
+        if need > capacity:
+            stages = ", ".join(str(s.index) for s in plan.stages if s.device == device)
+            out.append(f"device {device!r} (stage {stages}) needs {format_bytes(need)} ({need} bytes) at peak under "
+                       f"{plan.schedule} with {plan.microbatches} micro-batches but has {format_bytes(capacity)} "
+                       f"({capacity} bytes)")
+    return out
