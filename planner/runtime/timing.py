@@ -1,0 +1,156 @@
+"""Per-rank compute and wait time over a round, and gathering them on every rank.
+
+A rank's round splits into *compute* (its stages' forward and backward passes, the emulated
+slowdown included) and *wait* (everything else: blocked on point-to-point receives and sends, and
+idle in the schedule). Compute is timed by wrapping the pipeline stage's ``forward_one_chunk``,
+``backward_one_chunk`` and ``backward_weight_one_chunk``; time blocked on communication by wrapping
+``torch.distributed.pipelining.schedules._wait_batch_p2p``, the one place the schedules wait on
+their batched sends and receives (a private name: if a torch release drops it, ``recv_s`` reads 0
+and ``wait_s`` still holds the whole wait). Wait = wall - compute, so nothing is lost between the
+two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from planner.runtime.rebalance import DeviceRound, RoundStats
+from planner.runtime.slowdown import Slowdown
+
+__all__ = ["RankRound", "RankTimer", "instrument_stage", "timed_p2p", "gather_round", "stats_from"]
+
+_COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+@dataclass(frozen=True)
+class RankRound:
+    """One rank's measurements over one round."""
+
+    rank: int
+    device: str
+    wall_s: float
+    compute_s: float
+    recv_s: float
+    emulated_s: float = 0.0
+    """The part of ``compute_s`` slept by ``--emulate-slowdown``."""
+
+    @property
+    def wait_s(self) -> float:
+        return max(self.wall_s - self.compute_s, 0.0)
+
+
+class RankTimer:
+    """Accumulates compute and blocked time between ``begin_round`` and ``end_round``."""
+
+    def __init__(self, rank: int, device: str, slowdown: Slowdown | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.rank, self.device = rank, device
+        self.slowdown = slowdown or Slowdown()
+        self._clock = clock
+        self._depth = 0
+        self.begin_round()
+
+    def begin_round(self) -> None:
+        self._start = self._clock()
+        self.compute_s = self.recv_s = self.emulated_s = 0.0
+
+    def end_round(self) -> RankRound:
+        wall = self._clock() - self._start
+        return RankRound(self.rank, self.device, wall, self.compute_s, self.recv_s, self.emulated_s)
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Time a compute interval (outermost only) and stretch it by the rank's slowdown."""
+        self._depth += 1
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                real = self._clock() - start
+                extra = self.slowdown.stretch(real)
+                self.compute_s += real + extra
+                self.emulated_s += extra
+
+    @contextlib.contextmanager
+    def blocked(self) -> Iterator[None]:
+        """Time an interval spent waiting on communication."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self.recv_s += self._clock() - start
+
+
+def instrument_stage(stage: Any, timer: RankTimer) -> Callable[[], None]:
+    """Wrap the stage's compute methods so that they run under ``timer.compute()``; returns an undo."""
+    wrapped = []
+    for name in _COMPUTE_METHODS:
+        method = getattr(stage, name, None)
+        if method is None:
+            continue
+        setattr(stage, name, _timed(method, timer))
+        wrapped.append(name)
+
+    def undo() -> None:
+        for name in wrapped:
+            with contextlib.suppress(AttributeError):
+                delattr(stage, name)  # the instance attribute shadows the class method
+
+    return undo
+
+
+def _timed(method: Callable[..., Any], timer: RankTimer) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with timer.compute():
+            return method(*args, **kwargs)
+
+    return run
+
+
+@contextlib.contextmanager
+def timed_p2p(timer: RankTimer) -> Iterator[None]:
+    """While active, time spent in the schedules' p2p waits counts as ``timer.recv_s``."""
+    from torch.distributed.pipelining import schedules
+
+    original = getattr(schedules, "_wait_batch_p2p", None)
+    if original is None:
+        yield
+        return
+
+    @functools.wraps(original)
+    def wait(*args: Any, **kwargs: Any) -> Any:
+        with timer.blocked():
+            return original(*args, **kwargs)
+
+    schedules._wait_batch_p2p = wait
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = original
+
+
+def stats_from(rounds: list[RankRound], *, round_index: int, first_step: int, steps: int) -> RoundStats:
+    """Combine every rank's round into ``RoundStats`` (device order = rank order; the round's wall
+    time is the slowest rank's, and each rank's wait is measured against that wall)."""
+    rounds = sorted(rounds, key=lambda r: r.rank)
+    wall = max((r.wall_s for r in rounds), default=0.0)
+    devices = tuple(DeviceRound(r.device, r.compute_s, max(wall - r.compute_s, 0.0), r.recv_s) for r in rounds)
+    return RoundStats(round=round_index, first_step=first_step, steps=steps, wall_s=wall, devices=devices)
+
+
+def gather_round(mine: RankRound, *, round_index: int, first_step: int, steps: int,
+                 group: Any = None) -> RoundStats:
+    """All-gather every rank's ``RankRound`` (small pickled objects) and combine them on every rank."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine, group=group)
+    return stats_from(list(everyone), round_index=round_index, first_step=first_step, steps=steps)
