@@ -13,13 +13,28 @@ from typing import Any
 
 from planner.clusters import load_cluster_spec
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import Plan, save_plan
+from planner.errors import UsageError
+from planner.formats.plan import SCHEDULES, Plan, save_plan
 from planner.formats.profile import load_profile
 
 
 def profile_ref(path: str | Path, model_name: str | None) -> dict[str, Any]:
     """What a plan records about its profile: the path as given, its SHA-256 and the model's name."""
     return {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "model": model_name}
+
+
+def check_settings(method: str, microbatches: int, schedule: str, optimizer: str) -> None:
+    """Refuse bad option values as usage errors (exit code 2) before any file is read."""
+    from planner.partition.methods import get as get_method
+    from planner.partition.problem import OPTIMIZER_STATES
+
+    if microbatches < 1:
+        raise UsageError(f"--microbatches must be at least 1, found {microbatches}; pass a positive count such as 8")
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    if optimizer not in OPTIMIZER_STATES:
+        raise UsageError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZER_STATES)}")
+    get_method(method)
 
 
 def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Path | None, *, method: str,
@@ -29,6 +44,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     error nothing is written."""
     from planner.partition import partition
 
+    check_settings(method, microbatches, schedule, optimizer)
     if output is not None:
         check_writable(output, "plan")
     profile = load_profile(profile_path)

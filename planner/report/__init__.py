@@ -24,8 +24,9 @@ class ReportFiles:
 
     plan: Plan
     files: Mapping[str, Path]
-    step_time_s: float
-    """Step time of the re-simulation (equals the plan's prediction unless the plan was edited)."""
+    step_time_s: float | None
+    """Step time of the re-simulation (equals the plan's prediction unless the plan was edited);
+    ``None`` when no file was asked for, so nothing was simulated."""
 
 
 def default_report_paths(plan_path: str | Path) -> dict[str, Path]:
@@ -49,6 +50,8 @@ def write_report(plan_path: str | Path, paths: Mapping[str, Path]) -> ReportFile
     for path in paths.values():
         check_writable(path, "report")
     plan = load_plan(plan_path)
+    if not paths:
+        return ReportFiles(plan=plan, files={}, step_time_s=None)
     sim = simulate_plan(plan, f"plan {str(plan_path)!r}")
     device_order = [s.device for s in plan.stages]
     devices, links = split_tracks(sim.events, device_order)

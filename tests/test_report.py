@@ -1,0 +1,148 @@
+"""The plan report: stage table, timeline picture (PNG, SVG) and Chrome/Perfetto trace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from planner.errors import PlannerError
+from planner.formats.plan import plan_from_dict
+from planner.report.events import event_label, split_tracks
+from planner.report.table import fmt_bytes, fmt_time, layer_span, plan_summary, stage_table, summary_text
+from planner.report.timeline import render_timeline, write_timeline
+from planner.report.trace import DEVICES_PID, LINKS_PID, chrome_trace
+
+
+@dataclass(frozen=True)
+class Ev:
+    resource: str
+    kind: str
+    stage: int
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+EVENTS = (
+    Ev("gpu0", "fwd", 0, 0, 0.0, 1e-3),
+    Ev("gpu0->gpu1", "send_fwd", 0, 0, 1e-3, 1.5e-3),
+    Ev("gpu1", "fwd", 1, 0, 1.5e-3, 2.5e-3),
+    Ev("gpu1", "bwd", 1, 0, 2.5e-3, 4.5e-3),
+    Ev("gpu1->gpu0", "send_bwd", 1, 0, 4.5e-3, 5e-3),
+    Ev("gpu0", "bwd", 0, 0, 5e-3, 7e-3),
+)
+
+
+def _plan_doc(**stage_extra: object) -> dict:
+    return {
+        "schema_version": 1, "method": "dp", "schedule": "1f1b", "microbatches": 1,
+        "stages": [
+            {"index": 0, "device": "gpu0", "nodes": ["x", "a", "b"], "compute_s": 3e-3, "transfer_s": 5e-4,
+             "memory_bytes": 900, "capacity_bytes": 1000, "idle_s": 4e-3, "layers": ["h.0", "h.1"], **stage_extra},
+            {"index": 1, "device": "gpu1", "nodes": ["c"], "compute_s": 3e-3, "transfer_s": 5e-4,
+             "memory_bytes": 2000, "capacity_bytes": 1000, "idle_s": 4e-3, "layers": ["lm_head"]},
+        ],
+        "predicted": {"step_time_s": 7e-3, "bubble_fraction": 4 / 7,
+                      "devices": {"gpu0": {"busy_s": 3e-3, "idle_s": 4e-3, "peak_memory_bytes": 900},
+                                  "gpu1": {"busy_s": 3e-3, "idle_s": 4e-3, "peak_memory_bytes": 2000}}},
+        "cluster": {"schema_version": 1, "name": "two", "devices": [
+            {"id": "gpu0", "type": "a100-80g", "host": "h0", "memory_bytes": 1000},
+            {"id": "gpu1", "type": "v100-32g", "host": "h0", "memory_bytes": 1000}],
+            "links": {"intra_host": {"bandwidth_Bps": 1e9, "latency_s": 0.0},
+                      "inter_host": {"bandwidth_Bps": 1e9, "latency_s": 0.0}}},
+    }
+
+
+def _render(renderable: object) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_table_shows_device_type_layers_memory_and_idle() -> None:
+    text = _render(stage_table(plan_from_dict(_plan_doc())))
+    assert "gpu0 (a100-80g)" in text and "gpu1 (v100-32g)" in text
+    assert "h.0 .. h.1 (2 layers, 3 ops)" in text
+    assert "lm_head (1 ops)" in text
+    assert "900 B / 1000 B (90%)" in text and "(200%)" in text
+    assert "3 ms" in text and "500 µs" in text and "4 ms" in text
+
+
+def test_summary_line_and_json_summary() -> None:
+    plan = plan_from_dict(_plan_doc())
+    text = _render(summary_text(plan))
+    assert "dp · 1f1b · 1 micro-batches · 2 stages · step 7 ms · bubble 57.1%" in text
+    summary = plan_summary(plan)
+    assert summary["peak_memory_bytes"] == 2000
+    assert [s["type"] for s in summary["stages"]] == ["a100-80g", "v100-32g"]
+    assert summary["stages"][0]["first_layer"] == "h.0" and summary["stages"][0]["last_layer"] == "h.1"
+    json.dumps(summary)
+
+
+def test_layer_span_without_layers_names_first_and_last_node() -> None:
+    plan = plan_from_dict(_plan_doc(layers=[]))
+    assert layer_span(plan.stages[0]) == "x .. b (3 ops)"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(2.5, "2.5 s"), (0.0123, "12.3 ms"), (4.56e-5, "45.6 µs"),
+                                               (0, "0 s"), (None, "-")])
+def test_fmt_time(seconds: object, text: str) -> None:
+    assert fmt_time(seconds) == text
+
+
+@pytest.mark.parametrize(("nbytes", "text"), [(512, "512 B"), (1536, "1.5 KiB"), (3 * 2**30, "3 GiB"), (None, "-")])
+def test_fmt_bytes(nbytes: object, text: str) -> None:
+    assert fmt_bytes(nbytes) == text
+
+
+def test_tracks_devices_in_pipeline_order_then_links() -> None:
+    devices, links = split_tracks(EVENTS, ["gpu0", "gpu1", "gpu2"])
+    assert devices == ["gpu0", "gpu1", "gpu2"]  # an idle device still gets its row
+    assert links == ["gpu0->gpu1", "gpu1->gpu0"]
+    assert event_label(EVENTS[0]) == "F0 [s0]" and event_label(EVENTS[4]) == "sB0 [s1]"
+
+
+def test_trace_has_one_track_per_device_and_complete_events() -> None:
+    devices, links = split_tracks(EVENTS, ["gpu0", "gpu1"])
+    trace = chrome_trace(EVENTS, devices, links, {"gpu0": "gpu0 (a100-80g)"})
+    json.loads(json.dumps(trace))
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(n for (pid, _), n in names.items() if pid == DEVICES_PID) == ["gpu0 (a100-80g)", "gpu1"]
+    assert sorted(n for (pid, _), n in names.items() if pid == LINKS_PID) == ["gpu0->gpu1", "gpu1->gpu0"]
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == len(EVENTS)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
+    bwd = next(e for e in complete if e["cat"] == "bwd" and e["args"]["stage"] == 0)
+    assert (bwd["ts"], bwd["dur"]) == (5000.0, 2000.0)
+    assert names[(bwd["pid"], bwd["tid"])] == "gpu0 (a100-80g)"
+
+
+def test_trace_refuses_an_event_on_an_unknown_track() -> None:
+    with pytest.raises(ValueError, match="unknown track"):
+        chrome_trace(EVENTS, ["gpu0"], [], {})
+
+
+def test_timeline_png_and_svg_are_real_images(tmp_path: Path) -> None:
+    paths = {"png": tmp_path / "t.png", "svg": tmp_path / "t.svg"}
+    written = write_timeline(EVENTS, ["gpu0", "gpu1"], ["gpu0->gpu1", "gpu1->gpu0"], {}, "toy", paths)
+    assert written == paths
+    assert paths["png"].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    svg = paths["svg"].read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and "gpu1" in svg
+
+
+def test_timeline_checks_every_path_before_drawing(tmp_path: Path) -> None:
+    paths = {"png": tmp_path / "ok.png", "svg": tmp_path / "missing" / "t.svg"}
+    with pytest.raises(PlannerError, match="does not exist"):
+        write_timeline(EVENTS, ["gpu0", "gpu1"], [], {}, "toy", paths)
+    assert not paths["png"].exists()
+
+
+def test_timeline_of_an_empty_step_still_draws() -> None:
+    images = render_timeline((), ["gpu0"], [], {}, "empty", ("png",))
+    assert images["png"].startswith(b"\x89PNG")
