@@ -17,11 +17,11 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
-from planner.formats.profile import INPUT_OP, Node, Profile
+from planner.formats.profile import INPUT_OP, Node, OpTime, Profile
 
 if TYPE_CHECKING:
     from planner.partition.cost import CostTables
@@ -171,13 +171,13 @@ def build_problem(
     names = [[n] for n in (node.name for node in profile.nodes)] if groups is None else [list(g) for g in groups]
     _check_groups(profile, names)
     types = sorted({d.type for d in cluster.devices})
-    _check_estimable(profile, cluster, types)
-    times, estimated = _node_times(profile, types)
+    times, estimated = _node_times(profile, cluster, types)
     fwd_cut, bwd_cut = cut_bytes(profile, names)
+    layers: dict[str, str] = {}
     blocks, start = [], 0
     for group in names:
         stop = start + len(group)
-        blocks.append(_block(profile.nodes[start:stop], times[start:stop], types))
+        blocks.append(_block(profile.nodes[start:stop], times[start:stop], types, layers))
         start = stop
     return Problem(
         blocks=tuple(blocks),
@@ -222,8 +222,10 @@ def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
                            f"the first left out is {profile.nodes[position].name!r}")
 
 
-def _node_times(profile: Profile, types: Sequence[str]) -> tuple[list[list[tuple[float, float]]], set[str]]:
+def _node_times(profile: Profile, cluster: Cluster,
+                types: Sequence[str]) -> tuple[list[list[tuple[float, float]]], set[str]]:
     """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times."""
+    catalog = _catalog_for_missing(profile, cluster, types)
     estimated: set[str] = set()
     out: list[list[tuple[float, float]]] = []
     for node in profile.nodes:
@@ -231,53 +233,60 @@ def _node_times(profile: Profile, types: Sequence[str]) -> tuple[list[list[tuple
         for dev_type in types:
             op_time = node.time_s.get(dev_type)
             if op_time is None:
-                row.append(_estimate(node, dev_type))
+                op_time = _estimate(node, dev_type, catalog)
+            if op_time.source == "estimated":
                 estimated.add(dev_type)
-            else:
-                row.append((op_time.fwd, op_time.bwd))
-                if op_time.source == "estimated":
-                    estimated.add(dev_type)
+            row.append((op_time.fwd, op_time.bwd))
         out.append(row)
     return out, estimated
 
 
-def _estimate(node: Node, device_type: str) -> tuple[float, float]:
+def _estimate(node: Node, device_type: str, catalog: Mapping[str, Any] | None) -> OpTime:
     """Roofline estimate of a node the profile did not time on ``device_type``."""
     from planner.profile.estimate import estimate_node_time
 
-    result = estimate_node_time(node, device_type)
-    return result.fwd, result.bwd
+    return estimate_node_time(node, device_type, catalog)
 
 
-def _check_estimable(profile: Profile, cluster: Cluster, types: Sequence[str]) -> None:
-    """Every cluster type the profile did not time on every node must be in the device catalog."""
-    from planner.profile.catalog import load_catalog
+def _catalog_for_missing(profile: Profile, cluster: Cluster, types: Sequence[str]) -> Mapping[str, Any] | None:
+    """The device catalog when some cluster type lacks profile times (``None`` when none does).
 
+    Every such type must be in the catalog, or the error names it with its devices.
+    """
     timed = set(profile.device_types)
     missing = [t for t in types if t not in timed]
     if not missing:
-        return
+        return None
+    from planner.profile.catalog import load_catalog
+
     catalog = load_catalog()
     for dev_type in missing:
         if dev_type not in catalog:
             ids = ", ".join(d.id for d in cluster.devices if d.type == dev_type)
             raise PlannerError(
                 f"cluster {cluster.name!r} has devices of type {dev_type!r} ({ids}), which the profile did not "
-                f"time (it has {', '.join(timed) or 'no complete type'}) and the device catalog does not know "
-                f"(known: {', '.join(sorted(catalog))}); fix the device type or profile on that device"
+                f"time (it has {', '.join(sorted(timed)) or 'no complete type'}) and the device catalog does not "
+                f"know (known: {', '.join(sorted(catalog))}); fix the device type or profile on that device"
             )
+    return catalog
 
 
-def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]], types: Sequence[str]) -> Block:
+def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]], types: Sequence[str],
+           layer_cache: dict[str, str]) -> Block:
+    """Sum a group's nodes; ``layer_cache`` memoises ``layer_of`` (module paths repeat across nodes)."""
     name = nodes[0].name if len(nodes) == 1 else f"{nodes[0].name}..{nodes[-1].name}"
-    time_s = {}
-    for k, dev_type in enumerate(types):
-        time_s[dev_type] = (sum(row[k][0] for row in times), sum(row[k][1] for row in times))
+    if len(nodes) == 1:
+        time_s = dict(zip(types, times[0]))
+    else:
+        time_s = {t: (sum(row[k][0] for row in times), sum(row[k][1] for row in times)) for k, t in enumerate(types)}
+    paths = {node.module_path for node in nodes}
+    for path in paths - layer_cache.keys():
+        layer_cache[path] = layer_of(path)
     return Block(
         name=name,
         nodes=tuple(node.name for node in nodes),
         param_bytes=sum(node.param_bytes for node in nodes),
         saved_bytes=sum(node.saved_bytes for node in nodes),
         time_s=MappingProxyType(time_s),
-        layers=tuple(sorted({layer_of(node.module_path) for node in nodes} - {""})),
+        layers=tuple(sorted({layer_cache[path] for path in paths} - {""})),
     )
