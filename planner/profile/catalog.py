@@ -1,0 +1,113 @@
+"""The device catalog (profiles/devices.json): peak FLOP/s, memory bandwidth and capacity per device type.
+
+The file lives at the repository root (``planner/../profiles/devices.json``), which an editable
+install and a checkout both see; ``PLANNER_DEVICES`` names another catalog file.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.errors import InputFileError, UsageError
+from planner.formats._validate import Checker
+from planner.formats.jsonio import read_document
+
+CATALOG_PATH = Path(__file__).resolve().parents[2] / "profiles" / "devices.json"
+_NUMBERS = ("bf16_flops", "fp32_flops", "memory_bandwidth_Bps", "memory_bytes", "launch_overhead_s")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device type of the catalog."""
+
+    type: str
+    """Catalog key, e.g. ``h100-sxm``; the ``DEVICE_TYPE`` of profiles and clusters."""
+    name: str
+    bf16_flops: float
+    """Peak dense half-precision (bf16, or fp16 where the device has no bf16) FLOP/s."""
+    fp32_flops: float
+    """Peak dense fp32 FLOP/s (no TF32 tensor cores: PyTorch leaves TF32 matmul off by default)."""
+    memory_bandwidth_Bps: float
+    memory_bytes: int
+    launch_overhead_s: float
+    """Fixed cost per op launch added to every working op by the roofline estimate."""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """Where each number comes from."""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for values of ``dtype`` (``float32``, ``bfloat16``, ...): fp32 rate unless half precision."""
+        return self.bf16_flops if dtype in ("bfloat16", "float16", "half") else self.fp32_flops
+
+
+def catalog_path() -> Path:
+    return Path(os.environ.get("PLANNER_DEVICES", CATALOG_PATH))
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> Mapping[str, DeviceSpec]:
+    data = read_document(path, "device catalog")
+    check = Checker(f"device catalog {path!r}")
+    devices = check.get(data, "devices", dict)
+    specs = {}
+    for key, raw in sorted(devices.items()):
+        if not isinstance(raw, dict):
+            check.fail(f"devices.{key}", "an object", raw)
+        nums = {n: float(check.get(raw, n, float, f"devices.{key}.{n}")) for n in _NUMBERS}
+        for n, value in nums.items():
+            if value <= 0:
+                check.fail(f"devices.{key}.{n}", "positive", value)
+        specs[key] = DeviceSpec(type=key, name=str(raw.get("name", key)), memory_bytes=int(nums.pop("memory_bytes")),
+                                sources=MappingProxyType(dict(raw.get("sources", {}))), **nums)
+    if not specs:
+        raise InputFileError(f"device catalog {path!r} lists no devices; restore profiles/devices.json")
+    return MappingProxyType(specs)
+
+
+def load_catalog() -> Mapping[str, DeviceSpec]:
+    """All device types of the catalog, keyed by type."""
+    return _load(str(catalog_path()))
+
+
+def device_spec(device_type: str, catalog: Mapping[str, DeviceSpec] | None = None) -> DeviceSpec:
+    """The catalog entry of ``device_type``; ``UsageError`` naming the known types when it is unknown."""
+    catalog = load_catalog() if catalog is None else catalog
+    if device_type not in catalog:
+        raise UsageError(f"unknown device type {device_type!r}; known types: {', '.join(sorted(catalog))} (see profiles/devices.json)")
+    return catalog[device_type]
+
+
+def detect_device_type(device: Any = None) -> str:
+    """Catalog type of the local device: ``cpu``, or a CUDA GPU matched by its name (``cuda-<name>`` if unknown)."""
+    import torch
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    name = props.name.upper()
+    gib = props.total_memory / 2**30
+    rules = (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80g" if gib > 50 else "a100-40g"),
+             ("V100", "v100-32g"), ("L4", "l4"), ("T4", "t4"))
+    for needle, dev_type in rules:
+        if needle in name:
+            return dev_type
+    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-")
+
+
+def device_memory_bytes(device: Any = None) -> int:
+    """Memory of the local device: GPU memory, or the host's physical memory for the CPU."""
+    import torch
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return load_catalog()["cpu"].memory_bytes

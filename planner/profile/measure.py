@@ -1,0 +1,286 @@
+"""Measure every op of a captured graph on the local device: times, bytes and FLOPs.
+
+1. One recorded run of the whole graph (``torch.fx.Interpreter``, gradients on) gives the real
+   inputs of every node, which values require grad, and the tensors autograd saves for backward
+   (``torch.autograd.graph.saved_tensors_hooks``; each storage counted once, at the node that saved
+   it first; parameters and buffers excluded).
+2. Per op, forward time = median of calling the op's target on detached copies of its real inputs
+   (same ``requires_grad`` as in the model, live parameters), timer overhead removed. Backward time =
+   median of ``torch.autograd.grad`` from the op's outputs to the inputs and parameters that require
+   grad, after an untimed forward. FLOPs come from ``FlopCounterMode`` around one extra call of each.
+3. The whole model's forward and backward are timed the same way, so the profile can report the
+   sum of the per-op times next to the whole (a check on the per-op method).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import fx, nn
+from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from planner.profile.capture import Captured, CapturedOp
+from planner.profile.estimate import classify
+from planner.profile.timer import Timer
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class OpMeasurement:
+    """What was measured for one op (times in seconds, sizes in bytes)."""
+
+    name: str
+    fwd_s: float
+    bwd_s: float
+    output_bytes: int
+    saved_bytes: int
+    bytes_moved: int
+    flops: int
+    bwd_flops: int
+    op_class: str
+    dtype: str
+    grad: bool
+    """Whether the op takes part in backward (some input or parameter requires grad)."""
+    error: str = ""
+    """Why timing failed ("" when it did not); the times are then 0."""
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    fwd_s: float
+    bwd_s: float
+    sum_ops_fwd_s: float
+    sum_ops_bwd_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "sum_ops_fwd_s": self.sum_ops_fwd_s,
+                "sum_ops_bwd_s": self.sum_ops_bwd_s}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    ops: tuple[OpMeasurement, ...]
+    whole: WholeModel
+    timer_overhead_s: float
+    threads: int
+
+
+def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, device: torch.device,
+            repeats: int = 5, warmup: int = 2, threads: int | None = 1, progress: Progress | None = None) -> Measurement:
+    """Measure every op of ``captured`` (see the module docstring); ``threads`` pins intra-op threads on CPU."""
+    with _num_threads(threads if device.type == "cpu" else None) as used:
+        timer = Timer(device, repeats, warmup)
+        run = _record(captured, module, inputs)
+        params = {id(p) for p in module.parameters()} | {id(b) for b in module.buffers()}
+        results = []
+        total = len(captured.ops) + 1
+        for i, op in enumerate(captured.ops):
+            if progress:
+                progress(i, total, op.name)
+            results.append(_measure_op(captured, op, run, timer, params))
+        if progress:
+            progress(total - 1, total, "whole model")
+        whole = _measure_whole(module, inputs, timer)
+        if progress:
+            progress(total, total, "done")
+    summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results))
+    return Measurement(tuple(results), summed, timer.overhead_s, used)
+
+
+@dataclass
+class _Run:
+    interpreter: fx.Interpreter
+    env: dict[fx.Node, Any]
+    saved: dict[str, int]
+
+
+def _record(captured: Captured, module: nn.Module, inputs: Sequence[Any]) -> _Run:
+    """Run the graph once with gradients on, keeping every value and attributing saved tensors to nodes."""
+    skip = {_storage_key(t) for t in list(module.parameters()) + list(module.buffers())}
+    seen: set[int] = set()
+    saved: dict[str, int] = defaultdict(int)
+    interpreter = fx.Interpreter(captured.graph_module, garbage_collect_values=False)
+    current = [""]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key and key not in skip and key not in seen:
+            seen.add(key)
+            saved[current[0]] += t.untyped_storage().nbytes()
+        return t
+
+    original = interpreter.run_node
+
+    def run_node(node: fx.Node) -> Any:
+        current[0] = node.name
+        return original(node)
+
+    interpreter.run_node = run_node  # type: ignore[method-assign]
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        interpreter.run(*captured.graph_args(module, inputs))
+    return _Run(interpreter, interpreter.env, dict(saved))
+
+
+def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, param_ids: set[int]) -> OpMeasurement:
+    value = run.env[op.node]
+    out_bytes = _nbytes(value)
+    dtype = _dtype(value)
+    saved = run.saved.get(op.name, 0)
+    if op.node.op == "placeholder":
+        return OpMeasurement(op.name, 0.0, 0.0, out_bytes, saved, 0, 0, 0, "input", dtype, False)
+    args, kwargs = run.interpreter.fetch_args_kwargs_from_env(op.node)
+    target = captured.call_target(op.node)
+    module_params = list(target.parameters()) if isinstance(target, nn.Module) else []
+    mutable = _is_mutable(op)
+    in_bytes = sum(_nbytes(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+    in_bytes += sum(_nbytes(p) for p in module_params)
+    cls = "view" if not mutable and _aliases(value, (args, kwargs), module_params) else classify(op.op)
+    if cls == "view" and classify(op.op) != "view" and _nbytes(value) == 0:
+        cls = classify(op.op)
+    moved = 0 if cls == "view" else in_bytes + out_bytes
+    leaves_args, leaves_kwargs = tree_map(lambda x: _leaf(x, param_ids), (args, kwargs))
+    grad_inputs = [t for t in tree_leaves((leaves_args, leaves_kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+    grad_inputs += [p for p in module_params if p.requires_grad]
+    grad_inputs = list({id(t): t for t in grad_inputs}.values())
+
+    def fresh() -> tuple[Any, Any]:
+        if not mutable:
+            return leaves_args, leaves_kwargs
+        return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (leaves_args, leaves_kwargs))
+
+    def forward(state: tuple[Any, Any]) -> Any:
+        return target(*state[0], **state[1])
+
+    try:
+        fwd_s = timer.time(forward, fresh)
+        flops = _count(lambda: forward(fresh()))
+        bwd_s, bwd_flops, has_grad = _time_backward(forward, fresh, grad_inputs, timer)
+    except Exception as exc:  # an op that cannot run alone: keep going, report it
+        log.warning("could not time %s (%s): %s", op.name, op.op, exc)
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        return OpMeasurement(op.name, 0.0, 0.0, out_bytes, saved, moved, 0, 0, cls, dtype, bool(grad_inputs), error)
+    return OpMeasurement(op.name, fwd_s, bwd_s, out_bytes, saved, moved, flops, bwd_flops, cls, dtype, has_grad)
+
+
+def _time_backward(forward: Callable[[Any], Any], fresh: Callable[[], Any], grad_inputs: list[torch.Tensor],
+                   timer: Timer) -> tuple[float, int, bool]:
+    """Median time and FLOPs of ``autograd.grad`` from the op's outputs to ``grad_inputs``."""
+    if not grad_inputs:
+        return 0.0, 0, False
+    probe = _differentiable(forward(fresh()))
+    if not probe:
+        return 0.0, 0, False
+    grads_out = [torch.randn_like(t) for t in probe]
+
+    def setup() -> list[torch.Tensor]:
+        return _differentiable(forward(fresh()))
+
+    def backward(outs: list[torch.Tensor]) -> Any:
+        return torch.autograd.grad(outs, grad_inputs, grads_out, allow_unused=True)
+
+    bwd_s = timer.time(backward, setup)
+    outs = setup()
+    bwd_flops = _count(lambda: backward(outs))
+    return bwd_s, bwd_flops, True
+
+
+def _measure_whole(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> tuple[float, float]:
+    """Forward and backward seconds of the whole model, timed like the ops."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        fwd_s = timer.time(lambda _: module(*inputs))
+        probe = _differentiable(module(*inputs))
+        if not probe or not params:
+            return fwd_s, 0.0
+        grads_out = [torch.randn_like(t) for t in probe]
+        bwd_s = timer.time(lambda outs: torch.autograd.grad(outs, params, grads_out, allow_unused=True),
+                           lambda: _differentiable(module(*inputs)))
+    return fwd_s, bwd_s
+
+
+def _cpu_sdpa_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return int(flop_counter.sdpa_flop_count(q, k, v))
+
+
+def _cpu_sdpa_backward_flops(grad: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    return int(flop_counter.sdpa_backward_flop_count(grad, q, k, v))
+
+
+EXTRA_FLOP_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops,
+}
+"""FlopCounterMode has formulas for the CUDA attention kernels but not for the CPU flash-attention
+kernel; we register the same formulas (torch's ``sdpa_flop_count``) for it."""
+
+
+def _count(fn: Callable[[], Any]) -> int:
+    with torch.enable_grad(), FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def _leaf(x: Any, param_ids: set[int]) -> Any:
+    """A detached copy of ``x`` with the same ``requires_grad`` (parameters are passed through as they are)."""
+    if not isinstance(x, torch.Tensor) or id(x) in param_ids:
+        return x
+    return x.detach().requires_grad_(bool(x.requires_grad and (x.is_floating_point() or x.is_complex())))
+
+
+def _differentiable(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _aliases(value: Any, inputs: Any, params: list[torch.Tensor]) -> bool:
+    """True when the op produced no new tensor: every output shares storage with an input, or there is none."""
+    outs = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    if not outs:
+        return True
+    sources = {_storage_key(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+    sources |= {_storage_key(p) for p in params}
+    return all(_storage_key(t) in sources for t in outs)
+
+
+def _is_mutable(op: CapturedOp) -> bool:
+    target = op.node.target
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return bool(schema.is_mutable)
+    return isinstance(target, str) and target.endswith("_") and not target.endswith("__")
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def _dtype(value: Any) -> str:
+    tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    pick = next((t for t in tensors if t.is_floating_point()), tensors[0] if tensors else None)
+    return str(pick.dtype).replace("torch.", "") if pick is not None else ""
+
+
+@contextlib.contextmanager
+def _num_threads(threads: int | None) -> Iterator[int]:
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
