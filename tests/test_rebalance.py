@@ -115,3 +115,85 @@ def test_bad_config_is_refused(kwargs: dict) -> None:
 def test_plans_compare_by_device_and_nodes() -> None:
     assert plans_equal([("a", ["x", "y"]), ("b", ["z"])], [("a", ("x", "y")), ("b", ("z",))])
     assert not plans_equal([("a", ["x", "y"]), ("b", ["z"])], [("a", ["x"]), ("b", ["y", "z"])])
+
+
+def test_transfers_come_from_the_lowest_previous_owner_in_sorted_pairs() -> None:
+    from planner.runtime.migrate import Transfer, plan_transfers
+
+    before = [["a", "b", "tied"], ["c", "tied"], ["d"]]
+    after = [["a"], ["b", "c", "tied"], ["d", "tied", "c"]]
+    assert plan_transfers(before, after) == (
+        Transfer(0, 1, ("b",)), Transfer(0, 2, ("tied",)), Transfer(1, 2, ("c",)),
+    )
+    assert plan_transfers(before, before) == ()
+
+
+def test_a_name_nobody_held_cannot_be_migrated() -> None:
+    from planner.errors import DistributedError
+    from planner.runtime.migrate import plan_transfers
+
+    with pytest.raises(DistributedError, match="different models"):
+        plan_transfers([["a"], ["b"]], [["a"], ["x"]])
+
+
+def test_slowdown_specs_parse_and_stretch() -> None:
+    from planner.errors import UsageError
+    from planner.runtime.slowdown import Slowdown, parse_slowdowns
+
+    assert parse_slowdowns(["1=2.0"]) == {1: 2.0}
+    assert parse_slowdowns("0=1.5, 3=3") == {0: 1.5, 3: 3.0}
+    assert parse_slowdowns(None) == {}
+    for bad in ("1", "x=2", "1=0.5", "-1=2", "1=inf", "1=2,1=3"):
+        with pytest.raises(UsageError, match="emulate-slowdown"):
+            parse_slowdowns(bad)
+    with pytest.raises(UsageError, match="2 ranks"):
+        parse_slowdowns("2=2.0", world_size=2)
+    slept: list[float] = []
+    slow = Slowdown(2.5, sleep=slept.append)
+    assert slow.stretch(0.2) == pytest.approx(0.3) and slept == [pytest.approx(0.3)]
+    assert Slowdown().stretch(1.0) == 0.0
+
+
+def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
+    from planner.runtime.slowdown import Slowdown
+    from planner.runtime.timing import RankRound, RankTimer, stats_from
+
+    now = [0.0]
+    slow = Slowdown(2.0, sleep=lambda s: now.__setitem__(0, now[0] + s))
+    timer = RankTimer(1, "cpu1", slow, clock=lambda: now[0])
+    with timer.compute():
+        now[0] += 1.0
+        with timer.compute():  # nested: counted once
+            now[0] += 0.5
+    with timer.blocked():
+        now[0] += 2.0
+    now[0] += 0.5
+    mine = timer.end_round()
+    assert (mine.wall_s, mine.compute_s, mine.emulated_s, mine.recv_s) == (5.5, 3.0, 1.5, 2.0)
+    assert mine.wait_s == 2.5
+    other = RankRound(0, "cpu0", 4.0, 1.0, 0.0)
+    stats = stats_from([mine, other], round_index=3, first_step=12, steps=4)
+    assert [d.device for d in stats.devices] == ["cpu0", "cpu1"]
+    assert stats.wall_s == 5.5 and stats.waits() == {"cpu0": 4.5, "cpu1": 2.5}
+    assert stats.step_time_s == 1.375
+
+
+def test_round_records_and_the_live_table(tmp_path) -> None:
+    import json
+
+    from planner.runtime.roundlog import RoundLog, round_record, round_table
+
+    stats = _round({"a": 4.0, "b": 8.0}, wall_s=9.0)
+    rec = round_record(stats, initial_state(["a", "b"]), imbalance=0.2, balanced=False, plan_changed=True,
+                       reason="unbalanced", loss=1.5, moved_tensors=3, moved_bytes=120)
+    assert rec["devices"]["a"] == {"compute_s": 4.0, "wait_s": 5.0, "recv_s": 0.0, "weight": 1.0, "speed_factor": 1.0}
+    assert (rec["max_wait_s"], rec["mean_wait_s"], rec["step_time_s"]) == (5.0, 3.0, 2.25)
+    path = tmp_path / "rounds.jsonl"
+    with RoundLog(path) as log:
+        log.write(rec)
+        log.write({**rec, "round": 1})
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["round"] for line in lines] == [0, 1] and lines[0] == rec
+    assert round_table(lines).row_count == 2
+    with pytest.raises(PlannerError, match="round log"):
+        RoundLog(tmp_path / "missing" / "x.jsonl")
