@@ -91,6 +91,10 @@ class _State:
     peak_bytes: list[int]
     live_mb: list[int]
     peak_mb: list[int]
+    send_fwd_s: list[float]
+    """Per stage: seconds its activations occupy the link to the next stage (0: no transfer)."""
+    send_bwd_s: list[float]
+    """Per stage: seconds its gradients occupy the link to the previous stage (0: no transfer)."""
     link_free: dict[tuple[int, int], float]
     heap: list[tuple[float, int, int]]
     events: list[Event] | None
@@ -106,11 +110,12 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     for dev in ranks:
         cluster.device(dev)  # raises a clear error for an unknown device
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
+    _transfer_times(state, stages, cluster)
     for rank in range(len(ranks)):
         _try_start(state, stages, ranks, rank, 0.0)
     while state.heap:
         now, _, rank = heapq.heappop(state.heap)
-        _finish(state, stages, ranks, cluster, rank, now)
+        _finish(state, stages, ranks, rank, now)
     stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < len(state.orders[r])]
     if stuck:
         raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
@@ -130,8 +135,17 @@ def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: i
         bwd_ready=[[None] * m for _ in range(n)],
         position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,
         live_bytes=[0] * p, peak_bytes=[0] * p, live_mb=[0] * n, peak_mb=[0] * n,
-        link_free={}, heap=[], events=[] if record_events else None,
+        send_fwd_s=[0.0] * n, send_bwd_s=[0.0] * n, link_free={}, heap=[], events=[] if record_events else None,
     )
+
+
+def _transfer_times(state: _State, stages: Sequence[SimStage], cluster: Cluster) -> None:
+    """Each stage's send durations on its actual links, looked up once (not per micro-batch)."""
+    for s, stage in enumerate(stages):
+        if s + 1 < len(stages) and stage.device != stages[s + 1].device:
+            state.send_fwd_s[s] = cluster.transfer_s(stage.device, stages[s + 1].device, stage.send_fwd_bytes)
+        if s > 0 and stage.device != stages[s - 1].device:
+            state.send_bwd_s[s] = cluster.transfer_s(stage.device, stages[s - 1].device, stage.send_bwd_bytes)
 
 
 def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
@@ -159,8 +173,7 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
     heapq.heappush(state.heap, (start + duration, state.seq, rank))
 
 
-def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], cluster: Cluster,
-            rank: int, now: float) -> None:
+def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
     """A pass on ``rank`` completed at ``now``: send its output, then start what became runnable."""
     kind, s, j = state.orders[rank][state.position[rank]]
     state.position[rank] += 1
@@ -170,25 +183,23 @@ def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], c
         if s == last:
             state.bwd_ready[s][j] = now
         else:
-            state.fwd_ready[s + 1][j] = _send(state, stages, ranks, cluster, s, s + 1, j, now)
+            state.fwd_ready[s + 1][j] = _send(state, ranks, s, s + 1, j, now)
             _try_start(state, stages, ranks, state.rank_of_stage[s + 1], now)
     else:
         state.live_bytes[rank] -= stages[s].activation_bytes
         state.live_mb[s] -= 1
         if s > 0:
-            state.bwd_ready[s - 1][j] = _send(state, stages, ranks, cluster, s, s - 1, j, now)
+            state.bwd_ready[s - 1][j] = _send(state, ranks, s, s - 1, j, now)
             _try_start(state, stages, ranks, state.rank_of_stage[s - 1], now)
     _try_start(state, stages, ranks, rank, now)
 
 
-def _send(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], cluster: Cluster,
-          src: int, dst: int, j: int, now: float) -> float:
+def _send(state: _State, ranks: tuple[str, ...], src: int, dst: int, j: int, now: float) -> float:
     """Queue stage ``src``'s output for stage ``dst`` on their directed link; return its arrival time."""
-    nbytes = stages[src].send_fwd_bytes if dst > src else stages[src].send_bwd_bytes
-    a, b = state.rank_of_stage[src], state.rank_of_stage[dst]
-    duration = cluster.transfer_s(ranks[a], ranks[b], nbytes)
-    if a == b or duration <= 0:
+    duration = state.send_fwd_s[src] if dst > src else state.send_bwd_s[src]
+    if duration <= 0:
         return now
+    a, b = state.rank_of_stage[src], state.rank_of_stage[dst]
     start = max(now, state.link_free.get((a, b), 0.0))
     end = start + duration
     state.link_free[(a, b)] = end
