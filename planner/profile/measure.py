@@ -71,6 +71,8 @@ class Measurement:
     ops: tuple[OpMeasurement, ...]
     whole: WholeModel
     timer_overhead_s: float
+    grad_overhead_s: float
+    """Fixed cost of one ``autograd.grad`` call (engine start-up), taken out of every per-op backward."""
     threads: int
 
 
@@ -79,6 +81,7 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
     """Measure every op of ``captured`` (see the module docstring); ``threads`` pins intra-op threads on CPU."""
     with _num_threads(threads if device.type == "cpu" else None) as used:
         timer = Timer(device, repeats, warmup)
+        grad_overhead_s = _grad_call_overhead(timer, device)
         run = _record(captured, module, inputs)
         params = {id(p) for p in module.parameters()} | {id(b) for b in module.buffers()}
         results = []
@@ -86,14 +89,14 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         for i, op in enumerate(captured.ops):
             if progress:
                 progress(i, total, op.name)
-            results.append(_measure_op(captured, op, run, timer, params))
+            results.append(_measure_op(captured, op, run, timer, params, grad_overhead_s))
         if progress:
             progress(total - 1, total, "whole model")
         whole = _measure_whole(module, inputs, timer)
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results))
-    return Measurement(tuple(results), summed, timer.overhead_s, used)
+    return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used)
 
 
 @dataclass
@@ -130,7 +133,8 @@ def _record(captured: Captured, module: nn.Module, inputs: Sequence[Any]) -> _Ru
     return _Run(interpreter, interpreter.env, dict(saved))
 
 
-def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, param_ids: set[int]) -> OpMeasurement:
+def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, param_ids: set[int],
+                grad_overhead_s: float) -> OpMeasurement:
     value = run.env[op.node]
     out_bytes = _nbytes(value)
     dtype = _dtype(value)
@@ -164,6 +168,7 @@ def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, par
         fwd_s = timer.time(forward, fresh)
         flops = _count(lambda: forward(fresh()))
         bwd_s, bwd_flops, has_grad = _time_backward(forward, fresh, grad_inputs, timer)
+        bwd_s = max(0.0, bwd_s - grad_overhead_s) if has_grad else 0.0
     except Exception as exc:  # an op that cannot run alone: keep going, report it
         log.warning("could not time %s (%s): %s", op.name, op.op, exc)
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
@@ -191,6 +196,14 @@ def _time_backward(forward: Callable[[Any], Any], fresh: Callable[[], Any], grad
     outs = setup()
     bwd_flops = _count(lambda: backward(outs))
     return bwd_s, bwd_flops, True
+
+
+def _grad_call_overhead(timer: Timer, device: torch.device) -> float:
+    """Median time of ``autograd.grad`` through a one-element view: the per-call engine start-up that a
+    per-op backward pays once per op but the whole model's backward pays only once."""
+    leaf = torch.zeros(1, device=device, requires_grad=True)
+    grad = torch.ones(1, device=device)
+    return timer.time(lambda out: torch.autograd.grad(out, leaf, grad), lambda: leaf.view(1))
 
 
 def _measure_whole(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> tuple[float, float]:
