@@ -58,7 +58,8 @@ class Problem:
     schedule: str
     optimizer: str
     estimated_types: tuple[str, ...] = ()
-    """Device types whose times were estimated by the roofline because the profile lacked them."""
+    """Device types with estimated times: estimated here by the roofline because the profile lacked them,
+    or marked ``estimated`` in the profile (``plan profile --estimate``)."""
     speed_factors: Mapping[str, float] = field(default_factory=dict)
     """Device id -> multiplier on that device's compute times (measured / predicted; 1 when absent).
     The runtime's rebalancer (seed 003 S5) feeds measured speeds back through this."""
