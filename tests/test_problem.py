@@ -99,3 +99,29 @@ def test_tables_are_per_type_not_per_copy() -> None:
     tables = problem.tables
     assert tables.fwd_prefix["d0"] is tables.fwd_prefix["d7"]
     assert tables.fwd_prefix["d0"] == (0.0, 0.0, 1.0, 2.0, 3.0, 4.0)
+
+
+def test_only_nodes_missing_a_type_are_estimated() -> None:
+    from planner.profile.estimate import estimate_node_time
+
+    prof = profile(
+        node("x", op="input", times={"cpu": (0.0, 0.0), "t4": (0.0, 0.0)}),
+        node("a", ["x"], flops=10**9, times={"cpu": (1.0, 2.0), "t4": (0.5, 0.75)}),
+        node("b", ["a"], flops=10**9, times={"cpu": (1.0, 2.0)}),
+    )
+    problem = build_problem(prof, cluster(2, types=["cpu", "t4"]), microbatches=1, schedule="gpipe")
+    assert problem.estimated_types == ("t4",)
+    assert problem.blocks[1].time_s["t4"] == (0.5, 0.75)
+    guess = estimate_node_time(prof.nodes[2], "t4")
+    assert problem.blocks[2].time_s["t4"] == (guess.fwd, guess.bwd)
+
+
+def test_types_marked_estimated_in_the_profile_are_reported() -> None:
+    prof = chain(2)
+    data = prof.to_dict()
+    for raw in data["nodes"]:
+        raw["time_s"]["cpu"]["source"] = "estimated"
+    from planner.formats.profile import profile_from_dict
+
+    problem = build_problem(profile_from_dict(data), cluster(1), microbatches=1, schedule="gpipe")
+    assert problem.estimated_types == ("cpu",)

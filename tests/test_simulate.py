@@ -170,3 +170,67 @@ def test_schedule_orders_follow_their_definitions() -> None:
     # rank 0: warm-up 2*(2-1-0) + (2-1)*2 = 4 = all forwards: chunk 0 then chunk 1 for micro-batches 0, 1.
     assert inter[0][:4] == ((FWD, 0, 0), (FWD, 0, 1), (FWD, 2, 0), (FWD, 2, 1))
     assert inflight_counts(inter[0]) == {0: 2, 2: 2}
+
+
+def _check_invariants(stages: list[SimStage], result, m: int) -> None:
+    """Every pass once; no resource runs two things at once; dependencies and transfer durations hold."""
+    by_key = {(e.kind, e.stage, e.microbatch): e for e in result.events}
+    assert len(by_key) == len(result.events)
+    p = len(stages)
+    assert sum(e.kind in ("fwd", "bwd") for e in result.events) == 2 * p * m
+    for resource in {e.resource for e in result.events}:
+        spans = sorted((e.start_s, e.end_s) for e in result.events if e.resource == resource)
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:])), resource
+    for s in range(p):
+        for j in range(m):
+            fwd, bwd = by_key[("fwd", s, j)], by_key[("bwd", s, j)]
+            assert fwd.end_s - fwd.start_s == pytest.approx(stages[s].fwd_s)
+            assert bwd.start_s >= fwd.end_s - 1e-9
+            if s > 0:
+                sent = by_key.get(("send_fwd", s - 1, j))
+                assert fwd.start_s >= (sent.end_s if sent else by_key[("fwd", s - 1, j)].end_s) - 1e-9
+            if s < p - 1:
+                sent = by_key.get(("send_bwd", s + 1, j))
+                assert bwd.start_s >= (sent.end_s if sent else by_key[("bwd", s + 1, j)].end_s) - 1e-9
+    assert result.step_time_s == pytest.approx(max(e.end_s for e in result.events))
+    for device, stats in result.devices.items():
+        busy = sum(e.end_s - e.start_s for e in result.events if e.resource == device)
+        assert stats.busy_s == pytest.approx(busy)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_pipelines_keep_the_invariants(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    schedule = ["gpipe", "1f1b", "interleaved-1f1b"][seed % 3]
+    p = rng.randint(1, 5)
+    v = rng.randint(2, 3) if schedule == "interleaved-1f1b" else 1
+    m = p * rng.randint(1, 3) if v > 1 else rng.randint(1, 7)
+    net = cluster(p, hosts=rng.randint(1, 2), bandwidth_Bps=rng.choice([1e3, 1e4]), latency_s=rng.random() * 0.1,
+                  inter_bandwidth_Bps=500.0, inter_latency_s=0.2)
+    stages = [SimStage(f"d{s % p}", rng.random(), rng.random() * 2, rng.randint(0, 2000), rng.randint(0, 2000),
+                       rng.randint(0, 100), rng.randint(0, 50)) for s in range(p * v)]
+    stages[-1] = SimStage(stages[-1].device, stages[-1].fwd_s, stages[-1].bwd_s, 0, stages[-1].send_bwd_bytes,
+                          stages[-1].static_bytes, stages[-1].activation_bytes)
+    result = simulate(stages, net, schedule, m)
+    _check_invariants(stages, result, m)
+    lower = max(stats.busy_s for stats in result.devices.values())
+    assert result.step_time_s >= lower - 1e-9
+
+
+def test_interleaved_chunks_share_and_queue_on_links() -> None:
+    # p = 2, v = 2: d0->d1 carries stage 0->1 and stage 2->3 activations; they must queue.
+    stages = [SimStage(d, 0.1, 0.2, 1000, 1000, 0, 0) for d in ("d0", "d1", "d0", "d1")]
+    result = simulate(stages, cluster(2, bandwidth_Bps=1000.0), "interleaved-1f1b", 4)
+    _check_invariants(stages, result, 4)
+    kinds = {(e.resource, e.stage) for e in result.events if e.kind == "send_fwd"}
+    assert kinds == {("d0->d1", 0), ("d1->d0", 1), ("d0->d1", 2)}
+
+
+def test_interleaved_on_one_device_runs_all_chunks_locally() -> None:
+    stages = [SimStage("d0", 1.0, 2.0, 10**6, 10**6, 5, 1) for _ in range(3)]
+    result = simulate(stages, cluster(1, bandwidth_Bps=1.0), "interleaved-1f1b", 2)
+    assert result.step_time_s == pytest.approx(3 * 2 * 3.0)  # no transfers, no idle time
+    assert result.bubble_fraction == pytest.approx(0.0)
+    assert not [e for e in result.events if e.kind.startswith("send")]
