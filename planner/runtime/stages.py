@@ -67,8 +67,15 @@ class RankStages:
 
 
 def rank_of_stages(plan: Plan) -> tuple[int, ...]:
-    """Rank of each stage: devices numbered by first appearance; validated against the schedule."""
-    ranks: dict[str, int] = {}
+    """Rank of each stage: devices numbered by first appearance; validated against the schedule.
+
+    A plan re-made by the rebalancer carries ``device_ranks`` (device ids in rank order) so that every
+    rank keeps its device when the placer orders the stages' devices differently.
+    """
+    ranks: dict[str, int] = {str(d): i for i, d in enumerate(plan.extra.get("device_ranks") or ())}
+    if ranks and set(ranks) != {s.device for s in plan.stages}:
+        raise PlanMismatchError(f"the plan's device_ranks {list(ranks)} do not list exactly its stages' devices "
+                                f"{sorted({s.device for s in plan.stages})}; remove device_ranks or fix it")
     for stage in plan.stages:
         ranks.setdefault(stage.device, len(ranks))
     result = tuple(ranks[s.device] for s in plan.stages)
@@ -97,6 +104,8 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
     graphs = split_graph(captured, module, stage_of, num)
     local = [g for g in graphs if layout[g.index] == rank]
     stages = tuple(PipelineStage(g.module, g.index, num, device, group=group) for g in local)
+    for st in stages:  # a fixed device order (device_ranks) may put stage i on a rank other than i
+        st.stage_index_to_group_rank = dict(enumerate(layout))
     canonical = {id(p): n for n, p in module.named_parameters()}
     params = {canonical[id(p)]: p for g in local for p in g.module.parameters()}
     return RankStages(plan, rank, layout, graphs, stages, dict(sorted(params.items())),
