@@ -137,6 +137,7 @@ def test_build_plan_lists_every_node_and_predicts() -> None:
     assert first["compute_s"] == pytest.approx(6.0)
     assert first["transfer_s"] == pytest.approx(1e-3 + 100 / 1e6)
     assert first["memory_bytes"] == 2 * 40 + 14 * 3 and first["capacity_bytes"] == 16 * GIB
+    assert [s.extra["inflight_microbatches"] for s in plan.stages] == [3, 2, 1]
     assert plan.predicted["step_time_s"] == pytest.approx(evaluate(problem, partition).step_time_s)
     assert set(plan.predicted["devices"]) == {"d0", "d1", "d2"}
     data = plan.to_dict()

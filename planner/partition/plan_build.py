@@ -73,6 +73,7 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
         "transfer_bwd_s": transfer_s(problem.tables, spec.device, prev_device, sim.send_bwd_bytes),
         "static_bytes": sim.static_bytes,
         "activation_bytes": sim.activation_bytes,
+        "inflight_microbatches": result.stage_inflight[i],
         "memory_bytes": stage_memory_bytes(problem, partition, i),
         "capacity_bytes": device.memory_bytes,
         "idle_s": result.devices[spec.device].idle_s,
