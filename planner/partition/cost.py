@@ -15,14 +15,17 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, TypeVar
 
 from planner.errors import InfeasibleError, PlannerError
 from planner.formats.cluster import Link
 from planner.partition.problem import OPTIMIZER_STATES, Partition, Problem
 from planner.partition.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
 from planner.partition.simulate import SimResult, SimStage, simulate
+
+_Number = TypeVar("_Number", int, float)
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,9 @@ def _links(problem: Problem) -> dict[tuple[str, str], Link]:
     return out
 
 
-def _prefix(values: Sequence[float]) -> tuple:
-    out, running = [0], 0
-    for value in values:
-        running += value
-        out.append(running)
-    return tuple(out)
+def _prefix(values: Sequence[_Number]) -> tuple[_Number, ...]:
+    """``(0, v0, v0 + v1, ...)``: ``len(values) + 1`` running sums."""
+    return tuple(accumulate(values, initial=values[0] * 0 if values else 0))
 
 
 # --- O(1) stage figures for placers -------------------------------------------------------------

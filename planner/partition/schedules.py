@@ -41,7 +41,7 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
     if len(ranks) == len(devices):
         return ranks, 1
     if schedule != "interleaved-1f1b":
-        first = {}
+        first: dict[str, int] = {}
         for i, dev in enumerate(devices):
             if dev in first:
                 raise PlannerError(
@@ -91,7 +91,8 @@ def _one_f_one_b(fwds: Sequence[tuple[int, int]], bwds: Sequence[tuple[int, int]
 
 
 def _interleaved(rank: int, p: int, v: int, m: int) -> tuple[Op, ...]:
-    fwds, bwds = [], []
+    fwds: list[tuple[int, int]] = []
+    bwds: list[tuple[int, int]] = []
     for group in range(0, m, p):
         members = range(group, min(group + p, m))
         fwds.extend((c * p + rank, j) for c in range(v) for j in members)
