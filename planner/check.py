@@ -109,12 +109,20 @@ def check_plan(plan: Plan, profile: Profile, cluster: Cluster, *, name: str = "p
 
     problems = tuple(validate_plan(plan, profile, cluster))
     metrics = compare(plan, baseline, tolerance) if baseline is not None else ()
-    notes = []
-    if baseline is not None and (baseline.method, baseline.schedule, baseline.microbatches) != (
-            plan.method, plan.schedule, plan.microbatches):
-        notes.append(f"baseline settings differ: {baseline.method}/{baseline.schedule}/{baseline.microbatches} "
-                     f"micro-batches vs {plan.method}/{plan.schedule}/{plan.microbatches}")
+    notes = [] if baseline is None else _baseline_notes(plan, baseline)
     return CheckResult(plan=name, problems=problems, metrics=metrics, baseline=baseline_name, notes=tuple(notes))
+
+
+def _baseline_notes(plan: Plan, baseline: Plan) -> list[str]:
+    """Differences from the baseline that do not fail the check but tell a reviewer what changed."""
+    diff = diff_plans(baseline, plan)
+    notes = [f"{key} differs from the baseline: {old} -> {new}" for key, (old, new) in diff.settings.items()]
+    devices = [s.index for s in diff.stages if s.device_a != s.device_b]
+    if diff.moved_nodes or diff.only_in_a or diff.only_in_b or devices:
+        notes.append(f"placement differs from the baseline: {diff.moved_nodes} node(s) moved stage"
+                     + (f", stage(s) {', '.join(map(str, devices))} on other devices" if devices else "")
+                     + "; see `plan diff BASELINE PLAN`")
+    return notes
 
 
 def check_files(plan_path: str | Path, *, baseline_path: str | Path | None = None,
