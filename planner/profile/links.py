@@ -2,8 +2,8 @@
 
 Every pair of ranks (a, b), one pair at a time, runs a ping-pong of ``torch.distributed.send``/``recv``
 over a sweep of message sizes (gloo on CPU, nccl on GPU); a one-way time is half the median round
-trip. Per pair, ``time = latency_s + bytes / bandwidth_Bps`` is fitted by ordinary least squares
-(the Hockney model). Pairs on the same host give ``links.intra_host`` and pairs on different hosts
+trip. Per pair, ``time = latency_s + bytes / bandwidth_Bps`` (the Hockney model) is fitted by least
+squares on relative residuals. Pairs on the same host give ``links.intra_host`` and pairs on different hosts
 ``links.inter_host`` (medians over pairs); a kind with no measured pair is marked as assumed.
 """
 
@@ -42,18 +42,23 @@ class PairFit:
 
 
 def fit_latency_bandwidth(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares fit of ``t = latency + bytes / bandwidth``; returns ``(bandwidth_Bps, latency_s)``.
+    """Weighted least-squares fit of ``t = latency + bytes / bandwidth``; returns ``(bandwidth_Bps, latency_s)``.
 
-    A non-positive slope (noise on tiny transfers) falls back to the largest transfer's rate; a
-    negative intercept is clamped to zero.
+    Weights are ``1 / t**2``, i.e. the fit minimises *relative* residuals, so the microsecond
+    latencies of small messages count as much as the milliseconds of large ones (plain least squares
+    lets the largest message decide the intercept). A non-positive slope (noise) falls back to the
+    largest transfer's rate; a negative intercept is clamped to zero.
     """
     if len(samples) < 2:
         raise ValueError(f"need at least two (bytes, seconds) samples to fit a link, found {len(samples)}")
     xs = [float(x) for x, _ in samples]
-    ys = [float(y) for _, y in samples]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    ys = [max(float(y), 1e-12) for _, y in samples]
+    ws = [1.0 / (y * y) for y in ys]
+    total = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / total
+    my = sum(w * y for w, y in zip(ws, ys)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx if sxx > 0 else 0.0
     if slope <= 0:
         big = max(samples)
         return big[0] / max(big[1], 1e-12), max(0.0, min(ys))

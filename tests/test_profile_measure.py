@@ -1,0 +1,139 @@
+"""Measurement bookkeeping: bytes, parameters counted once (tied too), FLOPs, saved bytes, order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from planner.formats.profile import load_profile, save_profile
+from planner.profile import profile_model
+from planner.profile.capture import capture
+from planner.profile.measure import measure
+from planner.profile.profiler import build_profile
+
+B, S, C, V = 2, 16, 32, 128  # gpt_tiny: batch, sequence, width, vocabulary
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return profile_model("planner.examples.gpt:gpt_tiny", repeats=2, warmup=1)
+
+
+def by_name(profile):
+    return {n.name: n for n in profile.nodes}
+
+
+def test_every_node_has_a_measured_cpu_time(tiny):
+    assert tiny.extra["device_type"] == "cpu"
+    for node in tiny.nodes:
+        t = node.time_s["cpu"]
+        assert t.source == "measured" and t.fwd >= 0 and t.bwd >= 0
+    working = [n for n in tiny.nodes if n.extra["op_class"] not in ("input", "view")]
+    assert sum(n.time_s["cpu"].fwd for n in working) > 0
+    assert sum(n.time_s["cpu"].bwd for n in working) > 0
+    assert "measure_failures" not in tiny.extra
+
+
+def test_nodes_are_topological_and_start_with_the_input(tiny):
+    seen: set[str] = set()
+    for node in tiny.nodes:
+        assert set(node.inputs) <= seen
+        seen.add(node.name)
+    assert tiny.nodes[0].op == "input" and tiny.nodes[0].output_bytes == B * S * 8
+
+
+def test_parameters_count_once_including_the_tied_head(tiny):
+    model_bytes = tiny.model["param_bytes"]
+    assert sum(n.param_bytes for n in tiny.nodes) == model_bytes
+    names = [p for n in tiny.nodes for p in n.params]
+    assert len(names) == len(set(names))
+    nodes = by_name(tiny)
+    assert nodes["embedding"].param_bytes == V * C * 4  # the tied weight, at its first use
+    head = [n for n in tiny.nodes if n.module_path == "lm_head"][0]
+    assert head.param_bytes == 0 and head.params == ()
+    assert tiny.extra["tied_parameters"] == [
+        {"params": ["lm_head.weight", "wte.weight"], "nodes": ["embedding", head.name], "bytes": V * C * 4}]
+
+
+def test_output_bytes_flops_and_classes_of_a_linear(tiny):
+    qkv = [n for n in tiny.nodes if n.module_path == "blocks.0.attn.qkv"][0]
+    assert qkv.output_bytes == B * S * 3 * C * 4
+    assert qkv.flops == 2 * B * S * C * 3 * C
+    assert qkv.bwd_flops == 2 * qkv.flops
+    assert qkv.extra["op_class"] == "matmul" and qkv.extra["dtype"] == "float32" and qkv.extra["grad"] is True
+    assert qkv.extra["bytes_moved"] == B * S * C * 4 + (3 * C * C + 3 * C) * 4 + qkv.output_bytes
+
+
+def test_views_move_no_bytes_and_inputs_need_no_backward(tiny):
+    nodes = by_name(tiny)
+    for node in tiny.nodes:
+        if node.op in ("aten.view.default", "operator.getitem", "aten.transpose.int"):
+            assert node.extra["op_class"] == "view" and node.extra["bytes_moved"] == 0
+    assert nodes["idx"].extra["grad"] is False
+    assert nodes["arange"].extra["grad"] is False and nodes["arange"].time_s["cpu"].bwd == 0.0
+
+
+def test_saved_bytes_are_attributed_to_the_ops_that_save(tiny):
+    nodes = by_name(tiny)
+    assert nodes["layer_norm"].saved_bytes >= B * S * C * 4  # its input is kept for backward
+    assert sum(n.saved_bytes for n in tiny.nodes) > 0
+    assert all(n.saved_bytes == 0 for n in tiny.nodes if n.op == "operator.getitem")
+
+
+def test_uncounted_flops_list_working_ops_without_a_formula(tiny):
+    ops = {u["op"] for u in tiny.extra["uncounted_flops"]}
+    assert {"aten.gelu.default", "aten.layer_norm.default"} <= ops
+    assert "aten.linear.default" not in ops and "aten.scaled_dot_product_attention.default" not in ops
+
+
+def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
+    whole = tiny.extra["whole_model"]
+    assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s"}
+    assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0
+    assert whole["sum_ops_fwd_s"] == pytest.approx(sum(n.time_s["cpu"].fwd for n in tiny.nodes))
+
+
+def test_profile_round_trips_through_the_file_format(tiny, tmp_path):
+    path = save_profile(tiny, tmp_path / "p.json")
+    again = load_profile(path)
+    assert [n.name for n in again.nodes] == [n.name for n in tiny.nodes]
+    assert again.nodes[5].extra["bytes_moved"] == tiny.nodes[5].extra["bytes_moved"]
+
+
+class Shared(nn.Module):
+    """One Linear applied twice: its parameters are shared between two nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(torch.relu(self.lin(x)))
+
+
+@pytest.mark.parametrize("tracer", ["export", "fx"])
+def test_a_module_used_twice_counts_its_parameters_once(tracer):
+    model, x = Shared(), torch.randn(4, 8)
+    cap = capture(model, (x,), tracer)
+    m = measure(cap, model, (x,), device=torch.device("cpu"), repeats=1, warmup=0)
+    profile = build_profile("test:shared", model, (x,), cap, m, "cpu")
+    users = [n for n in profile.nodes if n.extra["op_class"] == "matmul"]
+    assert [n.param_bytes for n in users] == [(64 + 8) * 4, 0]
+    assert [n.params for n in users] == [("lin.weight", "lin.bias"), ()]
+    assert [g["params"] for g in profile.extra["tied_parameters"]] == [["lin.bias"], ["lin.weight"]]
+    assert all(g["nodes"] == [u.name for u in users] for g in profile.extra["tied_parameters"])
+
+
+def test_estimates_are_added_next_to_the_measured_times():
+    profile = profile_model("planner.examples.gpt:gpt_tiny", repeats=1, warmup=0, estimate=("h100-sxm", "cpu"))
+    assert profile.extra["estimated_device_types"] == ["h100-sxm"]  # the local type stays measured
+    assert profile.device_types == ("cpu", "h100-sxm")
+    assert {n.time_s["h100-sxm"].source for n in profile.nodes} == {"estimated"}
+    assert {n.time_s["cpu"].source for n in profile.nodes} == {"measured"}
+
+
+def test_microbatch_size_rescales_the_inputs():
+    profile = profile_model("planner.examples.gpt:gpt_tiny", repeats=1, warmup=0, microbatch_size=3)
+    assert profile.model["microbatch_size"] == 3
+    assert profile.nodes[0].output_bytes == 3 * S * 8
