@@ -116,7 +116,8 @@ def check_plan(plan: Plan, profile: Profile, cluster: Cluster, *, name: str = "p
 def _baseline_notes(plan: Plan, baseline: Plan) -> list[str]:
     """Differences from the baseline that do not fail the check but tell a reviewer what changed."""
     diff = diff_plans(baseline, plan)
-    notes = [f"{key} differs from the baseline: {old} -> {new}" for key, (old, new) in diff.settings.items()]
+    label = {"stages": "stage count"}
+    notes = [f"{label.get(key, key)} differs from the baseline: {old} -> {new}" for key, (old, new) in diff.settings.items()]
     devices = [s.index for s in diff.stages if s.device_a != s.device_b]
     if diff.moved_nodes or diff.only_in_a or diff.only_in_b or devices:
         notes.append(f"placement differs from the baseline: {diff.moved_nodes} node(s) moved stage"

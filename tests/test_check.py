@@ -175,3 +175,13 @@ def test_diff_of_different_stage_counts() -> None:
     diff = diff_plans(a, b)
     assert diff.settings["stages"] == (3, 2) and diff.settings["schedule"] == ("1f1b", "gpipe")
     assert diff.stages[2].device_b is None and diff.stages[2].moved_out == ("op4", "op5")
+
+
+def test_a_different_placement_is_noted_not_failed() -> None:
+    profile, cl = toy_profile(), toy_cluster()
+    slower = make_plan(profile, cl, (2, 5))
+    balanced = make_plan(profile, cl, (3, 5))
+    result = check_plan(balanced, profile, cl, baseline=slower, tolerance=0.0)
+    assert result.passed
+    assert any("1 node(s) moved" in n for n in result.notes), result.notes
+    assert check_plan(balanced, profile, cl, baseline=balanced).notes == ()

@@ -12,7 +12,7 @@ from rich.console import Console
 from planner.errors import PlannerError
 from planner.formats.plan import plan_from_dict
 from planner.report.events import event_label, split_tracks
-from planner.report.table import fmt_bytes, fmt_time, layer_span, plan_summary, stage_table, summary_text
+from planner.report.table import compact_layers, fmt_bytes, fmt_time, layer_span, plan_summary, stage_table, summary_text
 from planner.report.timeline import render_timeline, write_timeline
 from planner.report.trace import DEVICES_PID, LINKS_PID, chrome_trace
 
@@ -66,7 +66,7 @@ def _render(renderable: object) -> str:
 def test_table_shows_device_type_layers_memory_and_idle() -> None:
     text = _render(stage_table(plan_from_dict(_plan_doc())))
     assert "gpu0 (a100-80g)" in text and "gpu1 (v100-32g)" in text
-    assert "h.0 .. h.1 (2 layers, 3 ops)" in text
+    assert "h.0-1 (2 layers, 3 ops)" in text
     assert "lm_head (1 ops)" in text
     assert "900 B / 1000 B (90%)" in text and "(200%)" in text
     assert "3 ms" in text and "500 µs" in text and "4 ms" in text
@@ -79,8 +79,18 @@ def test_summary_line_and_json_summary() -> None:
     summary = plan_summary(plan)
     assert summary["peak_memory_bytes"] == 2000
     assert [s["type"] for s in summary["stages"]] == ["a100-80g", "v100-32g"]
-    assert summary["stages"][0]["first_layer"] == "h.0" and summary["stages"][0]["last_layer"] == "h.1"
+    assert summary["stages"][0]["layers"] == ["h.0", "h.1"]
     json.dumps(summary)
+
+
+@pytest.mark.parametrize(("layers", "text"), [
+    (["blocks.0", "blocks.1", "ln_f", "wte"], "blocks.0-1, ln_f, wte"),
+    (["h.10", "h.2", "h.3", "h.4", "h.7"], "h.2-4,7,10"),
+    (["a", "b", "c", "d", "e", "f"], "a, b, c, d (+2)"),
+    (["enc.0", "dec.1", "dec.0"], "dec.0-1, enc.0"),
+])
+def test_compact_layers(layers: list[str], text: str) -> None:
+    assert compact_layers(layers) == text
 
 
 def test_layer_span_without_layers_names_first_and_last_node() -> None:

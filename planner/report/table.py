@@ -7,6 +7,7 @@ rich renderables; the CLI prints them.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 from rich.table import Table
@@ -58,8 +59,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         layers = _layers(stage)
         stages.append({
             "index": stage.index, "device": stage.device, "type": types.get(stage.device),
-            "nodes": len(stage.nodes), "first_layer": layers[0] if layers else None,
-            "last_layer": layers[-1] if layers else None,
+            "nodes": len(stage.nodes), "layers": list(layers),
             **{k: stage.extra.get(k) for k in ("compute_s", "transfer_s", "memory_bytes", "capacity_bytes", "idle_s")},
         })
     return {
@@ -91,14 +91,47 @@ def peak_memory_bytes(plan: Plan) -> int | None:
 
 
 def layer_span(stage: Stage) -> str:
-    """``h.0 .. h.3 (4 layers, 212 ops)``: first and last layer and the op count, compact."""
+    """The stage's layers, compact, and its op count: ``h.0-3, wte (5 layers, 212 ops)``."""
     layers = _layers(stage)
     ops = f"{len(stage.nodes)} ops"
     if not layers:
         return ops if not stage.nodes else f"{stage.nodes[0]} .. {stage.nodes[-1]} ({ops})"
     if len(layers) == 1:
         return f"{layers[0]} ({ops})"
-    return f"{layers[0]} .. {layers[-1]} ({len(layers)} layers, {ops})"
+    return f"{compact_layers(layers)} ({len(layers)} layers, {ops})"
+
+
+def compact_layers(layers: Sequence[str], limit: int = 4) -> str:
+    """Entries of one repeated module as index ranges, others by name: ``h.0-3,5, ln_f, wte``.
+
+    Plans list a stage's layers as a set (sorted by name), so this says which layers a stage holds
+    without claiming an order; more than ``limit`` groups end in ``(+N)``.
+    """
+    groups: dict[str, list[int]] = {}
+    names: list[str] = []
+    for layer in layers:
+        match = _INDEXED.match(layer)
+        if match:
+            groups.setdefault(match.group(1), []).append(int(match.group(2)))
+        else:
+            names.append(layer)
+    parts = [f"{prefix}{_ranges(sorted(set(indices)))}" for prefix, indices in sorted(groups.items())]
+    parts += sorted(set(names))
+    shown = ", ".join(parts[:limit])
+    return shown if len(parts) <= limit else f"{shown} (+{len(parts) - limit})"
+
+
+_INDEXED = re.compile(r"^(.*\.)(\d+)$")
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``0-2,5,7-8``."""
+    out, start = [], indices[0]
+    for prev, cur in zip(indices, [*indices[1:], None]):
+        if cur != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)
 
 
 def _layers(stage: Stage) -> Sequence[str]:
