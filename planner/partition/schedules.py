@@ -6,12 +6,12 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
 - ``gpipe`` (Huang et al., 2019, GPipe): all forwards, then all backwards, micro-batches in order.
 - ``1f1b`` (Narayanan et al., 2021, PipeDream-flush as in Megatron-LM): stage ``s`` of ``p`` warms up
   with ``p - 1 - s`` forwards, alternates one forward and one backward, and drains the backwards.
-- ``interleaved-1f1b`` (Narayanan et al., 2021, Megatron-LM's interleaved schedule): each device holds
-  ``v`` model chunks, stages assigned round-robin (stage ``c * p + r`` on device rank ``r``). Forwards
-  run chunk by chunk over groups of ``p`` micro-batches; the warm-up is ``2 (p - 1 - r) + (v - 1) p``
-  forwards, then one forward / one backward, then the remaining backwards. With ``v = 1`` it is ``1f1b``;
-  with ``v > 1`` the micro-batch count must be a multiple of ``p`` (Megatron-LM's rule; other counts
-  can deadlock this order).
+- ``interleaved-1f1b`` (Narayanan et al., 2021, Megatron-LM's interleaved schedule, as
+  ``torch.distributed.pipelining.ScheduleInterleaved1F1B`` orders it): each device holds ``v`` model
+  chunks, stages assigned round-robin (stage ``c * p + r`` on device rank ``r``). Forwards run chunk by
+  chunk over rounds of ``g`` micro-batches (``g = p`` when ``m`` is a multiple of ``p``, ``g = m`` when
+  ``m < p``); the warm-up is ``2 (p - 1 - r) + (v - 1) g`` forwards, then one forward / one backward, then
+  the remaining backwards. With ``v = 1`` it is ``1f1b``.
 """
 
 from __future__ import annotations
@@ -71,12 +71,26 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
             raise PlannerError("1f1b runs one stage per device")
         return tuple(_one_f_one_b([(r, j) for j in range(m)], [(r, j) for j in range(m)], min(p - 1 - r, m))
                      for r in range(p))
-    if m % p:
+    group = interleaved_group_size(p, m)
+    return tuple(_interleaved(r, p, v, m, group) for r in range(p))
+
+
+def interleaved_group_size(num_devices: int, microbatches: int) -> int:
+    """Micro-batches per round of the interleaved schedule, as ``torch.distributed.pipelining`` counts them.
+
+    ``rounds = max(1, m // p)`` and ``m`` must split evenly into them (``ScheduleInterleaved1F1B``'s rule);
+    a round is ``p`` micro-batches when ``m`` is a multiple of ``p``, all ``m`` when ``m < p``.
+    """
+    rounds = max(1, microbatches // num_devices)
+    if microbatches % rounds:
+        fits = sorted({k * num_devices for k in range(1, rounds + 2)} | set(range(1, num_devices + 1)))
+        nearest = min(fits, key=lambda k: (abs(k - microbatches), k))
         raise PlannerError(
-            f"interleaved-1f1b with {v} stages per device needs a micro-batch count that is a multiple of the "
-            f"{p} devices (as in Megatron-LM), found {m}; use --microbatches {-(-m // p) * p}"
+            f"interleaved-1f1b on {num_devices} devices needs a micro-batch count that splits into "
+            f"{rounds} equal rounds (torch.distributed.pipelining's rule), found {microbatches}; "
+            f"use --microbatches {nearest}"
         )
-    return tuple(_interleaved(r, p, v, m) for r in range(p))
+    return microbatches // rounds
 
 
 def _one_f_one_b(fwds: Sequence[tuple[int, int]], bwds: Sequence[tuple[int, int]], warmup: int) -> tuple[Op, ...]:
@@ -90,14 +104,14 @@ def _one_f_one_b(fwds: Sequence[tuple[int, int]], bwds: Sequence[tuple[int, int]
     return tuple(ops)
 
 
-def _interleaved(rank: int, p: int, v: int, m: int) -> tuple[Op, ...]:
+def _interleaved(rank: int, p: int, v: int, m: int, group: int) -> tuple[Op, ...]:
     fwds: list[tuple[int, int]] = []
     bwds: list[tuple[int, int]] = []
-    for group in range(0, m, p):
-        members = range(group, min(group + p, m))
+    for first in range(0, m, group):
+        members = range(first, first + group)
         fwds.extend((c * p + rank, j) for c in range(v) for j in members)
         bwds.extend((c * p + rank, j) for c in reversed(range(v)) for j in members)
-    warmup = min(2 * (p - 1 - rank) + (v - 1) * p, m * v)
+    warmup = min(2 * (p - 1 - rank) + (v - 1) * group, m * v)
     return _one_f_one_b(fwds, bwds, warmup)
 
 
