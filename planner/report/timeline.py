@@ -1,7 +1,8 @@
 """Per-device timeline picture of a simulated step (a Gantt chart), as PNG and SVG.
 
-One row per device and one per link; forward, backward and send bars per micro-batch, labelled
-with the micro-batch number where the bar is wide enough. Drawn with matplotlib's object API on
+One row per device and one per pair of linked devices ``a ↔ b`` (transfers ``a -> b`` in the upper
+half of the row, ``b -> a`` in the lower half, ``a`` being earlier in the pipeline); forward, backward and send bars per micro-batch, labelled with the
+micro-batch number where the bar is wide enough. Drawn with matplotlib's object API on
 the Agg canvas (no pyplot state, no display needed), then written atomically.
 """
 
@@ -35,24 +36,30 @@ def render_timeline(
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    tracks = [*devices, *links]
+    lanes, row_labels = _lanes(devices, links, labels)
     end_s = max((ev.end_s for ev in events), default=0.0)
     scale, unit = _time_unit(end_s)
-    fig = Figure(figsize=(12, 1.2 + 0.5 * max(1, len(tracks))), layout="constrained")
+    fig = Figure(figsize=(12, 1.2 + 0.5 * max(1, len(row_labels))), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    row = {name: i for i, name in enumerate(tracks)}
     bars: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    stages_on: dict[str, set[int]] = defaultdict(set)
+    for ev in events:
+        stages_on[ev.resource].add(ev.stage)
     for ev in events:
         start, width = ev.start_s * scale, max(0.0, ev.end_s - ev.start_s) * scale
         bars[(ev.resource, ev.kind)].append((start, width))
         if end_s > 0 and width / (end_s * scale) > 0.012:
-            ax.text(start + width / 2, row[ev.resource], str(ev.microbatch), ha="center", va="center",
-                    fontsize=7, color="white")
+            y, height = lanes[ev.resource]
+            # a device holding several stages (interleaved) labels its bars stage:micro-batch
+            label = f"{ev.stage}:{ev.microbatch}" if len(stages_on[ev.resource]) > 1 and ev.kind in ("fwd", "bwd") \
+                else str(ev.microbatch)
+            ax.text(start + width / 2, y + height / 2, label, ha="center", va="center",
+                    fontsize=7 if height > 0.5 else 6, color="white")
     for (resource, kind), spans in sorted(bars.items()):
-        ax.broken_barh(spans, (row[resource] - 0.4, 0.8), facecolors=COLORS.get(kind, "#333333"),
-                       edgecolors="white", linewidth=0.5)
-    _decorate(ax, tracks, labels, unit, end_s * scale, title)
+        ax.broken_barh(spans, lanes[resource], facecolors=COLORS.get(kind, "#333333"), edgecolors="white",
+                       linewidth=0.25)
+    _decorate(ax, row_labels, unit, end_s * scale, title)
     if devices and links:
         ax.axhline(len(devices) - 0.5, color="black", linewidth=0.6)
     kinds = {kind for _, kind in bars}
@@ -82,9 +89,32 @@ def write_timeline(
     return {fmt: write_bytes_atomic(path, images[fmt]) for fmt, path in paths.items()}
 
 
-def _decorate(ax: Axes, tracks: Sequence[str], labels: Mapping[str, str], unit: str, end: float, title: str) -> None:
-    ax.set_yticks(range(len(tracks)), [labels.get(t, t.replace("->", " → ")) for t in tracks], fontsize=8)
-    ax.set_ylim(len(tracks) - 0.5, -0.5)
+def _lanes(devices: Sequence[str], links: Sequence[str], labels: Mapping[str, str],
+           ) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Each resource's (bottom, height) in data units, and the row labels.
+
+    A device fills its row. Both directions of a link share one row ``a ↔ b`` (``a`` earlier in the
+    pipeline): ``a->b`` in the upper half, ``b->a`` in the lower half (colours tell activations from
+    gradients), so a 16-stage pipeline needs 15 link rows, not 30.
+    """
+    lanes = {d: (i - 0.4, 0.8) for i, d in enumerate(devices)}
+    row_labels = [labels.get(d, d) for d in devices]
+    rows: dict[frozenset[str], int] = {}
+    for link in links:
+        src, _, dst = link.partition("->")
+        key = frozenset((src, dst))
+        if key not in rows:
+            rows[key] = len(row_labels)
+            row_labels.append(f"{src} ↔ {dst}")
+        row = rows[key]
+        upper = row_labels[row].startswith(f"{src} ↔")
+        lanes[link] = (row - 0.4, 0.38) if upper else (row + 0.02, 0.38)
+    return lanes, row_labels
+
+
+def _decorate(ax: Axes, row_labels: Sequence[str], unit: str, end: float, title: str) -> None:
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=8)
+    ax.set_ylim(len(row_labels) - 0.5, -0.5)
     ax.set_xlim(0, end * 1.01 if end > 0 else 1)
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(title, fontsize=10)
