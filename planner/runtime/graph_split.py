@@ -222,6 +222,8 @@ def _stage_module(members: Sequence[fx.Node], inputs: Sequence[str], outputs: Se
             attrs[str(node.target)] = sources[node.name][1]
         env[node.name] = graph.node_copy(node, lookup)
     values = [env[name] for name in outputs]
+    if not last:  # p2p sends need contiguous tensors; a cut may fall after a transpose or a view
+        values = [graph.call_method("contiguous", (v,)) for v in values]
     graph.output(values[0] if last and len(values) == 1 else tuple(values))
     graph.lint()
     return fx.GraphModule(attrs, graph, class_name="Stage")

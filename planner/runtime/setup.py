@@ -25,7 +25,7 @@ from planner.runtime.training import TrainSettings, check_graph, check_plan_node
 if TYPE_CHECKING:
     from planner.runtime.worker import RunConfig
 
-__all__ = ["Prepared", "load_checked_plan", "prepare", "world_size_of"]
+__all__ = ["Prepared", "load_checked_plan", "prepare", "preflight", "world_size_of"]
 
 BatchFn = Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
 
@@ -79,6 +79,14 @@ def prepare(config: "RunConfig", world_size: int, device: torch.device) -> Prepa
     batch = make_batch_fn(spec, settings, config.data)
     split_batch(batch(0)[0], plan.microbatches)
     return Prepared(plan, profile, module, captured, spec, settings, batch)
+
+
+def preflight(config: "RunConfig") -> int:
+    """Every check ``prepare`` makes, in this process on CPU, before ranks start; returns the world size."""
+    plan, _, _ = load_checked_plan(config.plan, config.profile)
+    world = world_size_of(plan)
+    prepare(config, world, torch.device("cpu"))
+    return world
 
 
 def make_batch_fn(spec: data_mod.DataSpec, settings: TrainSettings, data: str | None) -> BatchFn:

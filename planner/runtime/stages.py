@@ -25,8 +25,29 @@ from planner.formats.plan import Plan
 from planner.profile.capture import Captured
 from planner.runtime.graph_split import StageGraph, assign_nodes, split_graph
 
-__all__ = ["RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
+__all__ = ["ContiguousStage", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
            "tied_groups", "sync_tied_grads", "average_grads"]
+
+
+class ContiguousStage(PipelineStage):
+    """A ``PipelineStage`` that sends contiguous gradients.
+
+    gloo and NCCL send only contiguous tensors, but an input's gradient can be a strided view (the
+    gradient of one operand of a ``cat`` along channels is a slice of the output's gradient). Both the
+    gradients sent and the gradient metadata the previous stage sizes its receive buffers from
+    (torch's backward metadata inference, ``_compute_input_grads``) are made contiguous.
+    """
+
+    def _compute_input_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor | None, ...]:
+        grads = super()._compute_input_grads(*args, **kwargs)
+        return tuple(g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        grads = self.bwd_cache.get(bwd_chunk_id)
+        if grads is not None:
+            self.bwd_cache[bwd_chunk_id] = tuple(
+                g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+        return super().get_bwd_send_ops(bwd_chunk_id)
 
 
 @dataclass(frozen=True)
@@ -103,7 +124,7 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
     stage_of = assign_nodes(captured, plan.assignment(), num)
     graphs = split_graph(captured, module, stage_of, num)
     local = [g for g in graphs if layout[g.index] == rank]
-    stages = tuple(PipelineStage(g.module, g.index, num, device, group=group) for g in local)
+    stages = tuple(ContiguousStage(g.module, g.index, num, device, group=group) for g in local)
     for st in stages:  # a fixed device order (device_ranks) may put stage i on a rank other than i
         st.stage_index_to_group_rank = dict(enumerate(layout))
     canonical = {id(p): n for n, p in module.named_parameters()}

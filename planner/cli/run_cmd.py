@@ -1,0 +1,124 @@
+"""``plan run``: gather options, check the plan against the model, start the ranks, render the result.
+
+Outside torchrun it checks everything it can in this process (plan, profile, model graph, world size)
+and then starts the ranks with torch's elastic launcher. Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is
+set) it is one of the ranks and trains in-process; ``python -m planner.run`` is the same command.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from planner.cli.app import command, console, emit_json
+from planner.errors import UsageError
+
+
+@command("run")
+def run_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan JSON (from plan partition).", show_default=False)],
+    model: Annotated[str, typer.Argument(help="The profiled model's factory: 'package.module:factory' or "
+                     "'path/to/file.py:factory'.", show_default=False)],
+    steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 10,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks on this node "
+                              "[default: the plan's device count / nnodes].", show_default=False)] = None,
+    microbatch_size: Annotated[Optional[int], typer.Option("--microbatch-size", help="Rows per micro-batch "
+                               "[default: the profile's].", show_default=False)] = None,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam [default: the plan's "
+                         "optimizer if it is one of those, else sgd].", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate [default: 0.01 for sgd, 1e-3 for "
+                  "adam].", show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the model factory and the synthetic data.")] = 0,
+    data: Annotated[Optional[str], typer.Option("--data", help="'pkg.mod:factory' returning (inputs, target) "
+                    "for factory(seed=, step=, batch_size=) [default: seeded synthetic batches].",
+                    show_default=False)] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
+                       "[default: the plan's profile.path].", show_default=False)] = None,
+    round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "
+                           "progress happen between rounds).")] = 5,
+    nnodes: Annotated[str, typer.Option("--nnodes", help="Nodes, N or MIN:MAX (as torchrun).")] = "1",
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous "
+                             "shared by all nodes [default: a free local port].", show_default=False)] = None,
+    rdzv_id: Annotated[str, typer.Option("--rdzv-id", help="Job id, the same on every node.")] = "plan-run",
+    max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restarts of the worker group after a "
+                            "failure (as torchrun).")] = 0,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Seconds a collective or transfer may wait "
+                         "before the run fails (instead of hanging).")] = 120.0,
+    params_out: Annotated[Optional[Path], typer.Option("--params-out", help="Directory where every rank writes "
+                          "rank{R}.pt: its trained parameters by name.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
+) -> None:
+    """Train with a plan: one pipeline stage per rank, torch.distributed.pipelining schedules.
+
+    Starts the ranks with torch's elastic launcher (nccl on GPUs, gloo on CPU). The model is captured
+    again and must match the plan's profile. Default data is seeded synthetic batches shaped like the
+    factory's example inputs; the default loss is next-token cross-entropy for language models and MSE
+    otherwise (docs/run.md).
+
+    Examples:
+
+      plan run plan.json planner.examples.gpt:gpt_small --steps 20
+
+      plan run plan.json my_model.py:build --optimizer adam --lr 3e-4 --data my_data:batches
+
+      torchrun --nproc-per-node 2 -m planner.run plan.json planner.examples.gpt:gpt_small --steps 20
+    """
+    from planner.runtime.worker import RunConfig
+
+    _check_counts(steps, round_steps, max_restarts, timeout_s)
+    config = RunConfig(
+        plan=str(plan), model=model, steps=steps, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr,
+        seed=seed, data=data, profile=str(profile) if profile else None, round_steps=round_steps,
+        timeout_s=timeout_s, params_out=str(params_out) if params_out else None,
+    )
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        _run_in_torchrun(config, as_json)
+        return
+    from planner.runtime.launch import LaunchOptions, launch, parse_nnodes
+    from planner.runtime.setup import preflight
+
+    min_nodes, max_nodes = parse_nnodes(nnodes)
+    world = preflight(config)
+    nproc = nproc_per_node or max(1, world // max_nodes)
+    if min_nodes == max_nodes and nproc * max_nodes != world:
+        raise UsageError(f"the plan places stages on {world} devices but {max_nodes} node(s) x {nproc} ranks "
+                         f"= {nproc * max_nodes} would start; pass --nproc-per-node {world // max_nodes or 1} "
+                         f"or re-partition for {nproc * max_nodes} devices")
+    if not as_json:
+        console.print(f"starting {nproc} rank(s) per node on {max_nodes} node(s) ...")
+    results = launch(config, LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                                           rdzv_id=rdzv_id, max_restarts=max_restarts))
+    _render(results[min(results)], as_json)
+
+
+def _run_in_torchrun(config: Any, as_json: bool) -> None:
+    from planner.runtime.worker import run_rank
+
+    result = run_rank(config)
+    if result["rank"] == 0:
+        _render(result, as_json)
+
+
+def _render(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json({k: v for k, v in result.items() if k != "plan"})
+        return
+    losses = result["losses"]
+    console.print(
+        f"trained {result['steps']} steps on {result['world_size']} ranks ({result['backend']}): "
+        f"{result['schedule']}, {result['microbatches']} micro-batches of {result['microbatch_size']}, "
+        f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss")
+    if losses:
+        console.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {result['wall_s']:.2f} s")
+
+
+def _check_counts(steps: int, round_steps: int, max_restarts: int, timeout_s: float) -> None:
+    for name, value, low in (("--steps", steps, 1), ("--round-steps", round_steps, 1),
+                             ("--max-restarts", max_restarts, 0)):
+        if value < low:
+            raise UsageError(f"{name} must be at least {low}, found {value}")
+    if not timeout_s > 0:
+        raise UsageError(f"--timeout-s must be positive, found {timeout_s}")
