@@ -261,3 +261,23 @@ def test_interleaved_orders_match_torch_pipelining(p: int, v: int, m: int) -> No
     orders = device_orders("interleaved-1f1b", p, v, m)
     for rank in range(p):
         assert orders[rank] == _torch_interleaved_order(p, v, m, rank)
+
+
+@pytest.mark.parametrize("schedule,cls", [("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B")])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 2), (2, 5), (3, 3), (4, 8), (5, 7)])
+def test_single_stage_orders_match_torch_pipelining(schedule: str, cls: str, p: int, m: int) -> None:
+    from types import SimpleNamespace
+
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    method = getattr(getattr(schedules, cls), "_get_pipeline_order", None)
+    if method is None:
+        pytest.skip(f"torch no longer exposes {cls}._get_pipeline_order")
+    theirs = method(SimpleNamespace(_num_stages=p, _n_microbatches=m))
+    ours = device_orders(schedule, p, 1, m)
+    # torch 2.13's Schedule1F1B IR numbers the last rank's forwards from 1 (it lists micro-batches 1..m, and
+    # m does not exist); its executor (_step_microbatches) runs 0..m-1. Compare the ranks its IR gets right.
+    ranks = range(p - 1) if schedule == "1f1b" else range(p)
+    for rank in ranks:
+        compute = [(FWD if a.computation_type.name == "FORWARD" else BWD, a.stage_index, a.microbatch_index)
+                   for a in theirs[rank] if a is not None and a.computation_type.name in ("FORWARD", "FULL_BACKWARD")]
+        assert ours[rank] == tuple(compute)
