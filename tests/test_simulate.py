@@ -149,6 +149,10 @@ def test_unknown_device_and_bad_settings_raise() -> None:
         simulate(uniform(1, 1.0, 1.0), cluster(1), "zb-v", 1)
     with pytest.raises(PlannerError, match="at least 1"):
         simulate(uniform(1, 1.0, 1.0), cluster(1), "gpipe", 0)
+    with pytest.raises(PlannerError, match="stage 1 has bwd_s = nan"):
+        simulate(uniform(1, 1.0, 1.0) + [SimStage("d1", 1.0, float("nan"), 0, 0, 0, 0)], cluster(2), "gpipe", 1)
+    with pytest.raises(PlannerError, match="stage 0 has send_fwd_bytes = -1"):
+        simulate([SimStage("d0", 1.0, 1.0, -1, 0, 0, 0), SimStage("d1", 1.0, 1.0, 0, 0, 0, 0)], cluster(2), "1f1b", 1)
 
 
 def test_record_events_off_gives_the_same_figures() -> None:

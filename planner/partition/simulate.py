@@ -109,6 +109,7 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     ranks, chunks = pipeline_layout([st.device for st in stages], schedule)
     for dev in ranks:
         cluster.device(dev)  # raises a clear error for an unknown device
+    _check_stages(stages)
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
     _transfer_times(state, stages, cluster)
     for rank in range(len(ranks)):
@@ -121,6 +122,15 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
         raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
                            f"(stuck: {', '.join(stuck)}); use a micro-batch count that is a multiple of the device count")
     return _result(state, stages, ranks)
+
+
+def _check_stages(stages: Sequence[SimStage]) -> None:
+    """Times must be finite and non-negative, byte counts non-negative."""
+    for s, stage in enumerate(stages):
+        for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes"):
+            value = getattr(stage, name)
+            if not 0 <= value < float("inf"):  # also false for NaN
+                raise PlannerError(f"stage {s} has {name} = {value!r}; expected a finite non-negative number")
 
 
 def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: int, schedule: str,
