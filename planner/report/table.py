@@ -20,9 +20,10 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     """One row per stage: device and type, layers and op count, compute, transfer, memory, idle."""
     types = device_types(plan)
     table = Table(title=title, title_justify="left", header_style="bold")
-    for name, justify in (("stage", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
+    for name, justify in (("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
                           ("transfer", "right"), ("memory / capacity", "right"), ("idle", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "layers / ops")  # type: ignore[arg-type]
+        short = name in ("#", "compute", "transfer", "idle")  # never wrapped; the others wrap when narrow
+        table.add_column(name, justify=justify, no_wrap=short)  # type: ignore[arg-type]
     for stage in plan.stages:
         x = stage.extra
         device = f"{stage.device} ({types[stage.device]})" if stage.device in types else stage.device
