@@ -117,10 +117,12 @@ def transfer_s(tables: CostTables, src: str, dst: str, nbytes: int) -> float:
 
 
 def stage_static_bytes(problem: Problem, start: int, stop: int) -> int:
+    """Weights + gradients + optimizer state of blocks ``[start, stop)`` (``stage_static_bytes_t`` by problem)."""
     return stage_static_bytes_t(problem.tables, start, stop)
 
 
 def stage_activation_bytes(problem: Problem, start: int, stop: int) -> int:
+    """Saved bytes per micro-batch of blocks ``[start, stop)`` (``stage_activation_bytes_t`` by problem)."""
     return stage_activation_bytes_t(problem.tables, start, stop)
 
 

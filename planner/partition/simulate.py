@@ -120,7 +120,8 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < len(state.orders[r])]
     if stuck:
         raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
-                           f"(stuck: {', '.join(stuck)}); use a micro-batch count that is a multiple of the device count")
+                           f"(stuck: {', '.join(stuck)}); the schedule's order is wrong for this case: report it with the plan, "
+                           f"and meanwhile use another micro-batch count or schedule")
     return _result(state, stages, ranks)
 
 
