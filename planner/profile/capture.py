@@ -10,11 +10,14 @@ node's ``nn_module_stack`` (export) or the called submodule / the owner of the p
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 import traceback
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import fx, nn
@@ -91,18 +94,46 @@ def capture(module: nn.Module, example_inputs: Sequence[Any], tracer: str = "aut
     if tracer not in TRACERS:
         raise UsageError(f"--tracer must be one of {', '.join(TRACERS)}, found {tracer!r}; pick one of those")
     inputs = tuple(example_inputs)
-    if tracer == "export":
-        return _capture_export(module, inputs)
-    if tracer == "fx":
-        return _capture_fx(module)
-    try:
-        return _capture_export(module, inputs)
-    except CaptureError as export_error:
-        log.info("torch.export failed, trying torch.fx: %s", export_error)
-        try:
+    with quiet_torch():
+        if tracer == "export":
+            return _capture_export(module, inputs)
+        if tracer == "fx":
             return _capture_fx(module)
-        except CaptureError as fx_error:
-            raise CaptureError(f"neither tracer could capture the model: {export_error}; and {fx_error}") from None
+        try:
+            return _capture_export(module, inputs)
+        except CaptureError as export_error:
+            log.info("torch.export failed, trying torch.fx: %s", export_error)
+            try:
+                return _capture_fx(module)
+            except CaptureError as fx_error:
+                reasons = (str(e).rsplit("; try --tracer", 1)[0] for e in (export_error, fx_error))
+                raise CaptureError("neither tracer could capture the model: " + "; and ".join(reasons) +
+                                   "; make that code traceable (no Python branching on tensor values) "
+                                   "or wrap the model in a module whose forward is") from None
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Hold back torch's log records, warnings and stderr prints while tracing (a failed export dumps graphs);
+    the failure itself becomes one ``CaptureError``. With ``plan -v`` (INFO logging) nothing is held back."""
+    if log.isEnabledFor(logging.INFO):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict) if name.split(".")[0] == "torch"]
+    loggers.append(logging.getLogger("torch"))
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    held = io.StringIO()  # torch.export prints a failed trace's partial graph straight to sys.stderr
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(held):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if held.getvalue():
+            log.debug("held back from stderr while tracing:\n%s", held.getvalue())
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _capture_export(module: nn.Module, inputs: tuple[Any, ...]) -> Captured:

@@ -1,0 +1,78 @@
+"""Link probing: the least-squares fit, the cluster built from fits, and a real 2-rank gloo probe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.errors import DistributedError
+from planner.formats.cluster import load_cluster
+from planner.profile.links import PairFit, build_cluster, fit_latency_bandwidth, world_from_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_fit_recovers_an_exact_line():
+    samples = [(n, 20e-6 + n / 5e9) for n in (1024, 65536, 1 << 20, 1 << 24)]
+    bandwidth, latency = fit_latency_bandwidth(samples)
+    assert bandwidth == pytest.approx(5e9) and latency == pytest.approx(20e-6)
+
+
+def test_fit_clamps_noise():
+    bandwidth, latency = fit_latency_bandwidth([(1000, 3e-5), (2000, 2e-5)])  # falling: no positive slope
+    assert bandwidth == pytest.approx(2000 / 2e-5) and latency == pytest.approx(2e-5)
+    with pytest.raises(ValueError):
+        fit_latency_bandwidth([(1000, 1e-5)])
+
+
+def info(rank: int, host: str) -> dict:
+    return {"rank": rank, "host": host, "type": "cpu", "memory_bytes": 2**30}
+
+
+def fit(a: int, b: int, bandwidth: float, latency: float) -> PairFit:
+    return PairFit(a, b, bandwidth, latency, ((1024, latency + 1024 / bandwidth), (2048, latency + 2048 / bandwidth)))
+
+
+def test_cluster_from_pairs_on_two_hosts():
+    infos = [info(0, "h0"), info(1, "h0"), info(2, "h1")]
+    fits = [fit(0, 1, 10e9, 5e-6), fit(0, 2, 1e9, 50e-6), fit(1, 2, 2e9, 30e-6)]
+    cluster = build_cluster("t", infos, fits)
+    assert [d.id for d in cluster.devices] == ["rank0", "rank1", "rank2"]
+    assert cluster.intra_host.bandwidth_Bps == 10e9 and "measured" in cluster.intra_host.source
+    assert cluster.inter_host.bandwidth_Bps == pytest.approx(1.5e9) and cluster.inter_host.latency_s == pytest.approx(40e-6)
+    assert cluster.link("rank0", "rank2").bandwidth_Bps == 1e9  # the measured pair wins over the median
+    assert len(cluster.extra["probe_samples"]) == 3
+
+
+def test_single_host_marks_inter_host_as_assumed():
+    cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)])
+    assert cluster.inter_host.source.startswith("assumed")
+    assert cluster.inter_host.bandwidth_Bps <= cluster.intra_host.bandwidth_Bps
+
+
+def test_one_rank_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(DistributedError, match="at least 2 ranks.*torchrun"):
+        world_from_env()
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_two_gloo_ranks_write_a_valid_cluster(tmp_path):
+    out = tmp_path / "cluster.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "localhost:0", "--no-python", sys.executable, "-c",
+           "from planner.cli import main; main()", "profile", "--probe-links", "-o", str(out)]
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cluster = load_cluster(out)
+    assert [d.id for d in cluster.devices] == ["rank0", "rank1"]
+    assert all(d.type == "cpu" and d.memory_bytes > 0 for d in cluster.devices)
+    pair = cluster.pairs[("rank0", "rank1")]
+    assert pair.bandwidth_Bps > 0 and pair.latency_s >= 0
+    assert cluster.intra_host == type(cluster.intra_host)(pair.bandwidth_Bps, pair.latency_s, cluster.intra_host.source)
