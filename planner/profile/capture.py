@@ -108,8 +108,8 @@ def capture(module: nn.Module, example_inputs: Sequence[Any], tracer: str = "aut
             except CaptureError as fx_error:
                 reasons = (str(e).rsplit("; try --tracer", 1)[0] for e in (export_error, fx_error))
                 raise CaptureError("neither tracer could capture the model: " + "; and ".join(reasons) +
-                                   "; make that code traceable (no Python branching on tensor values) "
-                                   "or wrap the model in a module whose forward is") from None
+                                   "; make that code traceable (no Python branching on tensor values: "
+                                   "use torch.where or torch.cond)") from None
 
 
 @contextlib.contextmanager
