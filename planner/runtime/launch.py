@@ -8,10 +8,12 @@ come back as the ranks' return values; a ``PlannerError`` raised on a rank comes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -68,11 +70,25 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
         rdzv_configs={"timeout": max(60, int(config.timeout_s))},
     )
     try:
-        results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config))
+        with _omp_threads(options.nproc_per_node):
+            results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config))
     except ChildFailedError as exc:
         raise DistributedError(_failure_line(exc)) from None
     _raise_first_error(results)
     return dict(sorted(results.items()))
+
+
+@contextlib.contextmanager
+def _omp_threads(nproc: int) -> Iterator[None]:
+    """One intra-op thread per rank when several share a node, as torchrun does (ranks inherit the env)."""
+    if nproc <= 1 or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def _raise_first_error(results: dict[int, Any]) -> None:
