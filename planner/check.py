@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from planner.errors import InputFileError, UsageError
 from planner.clusters import embedded_cluster, load_cluster_spec
+from planner.errors import InputFileError, UsageError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan, load_plan
 from planner.formats.profile import Profile, load_profile

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.clusters import load_cluster_spec
-from planner.formats.jsonio import check_writable
 from planner.errors import UsageError
+from planner.formats.jsonio import check_writable
 from planner.formats.plan import SCHEDULES, Plan, save_plan
 from planner.formats.profile import load_profile
 

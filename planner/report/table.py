@@ -8,7 +8,7 @@ rich renderables; the CLI prints them.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -82,13 +82,15 @@ def peak_memory_bytes(plan: Plan) -> int | None:
     """Largest predicted per-device peak memory, else the largest stage memory, else ``None``."""
     devices = plan.predicted.get("devices")
     if isinstance(devices, Mapping):
-        peaks = [d.get("peak_memory_bytes") for d in devices.values() if isinstance(d, Mapping)]
-        peaks = [p for p in peaks if isinstance(p, (int, float))]
+        peaks = _numbers(d.get("peak_memory_bytes") for d in devices.values() if isinstance(d, Mapping))
         if peaks:
             return int(max(peaks))
-    stage_mem = [s.extra.get("memory_bytes") for s in plan.stages]
-    stage_mem = [m for m in stage_mem if isinstance(m, (int, float))]
+    stage_mem = _numbers(s.extra.get("memory_bytes") for s in plan.stages)
     return int(max(stage_mem)) if stage_mem else None
+
+
+def _numbers(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def layer_span(stage: Stage) -> str:
@@ -127,12 +129,13 @@ _INDEXED = re.compile(r"^(.*\.)(\d+)$")
 
 def _ranges(indices: Sequence[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``0-2,5,7-8``."""
-    out, start = [], indices[0]
-    for prev, cur in zip(indices, [*indices[1:], None]):
-        if cur != prev + 1:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ",".join(out)
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def _layers(stage: Stage) -> Sequence[str]:

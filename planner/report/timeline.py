@@ -1,9 +1,10 @@
 """Per-device timeline picture of a simulated step (a Gantt chart), as PNG and SVG.
 
-One row per device and one per pair of linked devices ``a ↔ b`` (transfers ``a -> b`` in the upper
-half of the row, ``b -> a`` in the lower half, ``a`` being earlier in the pipeline); forward, backward and send bars per micro-batch, labelled with the
-micro-batch number where the bar is wide enough. Drawn with matplotlib's object API on
-the Agg canvas (no pyplot state, no display needed), then written atomically.
+One row per device and one per pair of linked devices ``a ↔ b`` (transfers ``a -> b`` in the
+upper half of the row, ``b -> a`` in the lower half, ``a`` being earlier in the pipeline);
+forward, backward and send bars per micro-batch, labelled with the micro-batch number where the
+bar is wide enough. Drawn with matplotlib's object API on the Agg canvas (no pyplot state, no
+display needed), then written atomically.
 """
 
 from __future__ import annotations
