@@ -275,3 +275,13 @@ def test_diff_of_identical_plans(case) -> None:  # noqa: ANN001
 def test_help_has_examples(command: str) -> None:
     code, stdout, _ = run(command, "--help")
     assert code == 0 and "Example" in stdout
+
+
+def test_brackets_in_paths_are_printed_not_read_as_markup(tmp_path: Path) -> None:
+    folder = tmp_path / "run[red]"
+    folder.mkdir()
+    case = write_case(folder)
+    code, stdout, _ = run("check", case.plan_path, "--baseline", case.plan_path)
+    assert code == 0 and "[red]" in stdout
+    code, stdout, _ = run("show", case.plan_path, "--no-files")
+    assert code == 0 and "[red]" in stdout

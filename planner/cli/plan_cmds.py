@@ -22,8 +22,8 @@ def partition_cmd(
     profile: Annotated[Path, typer.Argument(help="Profile JSON written by `plan profile`.", show_default=False)],
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster file path, or a bundled cluster name "
                                          "(e.g. dgx-h100-8, a100-2x8-ib, cpu-2).", show_default=False)],
-    method: Annotated[str, typer.Option("--method", "-m", help="Placer: greedy, ilp, dp, or a baseline "
-                                        "(see docs/commands.md).")] = "dp",
+    method: Annotated[str, typer.Option("--method", "-m", help="Placer: dp, ilp, greedy, or a peer "
+                                        "baseline: uniform, params, time-balance (see docs/commands.md).")] = "dp",
     microbatches: Annotated[int, typer.Option("--microbatches", "-n", help="Micro-batches per step (>= 1).")] = 8,
     schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b or interleaved-1f1b.")] = "1f1b",
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam (optimizer state in the memory model).")] = "adam",
@@ -55,18 +55,18 @@ def partition_cmd(
     console.print(stage_table(plan))
     console.print(summary_text(plan))
     if output is not None:
-        console.print(f"wrote {output}")
+        console.print(Text(f"wrote {output}"))
 
 
 @command("show")
 def show_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan JSON written by `plan partition`.", show_default=False)],
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Timeline PNG "
-                        "[default: PLAN-STEM.timeline.png next to the plan].", show_default=False)] = None,
+                        "(default: PLAN-STEM.timeline.png next to the plan).", show_default=False)] = None,
     svg: Annotated[Optional[Path], typer.Option("--svg", help="Timeline SVG "
-                   "[default: PLAN-STEM.timeline.svg next to the plan].", show_default=False)] = None,
+                   "(default: PLAN-STEM.timeline.svg next to the plan).", show_default=False)] = None,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Chrome/Perfetto trace JSON "
-                     "[default: PLAN-STEM.trace.json next to the plan].", show_default=False)] = None,
+                     "(default: PLAN-STEM.trace.json next to the plan).", show_default=False)] = None,
     no_files: Annotated[bool, typer.Option("--no-files", help="Print the table only; write no pictures or trace.")] = False,
     as_json: _JSON = False,
 ) -> None:
@@ -96,7 +96,7 @@ def show_cmd(
     console.print(stage_table(report.plan, title=str(plan)))
     console.print(summary_text(report.plan))
     for kind, path in report.files.items():
-        console.print(f"wrote {kind}: {path}")
+        console.print(Text(f"wrote {kind}: {path}"))
 
 
 @command("check")
@@ -105,9 +105,9 @@ def check_cmd(
     baseline: Annotated[Optional[Path], typer.Option("--baseline", "-b", help="Plan to compare against "
                         "(step time and peak memory).", show_default=False)] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile to validate against "
-                       "[default: the plan's profile.path].", show_default=False)] = None,
+                       "(default: the plan's profile.path).", show_default=False)] = None,
     cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster path or bundled name "
-                       "[default: the cluster embedded in the plan].", show_default=False)] = None,
+                       "(default: the cluster embedded in the plan).", show_default=False)] = None,
     tolerance: Annotated[str, typer.Option("--tolerance", "-t", help="Allowed growth over the baseline: "
                                            "a percentage (2%) or a fraction (0.02).")] = "2%",
     as_json: _JSON = False,
@@ -165,13 +165,13 @@ def _print_check(result: CheckResult) -> None:
     for problem in result.problems:
         console.print(Text(f"invalid: {problem}", style="red"))
     if result.metrics:
-        table = Table(title=f"{result.plan} vs baseline {result.baseline}", title_justify="left", header_style="bold")
+        table = Table(title=Text(f"{result.plan} vs baseline {result.baseline}"), title_justify="left", header_style="bold")
         for name in ("metric", "baseline", "current", "change", "limit", "verdict"):
             table.add_column(name, justify="left" if name in ("metric", "verdict") else "right")
         for m in result.metrics:
             fmt = fmt_time if m.unit == "s" else fmt_bytes
             verdict = Text("regressed", style="red bold") if m.regressed else Text("ok", style="green")
-            table.add_row(m.name, fmt(m.baseline), fmt(m.current), f"{m.change:+.2%}", f"+{m.tolerance:.2%}", verdict)
+            table.add_row(Text(m.name), fmt(m.baseline), fmt(m.current), f"{m.change:+.2%}", f"+{m.tolerance:.2%}", verdict)
         console.print(table)
     for note in result.notes:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -189,27 +189,26 @@ def _print_diff(result: PlanDiff) -> None:
     from planner.report.table import fmt_bytes, fmt_time
 
     for key, (va, vb) in result.settings.items():
-        console.print(f"{key}: {va} -> {vb}")
-    table = Table(title=f"{result.a} -> {result.b}", title_justify="left", header_style="bold")
+        console.print(Text(f"{key}: {va} -> {vb}"))
+    table = Table(title=Text(f"{result.a} -> {result.b}"), title_justify="left", header_style="bold")
     for name in ("stage", "device", "nodes", "moved in", "moved out", "compute", "memory"):
         table.add_column(name, justify="right" if name in ("stage", "nodes", "compute", "memory") else "left")
     for s in result.stages:
-        table.add_row(
-            str(s.index), _arrow(s.device_a, s.device_b), _arrow(s.nodes_a, s.nodes_b),
-            _names(s.moved_in), _names(s.moved_out),
-            _arrow(fmt_time(s.compute_s_a), fmt_time(s.compute_s_b)),
-            _arrow(fmt_bytes(s.memory_bytes_a), fmt_bytes(s.memory_bytes_b)),
-        )
+        cells = (str(s.index), _arrow(s.device_a, s.device_b), _arrow(s.nodes_a, s.nodes_b),
+                 _names(s.moved_in), _names(s.moved_out),
+                 _arrow(fmt_time(s.compute_s_a), fmt_time(s.compute_s_b)),
+                 _arrow(fmt_bytes(s.memory_bytes_a), fmt_bytes(s.memory_bytes_b)))
+        table.add_row(*(Text(cell) for cell in cells))  # Text: node names are data, never rich markup
     console.print(table)
     (ta, tb), (ma, mb) = result.step_time_s, result.peak_memory_bytes
     change = f" ({tb / ta - 1:+.2%})" if ta > 0 else ""
-    console.print(f"step time: {fmt_time(ta)} -> {fmt_time(tb)}{change}; peak memory: {fmt_bytes(ma)} -> {fmt_bytes(mb)}; "
-                  f"moved nodes: {result.moved_nodes}")
+    console.print(Text(f"step time: {fmt_time(ta)} -> {fmt_time(tb)}{change}; peak memory: {fmt_bytes(ma)} -> "
+                       f"{fmt_bytes(mb)}; moved nodes: {result.moved_nodes}"))
     for label, names in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
         if names:
             console.print(Text(f"{label}: {_names(names, 8)}", style="yellow"))
     if result.identical:
-        console.print("the plans place every node identically")
+        console.print(Text("the plans place every node identically"))
 
 
 def _arrow(a: object, b: object) -> str:

@@ -19,7 +19,8 @@ from planner.formats.plan import Plan, Stage
 def stage_table(plan: Plan, title: str | None = None) -> Table:
     """One row per stage: device and type, layers and op count, compute, transfer, memory, idle."""
     types = device_types(plan)
-    table = Table(title=title, title_justify="left", header_style="bold")
+    # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
+    table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold")
     for name, justify in (("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
                           ("transfer", "right"), ("memory / capacity", "right"), ("idle", "right")):
         short = name in ("#", "compute", "transfer", "idle")  # never wrapped; the others wrap when narrow
@@ -28,7 +29,7 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
         x = stage.extra
         device = f"{stage.device} ({types[stage.device]})" if stage.device in types else stage.device
         table.add_row(
-            str(stage.index), device, layer_span(stage), fmt_time(x.get("compute_s")), fmt_time(x.get("transfer_s")),
+            str(stage.index), Text(device), Text(layer_span(stage)), fmt_time(x.get("compute_s")), fmt_time(x.get("transfer_s")),
             _memory_cell(x.get("memory_bytes"), x.get("capacity_bytes")), fmt_time(x.get("idle_s")),
         )
     return table
