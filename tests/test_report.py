@@ -78,6 +78,8 @@ def test_summary_line_and_json_summary() -> None:
     assert "dp · 1f1b · 1 micro-batches · 2 stages · step 7 ms · bubble 57.1%" in text
     summary = plan_summary(plan)
     assert summary["peak_memory_bytes"] == 2000
+    refined = plan_from_dict({**_plan_doc(), "refine": {"rounds": [{}, {}], "stop": "balanced"}})
+    assert "refined: 2 round(s), stop balanced" in _render(summary_text(refined))
     assert [s["type"] for s in summary["stages"]] == ["a100-80g", "v100-32g"]
     assert summary["stages"][0]["layers"] == ["h.0", "h.1"]
     json.dumps(summary)

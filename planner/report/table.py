@@ -47,6 +47,9 @@ def summary_text(plan: Plan) -> Text:
     solver = plan.extra.get("solver")
     if isinstance(solver, Mapping) and solver.get("status"):
         text.append(f" · solver {solver['status']}")
+    refine = plan.extra.get("refine")
+    if isinstance(refine, Mapping) and isinstance(refine.get("rounds"), (list, tuple)):
+        text.append(f" · refined: {len(refine['rounds'])} round(s), stop {refine.get('stop', '?')}")
     estimated = plan.extra.get("estimated_types")
     if estimated:
         text.append(f" · estimated times for {', '.join(map(str, estimated))}", style="yellow")
