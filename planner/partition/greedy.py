@@ -24,19 +24,23 @@ cluster file's order and ties keep the earlier device.
 from __future__ import annotations
 
 import math
+from collections import deque
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
+from planner.formats.cluster import Link
 from planner.partition.cost import evaluate, inflight_microbatches, infeasible_reason, transfer_s
 from planner.partition.methods import register
 from planner.partition.problem import Partition, Problem, StageSpec
 
 BISECTION_STEPS = 40
 """Upper bound on bisection steps over ``T``; it also stops once ``T`` is known to 1e-4 relative."""
-MAX_SIMULATED = 12
-"""How many of the best distinct candidate cut sets (by bottleneck) the simulator judges."""
+MAX_SIMULATED = 8
+"""How many distinct candidate cut sets the simulator judges at most."""
+SIMULATE_WITHIN = 1.25
+"""Only candidates whose quick estimate is within this factor of the best estimate are simulated."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class _Device:
     memory_bytes: int
     unsupported: Sequence[int]
     """Sorted indices of blocks this device's type has no (finite) time for: it cannot run them."""
+    kind: tuple[Any, ...]
+    """Devices of one kind are interchangeable for the fill (same type, speed, share, memory and links)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def place(problem: Problem, *, weights: Mapping[str, float] | None = None, **opt
         raise InfeasibleError(reason or _no_fit_message(problem))
     assert ctx is not None
     candidates = _bisect(ctx, widest)
-    return _best_by_simulation(problem, candidates)
+    return _best_by_simulation(ctx, candidates)
 
 
 def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
@@ -93,8 +99,10 @@ def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
         if device.type not in by_type:
             by_type[device.type] = _work_prefix(tables.fwd_prefix[device.id], tables.bwd_prefix[device.id])
         prefix, unsupported = by_type[device.type]
-        devices.append(_Device(device.id, prefix, tables.speed[device.id], weight * len(ids) / total,
-                               device.memory_bytes, unsupported))
+        share, speed = weight * len(ids) / total, tables.speed[device.id]
+        # Without per-pair links, a device's links are fixed by its host; with them, every device is its own kind.
+        kind = (device.id,) if problem.cluster.pairs else (device.type, speed, share, device.memory_bytes, device.host)
+        devices.append(_Device(device.id, prefix, speed, share, device.memory_bytes, unsupported, kind))
     return _Context(problem, tuple(devices), tables.param_prefix, tables.saved_prefix,
                     tables.static_per_param_byte, len(ids))
 
@@ -129,21 +137,67 @@ def _fewer_assumed_stages(ctx: _Context) -> _Context | None:
 def _fill(ctx: _Context, period_s: float) -> Partition | None:
     """Walk the blocks once at period ``period_s``; ``None`` when the devices run out first."""
     n = len(ctx.problem.blocks)
-    unused = list(ctx.devices)
+    unused = _Pools(ctx.devices)
     stages: list[StageSpec] = []
     start, previous = 0, None
     while start < n:
         if len(stages) == ctx.assumed_stages:
             return None
         stage_index = len(stages)
-        choice = _earliest_finish(ctx, unused, start, previous, period_s, stage_index)
+        choice = _earliest_finish(ctx, unused.candidates(), start, previous, period_s, stage_index)
         if choice is None:
             return None
-        stop = _extend(ctx, choice, start, period_s * choice.share, stage_index)
+        unused.take(choice)
+        inbound = _inbound_s(ctx, previous, choice.id, start)
+        outbound = _outbound_link(ctx, choice.id, unused.candidates())
+        stop = _extend(ctx, choice, start, period_s * choice.share, inbound, outbound, stage_index)
         stages.append(StageSpec(start, stop, choice.id))
-        unused.remove(choice)
         start, previous = stop, choice.id
     return tuple(stages)
+
+
+class _Pools:
+    """Unused devices grouped by kind; only the first unused device of each kind needs evaluating.
+
+    Interchangeable devices give the same finish time, and ties go to the earlier device in the
+    cluster's order, which is the first of its kind; so this picks what a scan of all devices would.
+    """
+
+    def __init__(self, devices: Sequence[_Device]) -> None:
+        self._pools: dict[tuple[Any, ...], deque[_Device]] = {}
+        for device in devices:
+            self._pools.setdefault(device.kind, deque()).append(device)
+
+    def candidates(self) -> list[_Device]:
+        return [pool[0] for pool in self._pools.values() if pool]
+
+    def take(self, device: _Device) -> None:
+        pool = self._pools[device.kind]
+        assert pool[0] is device
+        pool.popleft()
+
+
+def _inbound_s(ctx: _Context, previous: str | None, device: str, start: int) -> float:
+    """Seconds per micro-batch on the link from the previous stage: activations in, gradients back."""
+    if previous is None or start == 0:
+        return 0.0
+    problem = ctx.problem
+    return (transfer_s(problem.tables, previous, device, problem.cut_fwd_bytes[start - 1])
+            + transfer_s(problem.tables, device, previous, problem.cut_bwd_bytes[start - 1]))
+
+
+def _outbound_link(ctx: _Context, device: str, unused: Sequence[_Device]) -> Link | None:
+    """The fastest link from ``device`` to a device still unused: where the next stage will most likely go."""
+    links = [ctx.problem.tables.links[(device, other.id)] for other in unused]
+    return min(links, key=lambda link: (1 / link.bandwidth_Bps, link.latency_s), default=None)
+
+
+def _outbound_s(ctx: _Context, link: Link | None, stop: int) -> float:
+    """Seconds per micro-batch to send the cut after block ``stop - 1`` onwards and take its gradients back."""
+    if link is None or stop >= len(ctx.problem.blocks):
+        return 0.0
+    problem = ctx.problem
+    return link.transfer_s(problem.cut_fwd_bytes[stop - 1]) + link.transfer_s(problem.cut_bwd_bytes[stop - 1])
 
 
 def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previous: str | None,
@@ -157,9 +211,9 @@ def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previ
     best, best_finish = None, math.inf
     for device in unused:
         compute = _work(device, block, block + 1)
-        if compute > period_s * device.share or not _fits(ctx, device, block, block + 1, stage_index):
+        if compute + _inbound_s(ctx, previous, device.id, block) > period_s * device.share:
             continue
-        if _blocked(device, block, block + 1):
+        if _blocked(device, block, block + 1) or not _fits(ctx, device, block, block + 1, stage_index):
             continue
         arrival = transfer_s(ctx.problem.tables, previous, device.id, cut_bytes) if previous else 0.0
         finish = arrival + compute
@@ -168,18 +222,29 @@ def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previ
     return best
 
 
-def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, stage_index: int) -> int:
-    """The furthest stop such that blocks ``[start, stop)`` fit ``device``'s capacity, memory and kernels."""
+def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, inbound_s: float,
+            outbound: Link | None, stage_index: int) -> int:
+    """The furthest stop such that blocks ``[start, stop)`` fit ``device``'s capacity, memory and kernels.
+
+    The load is the stage's compute plus the transfers at both of its cuts (seed 003 S2 counts the
+    time to bring inputs; in a 1F1B steady state the outbound cut's round trip delays the stage too).
+    Compute bounds the stop by bisection on the prefix sums; the stop then steps back to the last
+    cut whose transfers also fit, which is usually within a few ops (cut bytes vary inside a layer).
+    """
     prefix = device.work_prefix
+    budget = capacity_s - inbound_s
     if math.isinf(capacity_s):
         stop = len(prefix) - 1
     else:
-        target = prefix[start] + capacity_s / device.speed
+        target = prefix[start] + budget / device.speed
         stop = bisect_right(prefix, target + 1e-12 * abs(target)) - 1
     first_blocked = bisect_left(device.unsupported, start)
     if first_blocked < len(device.unsupported):
         stop = min(stop, device.unsupported[first_blocked])
-    return _memory_stop(ctx, device, start, stop, stage_index)
+    stop = _memory_stop(ctx, device, start, stop, stage_index)
+    while stop > start + 1 and _work(device, start, stop) + _outbound_s(ctx, outbound, stop) > budget:
+        stop -= 1
+    return stop
 
 
 def _memory_stop(ctx: _Context, device: _Device, start: int, stop: int, stage_index: int) -> int:
@@ -245,11 +310,28 @@ def _bisect(ctx: _Context, widest: Partition) -> list[tuple[float, Partition]]:
     return [(bottleneck, partition) for partition, bottleneck in seen.items()]
 
 
-def _best_by_simulation(problem: Problem, candidates: list[tuple[float, Partition]]) -> Partition:
-    ranked = sorted(enumerate(candidates), key=lambda item: (item[1][0], item[0]))[:MAX_SIMULATED]
-    scored = [(evaluate(problem, partition, record_events=False).step_time_s, bottleneck, order, partition)
-              for order, (bottleneck, partition) in ranked]
+def _best_by_simulation(ctx: _Context, candidates: list[tuple[float, Partition]]) -> Partition:
+    """Simulate the promising candidates; the smallest step time wins (ties: bottleneck, discovery order).
+
+    Promising: a quick pipeline estimate (sum of stage times + (m - 1) x the largest) within
+    ``SIMULATE_WITHIN`` of the best estimate, at most ``MAX_SIMULATED`` of them.
+    """
+    estimates = [_estimate(ctx, partition) for _, partition in candidates]
+    cutoff = min(estimates) * SIMULATE_WITHIN
+    ranked = sorted((estimates[i], i) for i in range(len(candidates)) if estimates[i] <= cutoff)[:MAX_SIMULATED]
+    scored = []
+    for _, order in ranked:
+        bottleneck, partition = candidates[order]
+        step = evaluate(ctx.problem, partition, record_events=False).step_time_s
+        scored.append((step, bottleneck, order, partition))
     return min(scored, key=lambda item: item[:3])[3]
+
+
+def _estimate(ctx: _Context, partition: Partition) -> float:
+    """Step time of a pipeline without transfers: every stage once, plus (m - 1) times the slowest."""
+    by_id = {d.id: d for d in ctx.devices}
+    times = [_work(by_id[s.device], s.start, s.stop) for s in partition]
+    return sum(times) + (ctx.problem.microbatches - 1) * max(times)
 
 
 def _no_fit_message(problem: Problem) -> str:

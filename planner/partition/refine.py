@@ -4,11 +4,16 @@
 - S4: each round partitions with the current weights and simulates one training step; every device
   that holds a stage reports its simulated wait (``idle_s``: step time minus its busy time).
 - S5: the round is balanced when ``max wait <= (1 + threshold) * mean wait``. Otherwise weight moves
-  in proportion to the waits: ``w_d <- w_d * (1 + gain * (wait_d - mean) / mean)`` (the factor is
-  clamped to ``[1 / max_step, max_step]``), normalised to mean 1, so devices that waited more get more
+  in proportion to the waits: ``w_d <- w_d * (1 + gain_k * (wait_d - mean) / mean)`` with
+  ``gain_k = gain * decay**k`` in round ``k`` (the factor is clamped to ``[1 / max_step, max_step]``),
+  normalised to mean 1, so devices that waited more get more
   work, and the model is partitioned again. Devices without a stage did not train and keep their weight.
 - S6: stop when the partition has not changed for ``patience`` rounds, when a round is balanced (the
   weights, and so the deterministic partition, would not change again), or after ``max_rounds``.
+  Because a partition moves in whole blocks while weights move continuously, the loop can also
+  settle into alternating between a few partitions; "not changed" is therefore read as "no partition
+  not seen before for ``patience`` rounds" (``stop: "no new partition"``), which includes the literal
+  case (``stop: "unchanged"``). Both count as converged.
 
 The best partition seen (smallest simulated step time; the earlier round on ties) is returned with
 the weights that produced it and the record of every round. The same loop runs at training time
@@ -34,18 +39,22 @@ class RefineConfig:
     threshold: float = 0.10
     """S5: a round is balanced when the largest wait is at most 10% above the mean wait."""
     gain: float = 0.5
-    """S5: fraction of the relative wait difference moved into a device's weight per round."""
+    """S5: fraction of the relative wait difference moved into a device's weight in the first round."""
+    decay: float = 0.7
+    """The gain shrinks by this factor every round, so weights settle instead of cycling between the
+    same few cut sets (the partition moves in whole blocks while weights move continuously)."""
     patience: int = 3
-    """S6: stop once the partition has not changed for this many consecutive rounds."""
+    """S6: stop once no new partition has appeared for this many consecutive rounds."""
     max_rounds: int = 20
     """Hard stop, whatever the balance."""
     max_step: float = 4.0
     """Largest factor by which one round may multiply (or divide) a weight."""
 
     def __post_init__(self) -> None:
-        if not (self.threshold >= 0 and self.gain > 0 and self.max_step > 1):
-            raise PlannerError(f"refine needs threshold >= 0, gain > 0 and max_step > 1, found threshold="
-                               f"{self.threshold!r}, gain={self.gain!r}, max_step={self.max_step!r}")
+        if not (self.threshold >= 0 and self.gain > 0 and 0 < self.decay <= 1 and self.max_step > 1):
+            raise PlannerError(f"refine needs threshold >= 0, gain > 0, 0 < decay <= 1 and max_step > 1, found "
+                               f"threshold={self.threshold!r}, gain={self.gain!r}, decay={self.decay!r}, "
+                               f"max_step={self.max_step!r}")
         if self.patience < 1 or self.max_rounds < 1:
             raise PlannerError(f"refine needs patience >= 1 and max_rounds >= 1, found {self.patience!r} "
                                f"and {self.max_rounds!r}")
@@ -84,7 +93,8 @@ def refine(problem: Problem, method: str, weights: Mapping[str, float], options:
     rounds: list[dict[str, Any]] = []
     best: tuple[float, Partition, dict[str, float]] | None = None
     previous: Partition | None = None
-    unchanged, stop = 0, "max_rounds"
+    seen: set[Partition] = set()
+    stale, stop = 0, "max_rounds"
     for number in range(config.max_rounds):
         partition = call(method, problem, current, options)
         result = evaluate(problem, partition, record_events=False)
@@ -95,15 +105,16 @@ def refine(problem: Problem, method: str, weights: Mapping[str, float], options:
                        "balanced": balanced, "changed": changed, "stages": len(partition)})
         if best is None or result.step_time_s < best[0]:
             best = (result.step_time_s, partition, dict(current))
-        unchanged = 0 if changed else unchanged + 1
-        if balanced or unchanged >= config.patience:
-            stop = "balanced" if balanced else "unchanged"
+        stale = stale + 1 if partition in seen else 0
+        seen.add(partition)
+        if balanced or stale >= config.patience:
+            stop = "balanced" if balanced else ("unchanged" if not changed else "no new partition")
             break
-        current = _move_weights(current, waits, config)
+        current = _move_weights(current, waits, config.gain * config.decay**number, config.max_step)
         previous = partition
     assert best is not None
     record = {"rounds": rounds, "converged": stop != "max_rounds", "stop": stop,
-              "threshold": config.threshold, "gain": config.gain, "patience": config.patience,
+              "threshold": config.threshold, "gain": config.gain, "decay": config.decay, "patience": config.patience,
               "best_round": next(r["round"] for r in rounds if r["step_time_s"] == best[0])}
     return RefineResult(best[1], best[2], record)
 
@@ -116,14 +127,15 @@ def _balanced(waits: Mapping[str, float], threshold: float) -> bool:
     return mean <= 0 or max(waits.values()) <= (1 + threshold) * mean
 
 
-def _move_weights(weights: Mapping[str, float], waits: Mapping[str, float], config: RefineConfig) -> dict[str, float]:
+def _move_weights(weights: Mapping[str, float], waits: Mapping[str, float], gain: float,
+                  max_step: float) -> dict[str, float]:
     """S5: ``w_d *= 1 + gain * (wait_d - mean) / mean`` for devices that trained, clamped, normalised to mean 1."""
     mean = sum(waits.values()) / len(waits)
     moved = {}
     for device, weight in weights.items():
         if device in waits:
-            factor = 1 + config.gain * (waits[device] - mean) / mean
-            weight *= min(max(factor, 1 / config.max_step), config.max_step)
+            factor = 1 + gain * (waits[device] - mean) / mean
+            weight *= min(max(factor, 1 / max_step), max_step)
         moved[device] = weight
     total = sum(moved.values())
     return {d: w * len(moved) / total for d, w in moved.items()}
