@@ -158,3 +158,35 @@ def test_timeline_checks_every_path_before_drawing(tmp_path: Path) -> None:
 def test_timeline_of_an_empty_step_still_draws() -> None:
     images = render_timeline((), ["gpu0"], [], {}, "empty", ("png",))
     assert images["png"].startswith(b"\x89PNG")
+
+
+def test_memory_timeline_allocates_at_forward_and_frees_after_backward() -> None:
+    from planner.report.events import memory_timeline
+
+    samples = memory_timeline(EVENTS, {"gpu0": 100, "gpu1": 10}, {0: 5, 1: 7})
+    assert samples["gpu0"] == [(0.0, 105), (7e-3, 100)]
+    assert samples["gpu1"] == [(0.0, 10), (1.5e-3, 17), (4.5e-3, 10)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_memory_timeline_peak_is_the_simulators_peak(schedule: str) -> None:
+    from _plan_cases import make_plan, toy_cluster, toy_profile
+
+    from planner.report import _memory
+    from planner.report.replay import simulate_plan
+
+    plan = make_plan(toy_profile(), toy_cluster(), (3, 5), schedule=schedule, microbatches=6)
+    sim = simulate_plan(plan)
+    memory = _memory(plan, sim.events)
+    for device, stats in sim.devices.items():
+        assert max(level for _, level in memory[device]) == stats.peak_memory_bytes
+        static = sum(s.extra["static_bytes"] for s in plan.stages if s.device == device)
+        assert memory[device][-1][1] == static  # every activation freed by the end
+
+
+def test_trace_carries_one_memory_counter_per_device() -> None:
+    trace = chrome_trace(EVENTS, ["gpu0", "gpu1"], ["gpu0->gpu1", "gpu1->gpu0"], {},
+                         memory={"gpu0": [(0.0, 105), (7e-3, 100)], "gpu1": [(0.0, 10)]})
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"memory gpu0", "memory gpu1"}
+    assert [(e["ts"], e["args"]["bytes"]) for e in counters if e["name"] == "memory gpu0"] == [(0.0, 105), (7000.0, 100)]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from planner.formats.jsonio import check_writable, write_bytes_atomic
 from planner.formats.plan import Plan, load_plan
+from planner.report.events import TimedEvent
 from planner.report.table import device_types, plan_summary, stage_table, summary_text
 
 __all__ = ["ReportFiles", "default_report_paths", "plan_summary", "stage_table", "summary_text", "write_report"]
@@ -63,6 +64,20 @@ def write_report(plan_path: str | Path, paths: Mapping[str, Path]) -> ReportFile
     if pictures:
         written.update(write_timeline(sim.events, devices, links, labels, title, pictures))
     if "trace" in paths:
-        trace = chrome_trace(sim.events, devices, links, labels, title)
+        trace = chrome_trace(sim.events, devices, links, labels, title, memory=_memory(plan, sim.events))
         written["trace"] = write_bytes_atomic(paths["trace"], (json.dumps(trace) + "\n").encode("utf-8"))
     return ReportFiles(plan=plan, files=written, step_time_s=sim.step_time_s)
+
+
+def _memory(plan: Plan, events: Sequence[TimedEvent]) -> dict[str, list[tuple[float, int]]]:
+    """Each device's memory over the step, from the static and activation bytes its stages carry."""
+    from planner.report.events import memory_timeline
+    from planner.report.replay import sim_stage
+
+    static: dict[str, int] = {}
+    activation: dict[int, int] = {}
+    for stage in plan.stages:
+        sim = sim_stage(stage)
+        static[stage.device] = static.get(stage.device, 0) + sim.static_bytes
+        activation[stage.index] = sim.activation_bytes
+    return memory_timeline(events, static, activation)

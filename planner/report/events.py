@@ -7,7 +7,7 @@ timeline and trace can be tested with hand-made events.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 KINDS = ("fwd", "bwd", "send_fwd", "send_bwd")
 _SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB"}
@@ -50,3 +50,35 @@ def split_tracks(events: Sequence[TimedEvent], device_order: Sequence[str]) -> t
 
     links = sorted({ev.resource for ev in events} - set(devices), key=key)
     return devices, links
+
+
+def memory_timeline(
+    events: Sequence[TimedEvent],
+    static_bytes: Mapping[str, int],
+    activation_bytes: Mapping[int, int],
+) -> dict[str, list[tuple[float, int]]]:
+    """Per device, ``(time_s, bytes)`` samples of its memory over the step.
+
+    As in the simulator: a device holds its stages' static bytes throughout; a stage's activations
+    for a micro-batch are allocated when its forward starts and freed when its backward ends.
+    ``static_bytes`` is per device, ``activation_bytes`` per stage.
+    """
+    changes: dict[str, list[tuple[float, int, int]]] = {d: [] for d in static_bytes}
+    for ev in events:
+        if ev.resource not in changes or ev.kind not in ("fwd", "bwd"):
+            continue
+        delta = activation_bytes.get(ev.stage, 0)
+        # at equal times frees (order 0) come before allocations (order 1), as the simulator frees first
+        changes[ev.resource].append((ev.start_s, 1, delta) if ev.kind == "fwd" else (ev.end_s, 0, -delta))
+    out: dict[str, list[tuple[float, int]]] = {}
+    for device, steps in changes.items():
+        level = static_bytes[device]
+        samples = [(0.0, level)]
+        for time_s, _, delta in sorted(steps):
+            level += delta
+            if samples[-1][0] == time_s:
+                samples[-1] = (time_s, level)
+            else:
+                samples.append((time_s, level))
+        out[device] = samples
+    return out

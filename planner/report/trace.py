@@ -3,7 +3,8 @@
 Format: Google's "Trace Event Format" document, as read by chrome://tracing and ui.perfetto.dev.
 Every device is one track (thread) of the process "devices"; every link that carries a transfer
 is one track of the process "links". Each forward, backward and send is a complete ("ph": "X")
-event with a start ("ts") and duration ("dur") in microseconds; "M" events name the tracks.
+event with a start ("ts") and duration ("dur") in microseconds; "M" events name the tracks; "C"
+(counter) events draw each device's memory over the step.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ def chrome_trace(
     link_tracks: Sequence[str],
     labels: Mapping[str, str] | None = None,
     title: str = "planner",
+    memory: Mapping[str, Sequence[tuple[float, int]]] | None = None,
 ) -> dict[str, Any]:
-    """Build the trace object; ``labels`` maps a track's resource id to the name shown for it."""
+    """Build the trace object; ``labels`` maps a track's resource id to the name shown for it.
+
+    ``memory`` (device -> ``(time_s, bytes)`` samples, see ``events.memory_timeline``) adds one
+    counter track per device, "memory DEVICE", to the devices process.
+    """
     labels = labels or {}
     tid = {name: i + 1 for i, name in enumerate(device_tracks)}
     tid.update({name: i + 1 for i, name in enumerate(link_tracks)})
@@ -43,6 +49,10 @@ def chrome_trace(
             "dur": round(max(0.0, ev.end_s - ev.start_s) * _US_PER_S, 3),
             "args": {"stage": ev.stage, "microbatch": ev.microbatch, "kind": ev.kind},
         })
+    for device, samples in (memory or {}).items():
+        name = f"memory {labels.get(device, device)}"
+        trace.extend({"ph": "C", "name": name, "pid": DEVICES_PID, "tid": 0, "ts": round(t * _US_PER_S, 3),
+                      "args": {"bytes": level}} for t, level in samples)
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": {"title": title}}
 
 
