@@ -285,3 +285,13 @@ def test_brackets_in_paths_are_printed_not_read_as_markup(tmp_path: Path) -> Non
     assert code == 0 and "[red]" in stdout
     code, stdout, _ = run("show", case.plan_path, "--no-files")
     assert code == 0 and "[red]" in stdout
+
+
+def test_show_notes_a_prediction_the_simulation_does_not_reproduce(case, tmp_path: Path) -> None:  # noqa: ANN001
+    edited = edit_plan(case.plan_path, tmp_path / "edited.json", lambda d: d["predicted"].update(step_time_s=1.0))
+    code, stdout, _ = run("show", edited, "--no-files")
+    assert code == 0 and "re-simulated" not in stdout  # nothing simulated, nothing to compare
+    code, stdout, _ = run("show", edited)
+    assert code == 0 and "re-simulated step time" in " ".join(stdout.split())
+    code, stdout, _ = run("show", case.plan_path)
+    assert code == 0 and "re-simulated" not in stdout

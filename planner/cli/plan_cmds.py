@@ -95,6 +95,10 @@ def show_cmd(
         return
     console.print(stage_table(report.plan, title=str(plan)))
     console.print(summary_text(report.plan))
+    predicted = report.plan.step_time_s
+    if report.step_time_s is not None and abs(report.step_time_s - predicted) > 1e-9 * max(predicted, 1e-12):
+        console.print(Text(f"note: re-simulated step time {report.step_time_s:.6g} s differs from the plan's "
+                           f"predicted {predicted:.6g} s (edited plan, or made by another version)", style="yellow"))
     for kind, path in report.files.items():
         console.print(Text(f"wrote {kind}: {path}"))
 
