@@ -10,7 +10,7 @@ one entry point that reads files.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -47,7 +47,8 @@ class Metric:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "baseline": self.baseline, "current": self.current,
-                "change": self.change, "tolerance": self.tolerance, "regressed": self.regressed}
+                "change": self.change if self.change != float("inf") else None,  # JSON has no infinity
+                "tolerance": self.tolerance, "regressed": self.regressed}
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,6 @@ class PlanDiff:
     step_time_s: tuple[float, float]
     peak_memory_bytes: tuple[int | None, int | None]
     bubble_fraction: tuple[float | None, float | None]
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:

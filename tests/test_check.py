@@ -29,6 +29,7 @@ def test_metric_regresses_only_beyond_the_tolerance() -> None:
     assert Metric("step_time_s", "s", 1.0, 1.0201, 0.02).regressed
     assert not Metric("step_time_s", "s", 1.0, 0.5, 0.0).regressed
     assert Metric("x", "B", 0.0, 1.0, 0.5).change == float("inf")
+    assert Metric("x", "B", 0.0, 1.0, 0.5).to_dict()["change"] is None  # strict JSON has no Infinity
 
 
 def test_identical_plan_is_valid_and_does_not_regress() -> None:
