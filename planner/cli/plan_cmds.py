@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from planner.cli.app import command, console, emit_json
+from planner.cli.app import command, console, emit_json, err_console
 
 if TYPE_CHECKING:
     from planner.check import CheckResult, PlanDiff
@@ -47,8 +47,10 @@ def partition_cmd(
     from planner.planning import partition_file
     from planner.report import plan_summary, stage_table, summary_text
 
-    plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches, schedule=schedule,
-                          optimizer=optimizer, refine=refine)
+    # A spinner on stderr while the placer works (ilp and --refine can take a while); silent when not a terminal.
+    with err_console.status(f"planning with {method} ...", spinner="dots"):
+        plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches,
+                              schedule=schedule, optimizer=optimizer, refine=refine)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return
@@ -88,7 +90,8 @@ def show_cmd(
     for key, given in (("png", timeline), ("svg", svg), ("trace", trace)):
         if given is not None:
             paths[key] = given
-    report = write_report(plan, paths)
+    with err_console.status("simulating and drawing ...", spinner="dots"):
+        report = write_report(plan, paths)
     if as_json:
         emit_json({**plan_summary(report.plan), "simulated_step_time_s": report.step_time_s,
                    "files": {k: str(v) for k, v in report.files.items()}})
