@@ -186,3 +186,17 @@ def test_a_different_placement_is_noted_not_failed() -> None:
     assert result.passed
     assert any("1 node(s) moved" in n for n in result.notes), result.notes
     assert check_plan(balanced, profile, cl, baseline=balanced).notes == ()
+
+
+def test_cluster_specs_resolve_to_files_or_bundled_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from planner.clusters import BUNDLED_DIR, bundled_clusters, resolve_cluster
+
+    assert {"cpu-2", "dgx-h100-8"} <= set(bundled_clusters())
+    assert resolve_cluster("dgx-h100-8") == BUNDLED_DIR / "dgx-h100-8.json"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dgx-h100-8").write_text("{}")  # an existing file of that name wins over the bundled one
+    assert resolve_cluster("dgx-h100-8") == Path("dgx-h100-8")
+    with pytest.raises(InputFileError, match="bundled: .*cpu-2"):
+        resolve_cluster("tpu-v9")
+    with pytest.raises(InputFileError, match="neither an existing file"):
+        resolve_cluster("some/dir/cpu-2")  # a path is never looked up among the bundled names
