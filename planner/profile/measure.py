@@ -74,6 +74,8 @@ class Measurement:
     grad_overhead_s: float
     """Fixed cost of one ``autograd.grad`` call (engine start-up), taken out of every per-op backward."""
     threads: int
+    clock: str
+    """``thread_cpu``, ``wall`` or ``cuda_events`` (see :mod:`planner.profile.timer`)."""
 
 
 def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, device: torch.device,
@@ -96,7 +98,7 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results))
-    return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used)
+    return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock)
 
 
 @dataclass
@@ -165,7 +167,9 @@ def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, par
         return target(*state[0], **state[1])
 
     try:
-        fwd_s = timer.time(forward, fresh)
+        kept: list[Any] = []  # outputs stay alive across repeats, as activations do in training, so each
+        fwd_s = timer.time(lambda state: kept.append(forward(state)), fresh)  # call allocates fresh memory
+        kept.clear()
         flops = _count(lambda: forward(fresh()))
         bwd_s, bwd_flops, has_grad = _time_backward(forward, fresh, grad_inputs, timer)
         bwd_s = max(0.0, bwd_s - grad_overhead_s) if has_grad else 0.0
@@ -192,7 +196,9 @@ def _time_backward(forward: Callable[[Any], Any], fresh: Callable[[], Any], grad
     def backward(outs: list[torch.Tensor]) -> Any:
         return torch.autograd.grad(outs, grad_inputs, grads_out, allow_unused=True)
 
-    bwd_s = timer.time(backward, setup)
+    kept: list[Any] = []  # gradients stay alive across repeats, as parameter gradients do in training
+    bwd_s = timer.time(lambda outs: kept.append(backward(outs)), setup)
+    kept.clear()
     outs = setup()
     bwd_flops = _count(lambda: backward(outs))
     return bwd_s, bwd_flops, True

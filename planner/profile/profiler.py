@@ -91,7 +91,7 @@ def build_profile(spec: str, module: nn.Module, inputs: Sequence[Any], captured:
         "device_type": device_type,
         "tracer": captured.tracer,
         "measurement": {"device": str(next((x.device for x in inputs if isinstance(x, torch.Tensor)), "cpu")),
-                        "threads": measurement.threads, "timer_overhead_s": measurement.timer_overhead_s,
+                        "threads": measurement.threads, "clock": measurement.clock, "timer_overhead_s": measurement.timer_overhead_s,
                         "grad_overhead_s": measurement.grad_overhead_s},
         "whole_model": measurement.whole.to_dict(),
         "tied_parameters": tied_parameters(captured, tensors),
