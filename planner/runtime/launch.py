@@ -69,6 +69,9 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
         monitor_interval=options.monitor_interval_s, start_method="spawn",
         rdzv_configs={"timeout": max(60, int(config.timeout_s))},
     )
+    # Restarted workers must not reuse the agent's rendezvous store: their gloo groups would read the
+    # dead attempt's addresses ("connectFullMesh ... Connection refused"); a fresh store per attempt works.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         with _omp_threads(options.nproc_per_node):
             results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config))
