@@ -1,0 +1,284 @@
+"""The run-time hooks of ``plan run``: rebalancing rounds (seed 003 S3-S6), checkpoints and resume.
+
+Installed in the worker as ``RunConfig.hooks = (HOOK,)``; options come from ``RunConfig.options``
+(``OPTIONS`` lists them). Per round, on every rank:
+
+1. ``before_round``: the rank's ``RankTimer`` starts; the stages' compute methods are timed (and
+   stretched by ``--emulate-slowdown``), the schedules' p2p waits counted as blocked time.
+2. ``on_round``: a monitored barrier (a rank that stopped answering is named, not waited for), then
+   every rank's compute and wait are all-gathered; rank 0 judges the balance, updates weights and
+   speed factors (``rebalance.decide``), re-plans (``replan.propose``) and broadcasts the outcome;
+   every rank migrates what changed owner (``migrate.migrate``) and installs the new stages; S6
+   bookkeeping; rank 0 logs the round; a checkpoint is written when a multiple of
+   ``checkpoint_every`` steps was reached.
+3. ``on_start`` resumes from the newest complete checkpoint (the plan in force there, its weights,
+   optimizer state, step, losses and rebalancer state); ``on_end`` writes the final plan.
+
+Test-only environment variables: ``PLANNER_TEST_KILL_AT_STEP=RANK:STEP`` makes RANK ``os._exit(1)``
+at the first round end at or after STEP, once (a marker file in the checkpoint directory stops it
+repeating after torchrun restarts the job); ``PLANNER_TEST_HANG_AT_STEP=RANK:STEP`` makes RANK stop
+answering there (it sleeps), to show that the others end with a clear error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import DistributedError
+from planner.formats.cluster import cluster_from_dict
+from planner.formats.plan import Plan, plan_from_dict, save_plan
+from planner.runtime import checkpoint as ckpt
+from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
+from planner.runtime.rebalance import RebalanceConfig, RebalanceState, decide, initial_state, settle
+from planner.runtime.replan import DEVICE_RANKS, RoundModel, device_order, propose
+from planner.runtime.roundlog import RoundLog, round_record
+from planner.runtime.slowdown import Slowdown, parse_slowdowns
+from planner.runtime.timing import RankTimer, gather_round, instrument_stage, timed_p2p
+from planner.runtime.training import make_optimizer
+from planner.runtime.worker import RankRun, RoundEnd, RunConfig, RunHooks
+
+__all__ = ["HOOK", "OPTIONS", "DynamicHooks", "make_hooks"]
+
+HOOK = "planner.runtime.dynamic:make_hooks"
+OPTIONS: Mapping[str, Any] = {
+    "rebalance": True,            # seed 003 S3-S6 between rounds
+    "threshold": 0.05,            # S5 balance threshold (fraction of the round)
+    "patience": 3,                # S6 rounds without a plan change
+    "gain": 1.0,                  # fraction of the wait-proportional weight move per round
+    "min_improvement": 0.02,      # adopt a new plan only if predicted this much faster
+    "replan_method": None,        # placer for re-plans (default: the plan's method)
+    "emulate_slowdown": None,     # "RANK=FACTOR[,RANK=FACTOR]" (testing aid)
+    "log": None,                  # JSONL round log (rank 0, appended)
+    "json": False,                # round records on stdout too
+    "live": False,                # live rich table on stderr
+    "checkpoint_dir": None,       # per-rank checkpoint files + meta.json
+    "checkpoint_every": 0,        # steps between checkpoints (0: none)
+    "keep_checkpoints": 2,
+    "output": None,               # final plan (-o)
+}
+
+log = logging.getLogger(__name__)
+
+
+def make_hooks(config: RunConfig) -> "DynamicHooks":
+    unknown = sorted(set(config.options) - set(OPTIONS))
+    if unknown:
+        raise DistributedError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    return DynamicHooks(config, {**OPTIONS, **dict(config.options)})
+
+
+class DynamicHooks(RunHooks):
+    def __init__(self, config: RunConfig, options: Mapping[str, Any]) -> None:
+        self.config, self.opt = config, options
+        self.rebalance = RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
+                                         patience=int(options["patience"]),
+                                         min_improvement=float(options["min_improvement"]))
+        self.round_index = 0
+        self.saved_step = 0
+        self.warm_up = True
+        """The first round after the stages were (re)built pays one-off costs; it is logged, not judged."""
+        self._instrumented: set[int] = set()
+
+    # ------------------------------------------------------------------ start / end
+
+    def on_start(self, run: RankRun) -> None:
+        world = dist.get_world_size()
+        self.ranks = device_order(run.plan)
+        slow = parse_slowdowns(self.opt["emulate_slowdown"], world)
+        self.timer = RankTimer(run.rank, self.ranks[run.rank], Slowdown.for_rank(slow, run.rank))
+        self._p2p = timed_p2p(self.timer)
+        self._p2p.__enter__()
+        self.state = initial_state(self.ranks, run.plan.extra.get("weights"))
+        self.model = RoundModel.build(run.prepared.profile, cluster_from_dict(dict(run.plan.extra["cluster"])), run.plan)
+        self.method = self.opt["replan_method"] or run.plan.method
+        self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \
+            if run.rank == 0 else None
+        if self.log is not None:
+            self.log.__enter__()
+        if self.opt["checkpoint_dir"]:
+            self._resume(run)
+
+    def on_end(self, run: RankRun) -> None:
+        self._p2p.__exit__(None, None, None)
+        if self.log is not None:
+            self.log.close()
+        if run.rank == 0 and self.opt["output"]:
+            extra = dict(run.plan.extra)
+            extra.update({DEVICE_RANKS: list(self.ranks), "weights": dict(self.state.weights),
+                          "rebalance": self.state.to_dict()})
+            save_plan(Plan(run.plan.method, run.plan.schedule, run.plan.microbatches, run.plan.stages,
+                           run.plan.predicted, extra), self.opt["output"])
+
+    # ------------------------------------------------------------------ rounds
+
+    def before_round(self, run: RankRun) -> None:
+        for stage in run.stages.stages:
+            if id(stage) not in self._instrumented:
+                instrument_stage(stage, self.timer)
+                self._instrumented.add(id(stage))
+        self.timer.begin_round()
+
+    def on_round(self, run: RankRun, stats: RoundEnd) -> None:
+        mine = self.timer.end_round()
+        _test_faults(run.rank, run.step, self.opt["checkpoint_dir"])
+        _monitored_barrier(self.config.timeout_s)
+        stats_all = gather_round(mine, round_index=self.round_index, first_step=stats.first_step, steps=stats.steps)
+        payload = self._decide(run, stats_all) if run.rank == 0 else None
+        box = [payload]
+        dist.broadcast_object_list(box, src=0)
+        payload = box[0]
+        new_plan = plan_from_dict(payload["plan"]) if payload["plan"] else None
+        moved, moved_bytes = (self._switch(run, new_plan) if new_plan is not None else (0, 0))
+        self.state = RebalanceState.from_dict(payload["state"])
+        if not payload["warm_up"]:
+            self.state = settle(self.state, new_plan is not None, self.rebalance)
+        self.warm_up = new_plan is not None
+        if self.log is not None:
+            self.log.write(round_record(
+                stats_all, self.state, imbalance=payload["imbalance"], balanced=payload["balanced"],
+                plan_changed=new_plan is not None, reason=payload["reason"], loss=stats.losses[-1],
+                moved_tensors=moved, moved_bytes=moved_bytes,
+                stages=[{"device": s.device, "nodes": len(s.nodes), "first": s.nodes[0], "last": s.nodes[-1]}
+                        for s in run.plan.stages]))
+        self.round_index += 1
+        every = int(self.opt["checkpoint_every"] or 0)
+        if self.opt["checkpoint_dir"] and every > 0 and run.step // every > self.saved_step // every:
+            self._save(run)
+
+    def _decide(self, run: RankRun, stats: Any) -> dict[str, Any]:
+        """Rank 0: S5 judgement, and a re-plan when unbalanced."""
+        predicted = self.model.predicted_compute_s(run.plan, stats.steps)
+        result = {"plan": None, "imbalance": 0.0, "balanced": True, "reason": "rebalancing off",
+                  "state": self.state.to_dict(), "warm_up": self.warm_up}
+        if not self.opt["rebalance"]:
+            return result
+        if self.warm_up:
+            result["reason"] = "warm-up round after the stages were built: measured, not judged"
+            return result
+        decision = decide(self.state, stats, predicted, self.rebalance)
+        result.update(imbalance=decision.imbalance, balanced=decision.balanced, reason=decision.reason,
+                      state=decision.state.to_dict())
+        if decision.replan:
+            proposal = propose(self.model, run.plan, decision.state, method=self.method,
+                               min_improvement=self.rebalance.min_improvement, ranks=self.ranks,
+                               fixed_order=False, profile_ref=run.plan.extra.get("profile"))
+            result["reason"] = f"{decision.reason}; {proposal.reason}"
+            if proposal.plan is not None:
+                result["plan"] = proposal.plan.to_dict()
+        return result
+
+    def _switch(self, run: RankRun, plan: Plan) -> tuple[int, int]:
+        """Every rank: build the new stages, move what changed owner, continue from the same step."""
+        module = run.prepared.module
+        tensors = _named_tensors(module)
+        name_of = {id(p): n for n, p in module.named_parameters()}
+        before = _owned(run)
+        state = optimizer_state_by_name([run.optimizer], name_of)
+        stages = run.build(plan)
+        after = set(stages.params) | {n for st in stages.stages for n, _ in st.submod.named_buffers()}
+        new_state, report = migrate(run.rank, tensors, before, after, state)
+        settings = run.prepared.settings
+        optimizer = make_optimizer(stages.params, settings.optimizer, settings.lr)
+        load_optimizer_state([optimizer], new_state, name_of)
+        run.install(stages, optimizer)
+        return report.moved, report.sent_bytes
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save(self, run: RankRun) -> None:
+        module = run.prepared.module
+        tensors = _named_tensors(module)
+        owned = _owned(run)
+        name_of = {id(p): n for n, p in module.named_parameters()}
+        plan = dict(run.plan.to_dict(), **{DEVICE_RANKS: list(self.ranks)})
+        ckpt.save_checkpoint(self.opt["checkpoint_dir"], step=run.step, rank=run.rank, world_size=dist.get_world_size(),
+                             tensors={n: tensors[n] for n in owned},
+                             optim=optimizer_state_by_name([run.optimizer], name_of), plan=plan,
+                             extra={"rebalance": self.state.to_dict(), "round": self.round_index,
+                                    "losses": list(run.losses)},
+                             keep=int(self.opt["keep_checkpoints"]))
+        self.saved_step = run.step
+
+    def _resume(self, run: RankRun) -> None:
+        info = ckpt.latest_checkpoint(self.opt["checkpoint_dir"])
+        if info is None:
+            return
+        plan = plan_from_dict(dict(info.plan), f"checkpoint {str(info.path)!r} plan")
+        if device_order(plan) != self.ranks:
+            raise DistributedError(f"checkpoint {str(info.path)!r} runs devices {list(device_order(plan))} on ranks "
+                                   f"0..{len(device_order(plan)) - 1}, this job {list(self.ranks)}; resume with the "
+                                   f"plan the checkpoint was made from, or pass another --checkpoint-dir")
+        run.install(run.build(plan))
+        tensors, optim = ckpt.load_owned(info, _owned(run))
+        live = _named_tensors(run.prepared.module)
+        with torch.no_grad():
+            for name, value in tensors.items():
+                live[name].copy_(value)
+        name_of = {id(p): n for n, p in run.prepared.module.named_parameters()}
+        load_optimizer_state([run.optimizer], optim, name_of)
+        run.step = self.saved_step = info.step
+        run.losses[:] = [float(x) for x in info.extra.get("losses", [])][: info.step]
+        self.state = RebalanceState.from_dict(info.extra["rebalance"])
+        self.warm_up = True
+        self.round_index = int(info.extra.get("round", 0))
+        log.info("rank %d resumed from %s at step %d", run.rank, info.path, info.step)
+
+
+def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Canonical name -> live tensor, parameters and buffers (first name of each object)."""
+    out: dict[str, torch.Tensor] = dict(module.named_buffers())
+    out.update(module.named_parameters())
+    return out
+
+
+def _owned(run: RankRun) -> set[str]:
+    """Names of the parameters and buffers this rank's stages hold (what its values are current for)."""
+    return set(run.stages.params) | {n for st in run.stages.stages for n, _ in st.submod.named_buffers()}
+
+
+class RankUnresponsive(RuntimeError):
+    """A peer stopped answering mid-run. Deliberately *not* a ``PlannerError``: the worker returns those
+    as values (a clean exit), and a clean exit would leave the launcher waiting on the silent rank;
+    raising this fails the process, so the launcher stops every rank and reports this message."""
+
+
+def _monitored_barrier(timeout_s: float) -> None:
+    """Gloo's monitored barrier names the rank that did not arrive; other backends get a plain barrier."""
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        else:
+            dist.barrier()
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise RankUnresponsive(f"a rank stopped answering at a round boundary ({detail}); the job ends "
+                               f"instead of waiting: check that rank's log, then rerun (checkpoints resume it)") from None
+
+
+def _test_faults(rank: int, step: int, checkpoint_dir: str | None) -> None:
+    """Test-only fault injection (see the module docstring); inert unless the variables are set."""
+    kill = _rank_step(os.environ.get("PLANNER_TEST_KILL_AT_STEP"))
+    if kill and kill[0] == rank and step >= kill[1]:
+        marker = Path(checkpoint_dir or ".") / f".killed-rank{rank}-step{kill[1]}"
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(str(step))
+            os._exit(1)
+    hang = _rank_step(os.environ.get("PLANNER_TEST_HANG_AT_STEP"))
+    if hang and hang[0] == rank and step >= hang[1]:
+        time.sleep(3600)
+
+
+def _rank_step(value: str | None) -> tuple[int, int] | None:
+    if not value:
+        return None
+    rank, _, step = value.partition(":")
+    return int(rank), int(step)

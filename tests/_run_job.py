@@ -1,0 +1,26 @@
+"""Launch ``plan run``'s worker on 2 local gloo ranks with the dynamic hooks; print the summary as JSON.
+
+Used by the multi-process runtime tests through ``subprocess`` (with a hard timeout):
+``python tests/_run_job.py PLAN MODEL STEPS ROUND_STEPS TIMEOUT_S MAX_RESTARTS OPTIONS_JSON``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+if __name__ == "__main__":
+    from planner.errors import PlannerError
+    from planner.runtime.dynamic import HOOK
+    from planner.runtime.launch import LaunchOptions, launch
+    from planner.runtime.worker import RunConfig
+
+    plan, model, steps, k, timeout_s, restarts, options = sys.argv[1:8]
+    config = RunConfig(plan=plan, model=model, steps=int(steps), round_steps=int(k), timeout_s=float(timeout_s),
+                       hooks=(HOOK,), options=json.loads(options))
+    try:
+        results = launch(config, LaunchOptions(nproc_per_node=2, max_restarts=int(restarts)))
+    except PlannerError as exc:
+        print(json.dumps({"error": str(exc)}))
+        sys.exit(1)
+    print(json.dumps({"losses": results[0]["losses"], "plan": results[0]["plan"]}))
