@@ -205,7 +205,8 @@ def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previ
     """S2: among unused devices that implement ``block`` and can hold it, the one where it finishes first.
 
     Finish time = its inputs' transfer over the actual link from the previous stage's device + its
-    compute time there (an unused device has nothing queued). Ties keep the earlier device.
+    compute time there (an unused device has nothing queued), free ops folded into the next costly
+    one (``_first_costly``). Ties keep the earlier device.
     """
     cut_bytes = ctx.problem.cut_fwd_bytes[block - 1] if block > 0 else 0
     best, best_finish = None, math.inf
@@ -216,10 +217,20 @@ def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previ
         if _blocked(device, block, block + 1) or not _fits(ctx, device, block, block + 1, stage_index):
             continue
         arrival = transfer_s(ctx.problem.tables, previous, device.id, cut_bytes) if previous else 0.0
-        finish = arrival + compute
+        finish = arrival + _work(device, block, _first_costly(device, block) + 1)
         if finish < best_finish:
             best, best_finish = device, finish
     return best
+
+
+def _first_costly(device: _Device, block: int) -> int:
+    """The first block at or after ``block`` with non-zero work on ``device`` (the last block if none).
+
+    Free ops (model inputs, views) finish at once everywhere; judging a device by them would make
+    every choice a tie, so the finish time is that of the run up to the next op that costs something.
+    """
+    prefix = device.work_prefix
+    return min(bisect_right(prefix, prefix[block]) - 1, len(prefix) - 2)
 
 
 def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, inbound_s: float,

@@ -91,17 +91,23 @@ def _backward_edges(plan: Plan, profile: Profile) -> list[str]:
 
 
 def _contiguity(plan: Plan, profile: Profile) -> list[str]:
-    """Stage ``i`` must hold exactly the profile nodes ``[a_i, a_{i+1})`` for increasing bounds ``a``."""
-    index = profile.node_index()
+    """Stage ``i`` must hold exactly the profile nodes ``[a_i, a_{i+1})`` for increasing bounds ``a``.
+
+    Positions count only the profile nodes the plan holds, so a dropped node is reported once (by
+    the coverage rule), not again as a gap.
+    """
+    held = {name for stage in plan.stages for name in stage.nodes}
+    index = {node.name: i for i, node in enumerate(n for n in profile.nodes if n.name in held)}
+    order = [n.name for n in profile.nodes if n.name in held]
     out, expected = [], 0
     for stage in plan.stages:
-        positions = sorted(index[n] for n in stage.nodes if n in index)
+        positions = sorted({index[n] for n in stage.nodes if n in index})
         if not positions:
             continue
         if positions != list(range(expected, expected + len(positions))):
-            first = profile.nodes[expected].name if expected < len(profile.nodes) else "(end of profile)"
+            first = order[expected] if expected < len(order) else "(end of profile)"
             out.append(f"stage {stage.index} is not the contiguous run of profile nodes starting at {first!r} "
-                       f"(it holds profile positions {positions[0]}..{positions[-1]}, {len(positions)} nodes); "
+                       f"({len(positions)} nodes, the first at profile position {positions[0]}); "
                        f"stages must be contiguous runs of the profile's order")
         expected = max(expected, positions[-1] + 1)
     return out
