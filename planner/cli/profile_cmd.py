@@ -17,9 +17,9 @@ def profile_cmd(
     model: Annotated[Optional[str], typer.Argument(help="Model factory: 'package.module:factory' or "
                      "'path/to/file.py:factory' returning an nn.Module or (module, example_inputs).",
                      show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Profile JSON to write (atomically) "
-                      "[default: profile.json]; with --probe-links and no MODEL, the cluster JSON "
-                      "[default: cluster.json].", show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Profile JSON to write, atomically "
+                      "(default profile.json); with --probe-links and no MODEL, the cluster JSON "
+                      "(default cluster.json).", show_default=False)] = None,
     input_spec: Annotated[Optional[str], typer.Option("--input", help="Input shapes and dtypes when the factory "
                           "returns only a module, e.g. 'int64[8,128]' or 'float32[4,3,64,64],int64[4]'; "
                           "'int64[8,128]<50257' bounds integer values.", show_default=False)] = None,

@@ -167,8 +167,8 @@ def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, par
         return target(*state[0], **state[1])
 
     try:
-        kept: list[Any] = []  # outputs stay alive across repeats, as activations do in training, so each
-        fwd_s = timer.time(lambda state: kept.append(forward(state)), fresh)  # call allocates fresh memory
+        kept = _Keeper()  # outputs stay alive across repeats, as activations do in training, so each
+        fwd_s = timer.time(lambda state: kept.add(forward(state)), fresh)  # call allocates fresh memory
         kept.clear()
         flops = _count(lambda: forward(fresh()))
         bwd_s, bwd_flops, has_grad = _time_backward(forward, fresh, grad_inputs, timer)
@@ -196,12 +196,29 @@ def _time_backward(forward: Callable[[Any], Any], fresh: Callable[[], Any], grad
     def backward(outs: list[torch.Tensor]) -> Any:
         return torch.autograd.grad(outs, grad_inputs, grads_out, allow_unused=True)
 
-    kept: list[Any] = []  # gradients stay alive across repeats, as parameter gradients do in training
-    bwd_s = timer.time(lambda outs: kept.append(backward(outs)), setup)
+    kept = _Keeper()  # gradients stay alive across repeats, as parameter gradients do in training
+    bwd_s = timer.time(lambda outs: kept.add(backward(outs)), setup)
     kept.clear()
     outs = setup()
     bwd_flops = _count(lambda: backward(outs))
     return bwd_s, bwd_flops, True
+
+
+class _Keeper:
+    """Holds the results of timed calls alive, up to ``limit_bytes`` (the oldest are dropped beyond it),
+    so that big models do not run out of memory while their repeats keep outputs alive."""
+
+    def __init__(self, limit_bytes: int = 1 << 30) -> None:
+        self.limit_bytes = limit_bytes
+        self.items: list[tuple[Any, int]] = []
+
+    def add(self, value: Any) -> None:
+        self.items.append((value, _nbytes(value)))
+        while len(self.items) > 1 and sum(n for _, n in self.items) > self.limit_bytes:
+            self.items.pop(0)
+
+    def clear(self) -> None:
+        self.items.clear()
 
 
 def _grad_call_overhead(timer: Timer, device: torch.device) -> float:
