@@ -94,8 +94,11 @@ def train_reference(module: nn.Module, spec: DataSpec, settings: TrainSettings, 
         total = 0.0
         for i in range(settings.microbatches):
             loss = criterion(module(*(c[i] for c in chunks)), targets[i])
-            (loss / settings.microbatches).backward()
+            loss.backward()  # summed over micro-batches, then averaged: the pipeline's arithmetic
             total += float(loss.detach())
+        for p in named.values():
+            if p.grad is not None:
+                p.grad.div_(settings.microbatches)
         optimizer.step()
         losses.append(total / settings.microbatches)
     return ReferenceResult(tuple(losses), {k: v.detach().clone() for k, v in named.items()})
