@@ -16,8 +16,11 @@ if __name__ == "__main__":
     from planner.runtime.worker import RunConfig
 
     plan, model, steps, k, timeout_s, restarts, options = sys.argv[1:8]
+    import os
+
+    extra_hooks = tuple(h for h in os.environ.get("PLANNER_TEST_HOOKS", "").split(",") if h)
     config = RunConfig(plan=plan, model=model, steps=int(steps), round_steps=int(k), timeout_s=float(timeout_s),
-                       hooks=(HOOK,), options=json.loads(options))
+                       hooks=(*extra_hooks, HOOK), options=json.loads(options))
     try:
         results = launch(config, LaunchOptions(nproc_per_node=2, max_restarts=int(restarts)))
     except PlannerError as exc:

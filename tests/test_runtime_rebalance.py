@@ -52,3 +52,42 @@ def _migrate(rank: int, world: int) -> None:
 @pytest.mark.timeout(120)
 def test_migration_moves_values_and_optimizer_state_to_the_new_owner() -> None:
     run_ranks(_migrate, 2, timeout_s=100)
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from tests._runtime_jobs import make_plans
+
+    return make_plans(tmp_path_factory.mktemp("rebalance"))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_slowed_rank_triggers_a_replan_that_migrates_and_keeps_training_exact(plans: dict) -> None:
+    import json
+
+    from tests._runtime_jobs import job, reference_losses
+
+    log, final = plans["root"] / "rounds.jsonl", plans["root"] / "final.json"
+    # Rank 1 computes 3x slower; the re-plan (a test placer that moves blocks.1.attn to cpu0) relieves it.
+    options = {"emulate_slowdown": "1=3.0", "log": str(log), "output": str(final), "replan_method": "test-shift",
+               "patience": 1}
+    env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(plans["cuts"]["c"])}
+    code, summary, _ = job(plans["a"], 8, options, env=env)
+    assert code == 0, summary
+    rounds = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    assert "warm-up" in rounds[0]["reason"] and not rounds[0]["plan_changed"]
+    assert not rounds[1]["balanced"] and rounds[1]["plan_changed"] and rounds[1]["moved_tensors"] > 0
+    assert rounds[1]["devices"]["cpu1"]["speed_factor"] > rounds[1]["devices"]["cpu0"]["speed_factor"]
+    assert rounds[1]["devices"]["cpu0"]["weight"] > rounds[1]["devices"]["cpu1"]["weight"]
+    assert "warm-up" in rounds[2]["reason"]
+    assert not rounds[3]["plan_changed"] and rounds[3]["converged"]  # patience 1: S6 after one stable round
+    for r in rounds:
+        assert set(r["devices"]) == {"cpu0", "cpu1"} and r["step_time_s"] > 0
+    written = json.loads(final.read_text())
+    assert len(written["stages"][0]["nodes"]) == plans["cuts"]["c"]
+    assert written["device_ranks"] == ["cpu0", "cpu1"] and written["rebalance"]["converged"]
+    # Moving parameters and Adam state mid-run changes nothing in the arithmetic.
+    assert summary["losses"] == pytest.approx(reference_losses(plans["a"], 8), rel=1e-5, abs=1e-6)

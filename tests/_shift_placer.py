@@ -1,0 +1,26 @@
+"""Test-only placer ``test-shift``: two stages cut at ``PLANNER_TEST_CUT`` (a block index) on cpu0, cpu1.
+
+Loaded into the ranks as an extra run hook (``tests._shift_placer:hooks``), so a rebalancing test can
+force a known re-plan and check that migration keeps training exact.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from planner.partition.methods import register
+from planner.partition.problem import Partition, Problem, StageSpec
+from planner.runtime.worker import RunConfig, RunHooks
+
+
+def shift(problem: Problem, *, weights: Any = None, **options: Any) -> Partition:
+    cut = int(os.environ["PLANNER_TEST_CUT"])
+    return (StageSpec(0, cut, "cpu0"), StageSpec(cut, len(problem.blocks), "cpu1"))
+
+
+register("test-shift", shift)
+
+
+def hooks(config: RunConfig) -> RunHooks:
+    return RunHooks()
