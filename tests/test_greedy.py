@@ -105,9 +105,9 @@ def test_device_without_a_time_for_an_op_is_skipped() -> None:
 
     problem = replace(prof, blocks=tuple(blocks))
     result = place(problem)
-    for stage in result:
-        if stage.device == "d0":  # the gpu cannot run block 2
-            assert not stage.start <= 2 < stage.stop
+    holder = next(stage for stage in result if stage.start <= 2 < stage.stop)
+    assert holder.device == "d1"  # the gpu (d0) has no kernel for block 2
+    assert result[-1].stop == 5 and all(a.stop == b.start for a, b in zip(result, result[1:]))
 
 
 def test_unknown_option_is_a_usage_error() -> None:

@@ -97,7 +97,7 @@ def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
     devices = []
     for device, weight in zip(problem.cluster.devices, raw):
         if device.type not in by_type:
-            by_type[device.type] = _work_prefix(tables.fwd_prefix[device.id], tables.bwd_prefix[device.id])
+            by_type[device.type] = _work_prefix([sum(block.time_s[device.type]) for block in problem.blocks])
         prefix, unsupported = by_type[device.type]
         share, speed = weight * len(ids) / total, tables.speed[device.id]
         # Without per-pair links, a device's links are fixed by its host; with them, every device is its own kind.
@@ -107,11 +107,10 @@ def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
                     tables.static_per_param_byte, len(ids))
 
 
-def _work_prefix(fwd: Sequence[float], bwd: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Prefix sums of fwd + bwd with blocks of non-finite time left out, and the list of those blocks."""
+def _work_prefix(works: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Prefix sums of per-block fwd + bwd with non-finite times left out, and the list of those blocks."""
     prefix, unsupported, running = [0.0], [], 0.0
-    for b in range(len(fwd) - 1):
-        work = (fwd[b + 1] - fwd[b]) + (bwd[b + 1] - bwd[b])
+    for b, work in enumerate(works):
         if math.isfinite(work):
             running += work
         else:
