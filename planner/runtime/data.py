@@ -18,6 +18,7 @@ target above). It must be deterministic in its arguments, since every rank calls
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -100,18 +101,28 @@ def loss_fn(spec: DataSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
 
 
 def load_data_factory(spec: str) -> Callable[..., Any]:
-    """Import ``pkg.mod:factory`` for ``--data``."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"--data must look like pkg.mod:factory, found {spec!r}")
+    """Import ``pkg.mod:factory`` or ``path/to/file.py:factory`` for ``--data``."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise UsageError(f"--data must look like pkg.mod:factory or file.py:factory, found {spec!r}")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"--data {spec!r}: cannot import {module_name!r} ({exc}); check the module path") from None
+        module = _import_file(target) if target.endswith(".py") else importlib.import_module(target)
+    except (ImportError, OSError) as exc:
+        raise UsageError(f"--data {spec!r}: cannot import {target!r} ({exc}); check the module path") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise UsageError(f"--data {spec!r}: {module_name} has no callable {attr!r}; name a function")
+        raise UsageError(f"--data {spec!r}: {target} has no callable {attr!r}; name a function")
     return factory
+
+
+def _import_file(path: str) -> Any:
+    name = f"_planner_data_{abs(hash(path))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def custom_batch(factory: Callable[..., Any], spec: DataSpec, seed: int, step: int,
