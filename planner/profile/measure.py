@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from planner.profile.capture import Captured, CapturedOp
 from planner.profile.estimate import classify
-from planner.profile.timer import Timer
+from planner.profile.timer import Timer, steady_cpu_allocator
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]
@@ -76,11 +76,14 @@ class Measurement:
     threads: int
     clock: str
     """``thread_cpu``, ``wall`` or ``cuda_events`` (see :mod:`planner.profile.timer`)."""
+    allocator: str
+    """How host memory was allocated while timing (see :func:`planner.profile.timer.steady_cpu_allocator`)."""
 
 
 def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, device: torch.device,
             repeats: int = 5, warmup: int = 2, threads: int | None = 1, progress: Progress | None = None) -> Measurement:
     """Measure every op of ``captured`` (see the module docstring); ``threads`` pins intra-op threads on CPU."""
+    allocator = steady_cpu_allocator() if device.type == "cpu" else "cuda caching allocator"
     with _num_threads(threads if device.type == "cpu" else None) as used:
         timer = Timer(device, repeats, warmup)
         grad_overhead_s = _grad_call_overhead(timer, device)
@@ -98,7 +101,7 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results))
-    return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock)
+    return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)
 
 
 @dataclass
