@@ -12,9 +12,14 @@ from planner.errors import ModelError
 from planner.examples import gpt, resnet, unet
 
 
-@pytest.mark.parametrize("factory", [gpt.gpt_tiny, gpt.gpt_small, gpt.gpt_medium])
-def test_gpt_factories_return_token_ids_and_a_tied_head(factory):
-    model, inputs = factory()
+@pytest.fixture(scope="module")
+def gpts():
+    return {f.__name__: f() for f in (gpt.gpt_tiny, gpt.gpt_small, gpt.gpt_medium)}
+
+
+@pytest.mark.parametrize("name", ["gpt_tiny", "gpt_small", "gpt_medium"])
+def test_gpt_factories_return_token_ids_and_a_tied_head(gpts, name):
+    model, inputs = gpts[name]
     assert len(inputs) == 1
     idx = inputs[0]
     assert idx.dtype == torch.int64 and idx.dim() == 2
@@ -29,8 +34,8 @@ def test_gpt_tiny_returns_logits():
     assert logits.shape == (*idx.shape, model.cfg.vocab_size)
 
 
-def test_gpt_sizes_grow():
-    counts = [sum(p.numel() for p in f()[0].parameters()) for f in (gpt.gpt_tiny, gpt.gpt_small, gpt.gpt_medium)]
+def test_gpt_sizes_grow(gpts):
+    counts = [sum(p.numel() for p in gpts[n][0].parameters()) for n in ("gpt_tiny", "gpt_small", "gpt_medium")]
     assert counts == sorted(counts) and counts[0] < 100_000 < counts[1]
 
 
