@@ -161,6 +161,9 @@ def _import_file(path: Path, spec: str) -> Any:
         raise ModelError(f"model spec {spec!r}: cannot import {str(path)!r} as Python")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = module
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # like `python file.py`: the file may import its sibling modules
+        sys.path.append(folder)
     try:
         loader_spec.loader.exec_module(module)
     except Exception as exc:
