@@ -49,6 +49,24 @@ def run_cmd(
                          "before the run fails (instead of hanging).")] = 120.0,
     params_out: Annotated[Optional[Path], typer.Option("--params-out", help="Directory where every rank writes "
                           "rank{R}.pt: its trained parameters by name.", show_default=False)] = None,
+    rebalance: Annotated[bool, typer.Option("--rebalance/--no-rebalance", help="Rebalance between rounds from "
+                         "measured waits (seed 003 S3-S6; docs/rebalancing.md).")] = True,
+    threshold: Annotated[float, typer.Option("--rebalance-threshold", help="A round is unbalanced when the max "
+                         "wait exceeds the mean by this fraction of the round.")] = 0.05,
+    patience: Annotated[int, typer.Option("--patience", help="Stop rebalancing after this many rounds without "
+                        "a plan change (S6).")] = 3,
+    emulate_slowdown: Annotated[Optional[list[str]], typer.Option("--emulate-slowdown", help="RANK=FACTOR: that "
+                                "rank sleeps (FACTOR-1)x its compute (testing aid; repeatable).",
+                                show_default=False)] = None,
+    log: Annotated[Optional[Path], typer.Option("--log", help="Append one JSON line per round to this file.",
+                   show_default=False)] = None,
+    live: Annotated[bool, typer.Option("--live", help="Show the rounds in a live table on stderr.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the final plan (after "
+                      "rebalancing) here.", show_default=False)] = None,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Checkpoint directory; a run "
+                              "resumes from its newest checkpoint.", show_default=False)] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints "
+                                "(0: none).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Train with a plan: one pipeline stage per rank, torch.distributed.pipelining schedules.
@@ -64,15 +82,23 @@ def run_cmd(
 
       plan run plan.json my_model.py:build --optimizer adam --lr 3e-4 --data my_data:batches
 
+      plan run plan.json planner.examples.gpt:gpt_small --emulate-slowdown 1=2.0 --log rounds.jsonl -o final.json
+
+      plan run plan.json planner.examples.gpt:gpt_small --checkpoint-dir ckpt --checkpoint-every 10 --max-restarts 2
+
       torchrun --nproc-per-node 2 -m planner.run plan.json planner.examples.gpt:gpt_small --steps 20
     """
+    from planner.runtime.dynamic import HOOK, run_options
     from planner.runtime.worker import RunConfig
 
     _check_counts(steps, round_steps, max_restarts, timeout_s)
+    options = run_options(rebalance=rebalance, threshold=threshold, patience=patience,
+                          emulate_slowdown=emulate_slowdown, log=log, json=as_json, live=live, output=output,
+                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     config = RunConfig(
         plan=str(plan), model=model, steps=steps, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr,
         seed=seed, data=data, profile=str(profile) if profile else None, round_steps=round_steps,
-        timeout_s=timeout_s, params_out=str(params_out) if params_out else None,
+        timeout_s=timeout_s, params_out=str(params_out) if params_out else None, hooks=(HOOK,), options=options,
     )
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _run_in_torchrun(config, as_json)

@@ -45,7 +45,7 @@ from planner.runtime.timing import RankTimer, gather_round, instrument_stage, ti
 from planner.runtime.training import make_optimizer
 from planner.runtime.worker import RankRun, RoundEnd, RunConfig, RunHooks
 
-__all__ = ["HOOK", "OPTIONS", "DynamicHooks", "make_hooks"]
+__all__ = ["HOOK", "OPTIONS", "DynamicHooks", "make_hooks", "run_options"]
 
 HOOK = "planner.runtime.dynamic:make_hooks"
 OPTIONS: Mapping[str, Any] = {
@@ -66,6 +66,36 @@ OPTIONS: Mapping[str, Any] = {
 }
 
 log = logging.getLogger(__name__)
+
+
+def run_options(**given: Any) -> dict[str, Any]:
+    """Validate ``plan run``'s rebalancing, checkpoint and logging options (before any rank starts).
+
+    Keys as in ``OPTIONS``; ``None`` values take the default. Raises ``UsageError`` naming the option.
+    """
+    from planner.errors import UsageError
+    from planner.formats.jsonio import check_writable
+
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    options = {**OPTIONS, **{k: v for k, v in given.items() if v is not None}}
+    parse_slowdowns(options["emulate_slowdown"])
+    RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
+                    patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
+    if int(options["checkpoint_every"]) < 0:
+        raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")
+    if int(options["checkpoint_every"]) > 0 and not options["checkpoint_dir"]:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+    for key, what in (("log", "round log"), ("output", "final plan")):
+        if options[key]:
+            check_writable(options[key], what)
+            options[key] = str(options[key])
+    if options["checkpoint_dir"]:
+        options["checkpoint_dir"] = str(options["checkpoint_dir"])
+    if isinstance(options["emulate_slowdown"], (list, tuple)):
+        options["emulate_slowdown"] = ",".join(options["emulate_slowdown"]) or None
+    return options
 
 
 def make_hooks(config: RunConfig) -> "DynamicHooks":
