@@ -58,8 +58,8 @@ def run_cmd(
     emulate_slowdown: Annotated[Optional[list[str]], typer.Option("--emulate-slowdown", help="RANK=FACTOR: that "
                                 "rank sleeps (FACTOR-1)x its compute (testing aid; repeatable).",
                                 show_default=False)] = None,
-    log: Annotated[Optional[Path], typer.Option("--log", help="Append one JSON line per round to this file.",
-                   show_default=False)] = None,
+    log: Annotated[Optional[str], typer.Option("--log", help="Append one JSON line per round to this file "
+                   "('-': stdout).", show_default=False)] = None,
     live: Annotated[bool, typer.Option("--live", help="Show the rounds in a live table on stderr.")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the final plan (after "
                       "rebalancing) here.", show_default=False)] = None,
@@ -93,7 +93,7 @@ def run_cmd(
 
     _check_counts(steps, round_steps, max_restarts, timeout_s)
     options = run_options(rebalance=rebalance, threshold=threshold, patience=patience,
-                          emulate_slowdown=emulate_slowdown, log=log, json=as_json, live=live, output=output,
+                          emulate_slowdown=emulate_slowdown, log=log, live=live, output=output,
                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     config = RunConfig(
         plan=str(plan), model=model, steps=steps, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr,

@@ -56,8 +56,8 @@ OPTIONS: Mapping[str, Any] = {
     "min_improvement": 0.02,      # adopt a new plan only if predicted this much faster
     "replan_method": None,        # placer for re-plans (default: the plan's method)
     "emulate_slowdown": None,     # "RANK=FACTOR[,RANK=FACTOR]" (testing aid)
-    "log": None,                  # JSONL round log (rank 0, appended)
-    "json": False,                # round records on stdout too
+    "log": None,                  # JSONL round log (rank 0, appended); "-" = stdout
+    "json": False,                # round records on stdout (set by --log -)
     "live": False,                # live rich table on stderr
     "checkpoint_dir": None,       # per-rank checkpoint files + meta.json
     "checkpoint_every": 0,        # steps between checkpoints (0: none)
@@ -87,6 +87,8 @@ def run_options(**given: Any) -> dict[str, Any]:
         raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")
     if int(options["checkpoint_every"]) > 0 and not options["checkpoint_dir"]:
         raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+    if options["log"] == "-":  # JSON lines on stdout instead of a file
+        options["log"], options["json"] = None, True
     for key, what in (("log", "round log"), ("output", "final plan")):
         if options[key]:
             check_writable(options[key], what)
