@@ -197,3 +197,22 @@ def test_round_records_and_the_live_table(tmp_path) -> None:
     assert round_table(lines).row_count == 2
     with pytest.raises(PlannerError, match="round log"):
         RoundLog(tmp_path / "missing" / "x.jsonl")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--emulate-slowdown", "1"], "RANK=FACTOR"),
+    (["--emulate-slowdown", "1=0.5"], "factor >= 1"),
+    (["--rebalance-threshold", "-1"], "threshold"),
+    (["--patience", "0"], "patience"),
+    (["--checkpoint-every", "5"], "--checkpoint-dir"),
+    (["--log", "/no/such/dir/rounds.jsonl"], "does not exist"),
+])
+def test_plan_run_refuses_bad_rebalancing_options_in_one_line(tmp_path, args: list, message: str) -> None:
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "plan.json"), "planner.examples.gpt:gpt_tiny", *args])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
