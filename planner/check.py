@@ -76,40 +76,44 @@ class CheckResult:
                 "regressions": [m.name for m in self.regressions], "notes": list(self.notes)}
 
 
-def parse_tolerance(text: str) -> float:
-    """``"2%"`` or ``"0.02"`` -> 0.02. A bare number above 1 is ambiguous and refused."""
+def parse_tolerance(text: str, option: str = "--tolerance") -> float:
+    """``"2%"`` or ``"0.02"`` -> 0.02. A bare number above 1 is ambiguous and refused (``option`` names it)."""
     raw = text.strip()
     percent = raw.endswith("%")
     try:
         value = float(raw[:-1] if percent else raw)
     except ValueError:
-        raise UsageError(f"--tolerance must be a percentage such as 2% or a fraction such as 0.02, found {text!r}") from None
+        raise UsageError(f"{option} must be a percentage such as 2% or a fraction such as 0.02, found {text!r}") from None
     if percent:
         value /= 100.0
     elif value > 1:
-        raise UsageError(f"--tolerance {text!r} is ambiguous; write {raw}% for a percentage or a fraction at most 1 such as 0.02")
+        raise UsageError(f"{option} {text!r} is ambiguous; write {raw}% for a percentage or a fraction at most 1 such as 0.02")
     if not value >= 0 or value == float("inf"):
-        raise UsageError(f"--tolerance must be a non-negative finite value such as 2% or 0.02, found {text!r}")
+        raise UsageError(f"{option} must be a non-negative finite value such as 2% or 0.02, found {text!r}")
     return value
 
 
-def compare(plan: Plan, baseline: Plan, tolerance: float) -> tuple[Metric, ...]:
-    """Step time and peak memory of ``plan`` against ``baseline`` (both as the plans predict them)."""
+def compare(plan: Plan, baseline: Plan, tolerance: float, memory_tolerance: float | None = None) -> tuple[Metric, ...]:
+    """Step time and peak memory of ``plan`` against ``baseline`` (both as the plans predict them).
+
+    Peak memory is allowed ``memory_tolerance`` growth (default: ``tolerance``).
+    """
     metrics = [Metric("step_time_s", "s", baseline.step_time_s, plan.step_time_s, tolerance)]
+    memory_tolerance = tolerance if memory_tolerance is None else memory_tolerance
     base_mem, mem = peak_memory_bytes(baseline), peak_memory_bytes(plan)
     if base_mem is not None and mem is not None:
-        metrics.append(Metric("peak_memory_bytes", "B", float(base_mem), float(mem), tolerance))
+        metrics.append(Metric("peak_memory_bytes", "B", float(base_mem), float(mem), memory_tolerance))
     return tuple(metrics)
 
 
 def check_plan(plan: Plan, profile: Profile, cluster: Cluster, *, name: str = "plan",
                baseline: Plan | None = None, baseline_name: str | None = None,
-               tolerance: float = DEFAULT_TOLERANCE) -> CheckResult:
+               tolerance: float = DEFAULT_TOLERANCE, memory_tolerance: float | None = None) -> CheckResult:
     """Validate ``plan`` against ``profile`` and ``cluster``; compare with ``baseline`` when given."""
     from planner.partition.validate import validate_plan
 
     problems = tuple(validate_plan(plan, profile, cluster))
-    metrics = compare(plan, baseline, tolerance) if baseline is not None else ()
+    metrics = compare(plan, baseline, tolerance, memory_tolerance) if baseline is not None else ()
     notes = [] if baseline is None else _baseline_notes(plan, baseline)
     return CheckResult(plan=name, problems=problems, metrics=metrics, baseline=baseline_name, notes=tuple(notes))
 
@@ -129,7 +133,7 @@ def _baseline_notes(plan: Plan, baseline: Plan) -> list[str]:
 
 def check_files(plan_path: str | Path, *, baseline_path: str | Path | None = None,
                 profile_path: str | Path | None = None, cluster_spec: str | None = None,
-                tolerance: float = DEFAULT_TOLERANCE) -> CheckResult:
+                tolerance: float = DEFAULT_TOLERANCE, memory_tolerance: float | None = None) -> CheckResult:
     """Load the plan, its profile (``profile.path`` in the plan unless given), its cluster (embedded
     unless given: a path or a bundled name) and the baseline, then ``check_plan``."""
     plan = load_plan(plan_path)
@@ -138,7 +142,8 @@ def check_files(plan_path: str | Path, *, baseline_path: str | Path | None = Non
     cluster = load_cluster_spec(cluster_spec) if cluster_spec is not None else embedded_cluster(plan, str(plan_path))
     baseline = load_plan(baseline_path) if baseline_path is not None else None
     result = check_plan(plan, profile, cluster, name=str(plan_path), baseline=baseline,
-                        baseline_name=None if baseline_path is None else str(baseline_path), tolerance=tolerance)
+                        baseline_name=None if baseline_path is None else str(baseline_path), tolerance=tolerance,
+                        memory_tolerance=memory_tolerance)
     note = _profile_digest_note(plan, profile_file)
     return result if note is None else CheckResult(result.plan, result.problems, result.metrics, result.baseline,
                                                    result.notes + (note,))

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Re-plan the bundled models from the committed profiles and compare every new plan with its golden
 # plan (tests/golden/plans): fails when a plan is invalid or its predicted step time or peak memory
-# grew by more than the tolerance (GOLDEN_TOLERANCE, default 2%). Deterministic: profiles are
+# grew by more than the tolerance (GOLDEN_TOLERANCE, default 2%; peak memory: GOLDEN_MEMORY_TOLERANCE,
+# default the same). Deterministic: profiles are
 # committed inputs, every placer is deterministic. Usage: scripts/check_golden.sh [CASE_NAME ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_plan.sh
 tolerance=${GOLDEN_TOLERANCE:-2%}
+memory_tolerance=${GOLDEN_MEMORY_TOLERANCE:-$tolerance}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=()
@@ -23,7 +25,7 @@ while read -r name profile cluster method schedule microbatches rest; do
     failed+=("$name (partition failed)")
     continue
   fi
-  if ! plan check "$new" --baseline "$golden" --tolerance "$tolerance"; then
+  if ! plan check "$new" --baseline "$golden" --tolerance "$tolerance" --memory-tolerance "$memory_tolerance"; then
     failed+=("$name")
   fi
 done < <(golden_cases)
@@ -36,4 +38,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "If the change is intended, run scripts/update_golden.sh and commit tests/golden/plans." >&2
   exit 1
 fi
-echo "check_golden: all $count golden plans hold (tolerance $tolerance)"
+echo "check_golden: all $count golden plans hold (tolerance $tolerance, memory $memory_tolerance)"

@@ -64,6 +64,8 @@ def test_more_peak_memory_is_a_regression() -> None:
     metrics = {m.name: m for m in compare(lopsided, balanced, 0.02)}
     assert metrics["peak_memory_bytes"].regressed
     assert metrics["step_time_s"].regressed
+    relaxed = {m.name: m for m in compare(lopsided, balanced, 0.02, memory_tolerance=10.0)}
+    assert not relaxed["peak_memory_bytes"].regressed and relaxed["step_time_s"].regressed
 
 
 def test_a_dropped_node_is_caught(tmp_path: Path) -> None:

@@ -243,11 +243,12 @@ def test_check_plan_that_does_not_match_its_profile(case, tmp_path: Path) -> Non
     assert code == 1 and "not_a_node" in stdout and "FAIL" in stdout
 
 
+@pytest.mark.parametrize("option", ["--tolerance", "--memory-tolerance"])
 @pytest.mark.parametrize("tolerance", ["abc", "-2%", "5"])
-def test_check_bad_tolerance_is_a_usage_error(case, tolerance: str) -> None:  # noqa: ANN001
-    code, _, stderr = run("check", case.plan_path, "--tolerance", tolerance)
+def test_check_bad_tolerance_is_a_usage_error(case, option: str, tolerance: str) -> None:  # noqa: ANN001
+    code, _, stderr = run("check", case.plan_path, option, tolerance)
     assert code == 2
-    assert "--tolerance" in one_error_line(stderr)
+    assert option in one_error_line(stderr)
 
 
 def test_check_missing_baseline_file(case, tmp_path: Path) -> None:  # noqa: ANN001

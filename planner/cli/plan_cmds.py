@@ -117,6 +117,8 @@ def check_cmd(
                        "(default: the cluster embedded in the plan).", show_default=False)] = None,
     tolerance: Annotated[str, typer.Option("--tolerance", "-t", help="Allowed growth over the baseline: "
                                            "a percentage (2%) or a fraction (0.02).")] = "2%",
+    memory_tolerance: Annotated[Optional[str], typer.Option("--memory-tolerance", help="Allowed growth of peak "
+                                "memory (default: --tolerance).", show_default=False)] = None,
     as_json: _JSON = False,
 ) -> None:
     """Validate a plan and compare it with a baseline; for CI.
@@ -135,7 +137,9 @@ def check_cmd(
     from planner.check import check_files, parse_tolerance
 
     result = check_files(plan, baseline_path=baseline, profile_path=profile, cluster_spec=cluster,
-                         tolerance=parse_tolerance(tolerance))
+                         tolerance=parse_tolerance(tolerance),
+                         memory_tolerance=None if memory_tolerance is None
+                         else parse_tolerance(memory_tolerance, "--memory-tolerance"))
     if as_json:
         emit_json(result.to_dict())
     else:
