@@ -37,6 +37,8 @@ from planner.partition.problem import Partition, Problem, StageSpec
 
 BISECTION_STEPS = 40
 """Upper bound on bisection steps over ``T``; it also stops once ``T`` is known to 1e-4 relative."""
+LADDER, LADDER_STEP = 8, 0.02
+"""Extra fills at 2%, 4%, ... 16% above the smallest feasible period found."""
 MAX_SIMULATED = 8
 """How many distinct candidate cut sets the simulator judges at most."""
 SIMULATE_WITHIN = 1.25
@@ -56,8 +58,11 @@ class _Device:
     memory_bytes: int
     unsupported: Sequence[int]
     """Sorted indices of blocks this device's type has no (finite) time for: it cannot run them."""
+    order: int
+    """Position in the cluster file: ties go to the earlier device."""
     kind: tuple[Any, ...]
-    """Devices of one kind are interchangeable for the fill (same type, speed, share, memory and links)."""
+    """Devices of one kind on one host are interchangeable for the fill (same type, speed, share, memory)."""
+    host: str
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,15 @@ def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
     total = sum(raw)
     by_type: dict[str, tuple[list[float], list[int]]] = {}
     devices = []
-    for device, weight in zip(problem.cluster.devices, raw):
+    for order, (device, weight) in enumerate(zip(problem.cluster.devices, raw)):
         if device.type not in by_type:
             by_type[device.type] = _work_prefix([sum(block.time_s[device.type]) for block in problem.blocks])
         prefix, unsupported = by_type[device.type]
         share, speed = weight * len(ids) / total, tables.speed[device.id]
         # Without per-pair links, a device's links are fixed by its host; with them, every device is its own kind.
-        kind = (device.id,) if problem.cluster.pairs else (device.type, speed, share, device.memory_bytes, device.host)
-        devices.append(_Device(device.id, prefix, speed, share, device.memory_bytes, unsupported, kind))
+        kind = (device.id,) if problem.cluster.pairs else (device.type, speed, share, device.memory_bytes)
+        devices.append(_Device(device.id, prefix, speed, share, device.memory_bytes, unsupported, order, kind,
+                               device.host))
     return _Context(problem, tuple(devices), tables.param_prefix, tables.saved_prefix,
                     tables.static_per_param_byte, len(ids))
 
@@ -136,44 +142,76 @@ def _fewer_assumed_stages(ctx: _Context) -> _Context | None:
 def _fill(ctx: _Context, period_s: float) -> Partition | None:
     """Walk the blocks once at period ``period_s``; ``None`` when the devices run out first."""
     n = len(ctx.problem.blocks)
-    unused = _Pools(ctx.devices)
+    unused = _Pools(ctx.devices, by_host=not ctx.problem.cluster.pairs)
     stages: list[StageSpec] = []
     start, previous = 0, None
     while start < n:
         if len(stages) == ctx.assumed_stages:
             return None
         stage_index = len(stages)
-        choice = _earliest_finish(ctx, unused.candidates(), start, previous, period_s, stage_index)
+        choice = _earliest_finish(ctx, unused.candidates(previous), start, previous, period_s, stage_index)
         if choice is None:
             return None
         unused.take(choice)
-        inbound = _inbound_s(ctx, previous, choice.id, start)
-        outbound = _outbound_link(ctx, choice.id, unused.candidates())
+        inbound = _inbound_s(ctx, previous.id if previous else None, choice.id, start)
+        outbound = unused.outbound_link(ctx, choice)
         stop = _extend(ctx, choice, start, period_s * choice.share, inbound, outbound, stage_index)
         stages.append(StageSpec(start, stop, choice.id))
-        start, previous = stop, choice.id
+        start, previous = stop, choice
     return tuple(stages)
 
 
 class _Pools:
-    """Unused devices grouped by kind; only the first unused device of each kind needs evaluating.
+    """Unused devices grouped by kind and host; only a few of them need evaluating for each stage.
 
-    Interchangeable devices give the same finish time, and ties go to the earlier device in the
-    cluster's order, which is the first of its kind; so this picks what a scan of all devices would.
+    Without per-pair links, a device's links to the previous stage's device are the intra-host link
+    (same host) or the inter-host link (any other host). Devices of one kind then differ only in that,
+    so per kind two candidates suffice: the first unused one on the previous device's host and the
+    first unused one on another host (in the cluster's order of hosts). Equal finish times go to the
+    device listed first among equals, so the fill is deterministic.
     """
 
-    def __init__(self, devices: Sequence[_Device]) -> None:
-        self._pools: dict[tuple[Any, ...], deque[_Device]] = {}
+    def __init__(self, devices: Sequence[_Device], *, by_host: bool) -> None:
+        self._by_host = by_host
+        self._pools: dict[tuple[Any, ...], dict[str, deque[_Device]]] = {}
+        self._left_on_host: dict[str, int] = {}
         for device in devices:
-            self._pools.setdefault(device.kind, deque()).append(device)
+            self._pools.setdefault(device.kind, {}).setdefault(device.host, deque()).append(device)
+            self._left_on_host[device.host] = self._left_on_host.get(device.host, 0) + 1
+        self._left = len(devices)
 
-    def candidates(self) -> list[_Device]:
-        return [pool[0] for pool in self._pools.values() if pool]
+    def candidates(self, previous: _Device | None) -> list[_Device]:
+        out = []
+        for hosts in self._pools.values():
+            same = hosts.get(previous.host) if previous is not None and self._by_host else None
+            if same:
+                out.append(same[0])
+            for host, pool in hosts.items():
+                if pool and pool is not same:
+                    out.append(pool[0])
+                    if self._by_host:
+                        break
+        return out
 
     def take(self, device: _Device) -> None:
-        pool = self._pools[device.kind]
+        pool = self._pools[device.kind][device.host]
         assert pool[0] is device
         pool.popleft()
+        self._left_on_host[device.host] -= 1
+        self._left -= 1
+
+    def outbound_link(self, ctx: _Context, device: _Device) -> Link | None:
+        """The fastest link from ``device`` to a device still unused: where the next stage will most likely go."""
+        if not self._left:
+            return None
+        cluster = ctx.problem.cluster
+        if self._by_host:
+            intra = self._left_on_host[device.host] > 0
+            inter = self._left > self._left_on_host[device.host]
+            links = ([cluster.intra_host] if intra else []) + ([cluster.inter_host] if inter else [])
+        else:
+            links = [ctx.problem.tables.links[(device.id, other.id)] for other in self.candidates(None)]
+        return min(links, key=lambda link: (1 / link.bandwidth_Bps, link.latency_s))
 
 
 def _inbound_s(ctx: _Context, previous: str | None, device: str, start: int) -> float:
@@ -185,12 +223,6 @@ def _inbound_s(ctx: _Context, previous: str | None, device: str, start: int) -> 
             + transfer_s(problem.tables, device, previous, problem.cut_bwd_bytes[start - 1]))
 
 
-def _outbound_link(ctx: _Context, device: str, unused: Sequence[_Device]) -> Link | None:
-    """The fastest link from ``device`` to a device still unused: where the next stage will most likely go."""
-    links = [ctx.problem.tables.links[(device, other.id)] for other in unused]
-    return min(links, key=lambda link: (1 / link.bandwidth_Bps, link.latency_s), default=None)
-
-
 def _outbound_s(ctx: _Context, link: Link | None, stop: int) -> float:
     """Seconds per micro-batch to send the cut after block ``stop - 1`` onwards and take its gradients back."""
     if link is None or stop >= len(ctx.problem.blocks):
@@ -199,7 +231,7 @@ def _outbound_s(ctx: _Context, link: Link | None, stop: int) -> float:
     return link.transfer_s(problem.cut_fwd_bytes[stop - 1]) + link.transfer_s(problem.cut_bwd_bytes[stop - 1])
 
 
-def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previous: str | None,
+def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previous: _Device | None,
                      period_s: float, stage_index: int) -> _Device | None:
     """S2: among unused devices that implement ``block`` and can hold it, the one where it finishes first.
 
@@ -207,17 +239,21 @@ def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previ
     compute time there (an unused device has nothing queued), free ops folded into the next costly
     one (``_first_costly``). Ties keep the earlier device.
     """
-    cut_bytes = ctx.problem.cut_fwd_bytes[block - 1] if block > 0 else 0
+    problem = ctx.problem
+    links = problem.tables.links
+    fwd_bytes = problem.cut_fwd_bytes[block - 1] if previous is not None else 0
+    bwd_bytes = problem.cut_bwd_bytes[block - 1] if previous is not None else 0
+    need_bytes = _memory_bytes(ctx, block, block + 1, _inflight(ctx, stage_index))  # the same on every device
     best, best_finish = None, math.inf
     for device in unused:
-        compute = _work(device, block, block + 1)
-        if compute + _inbound_s(ctx, previous, device.id, block) > period_s * device.share:
+        if need_bytes > device.memory_bytes or _blocked(device, block, block + 1):
             continue
-        if _blocked(device, block, block + 1) or not _fits(ctx, device, block, block + 1, stage_index):
+        arrival = links[(previous.id, device.id)].transfer_s(fwd_bytes) if previous is not None else 0.0
+        back = links[(device.id, previous.id)].transfer_s(bwd_bytes) if previous is not None else 0.0
+        if _work(device, block, block + 1) + arrival + back > period_s * device.share:
             continue
-        arrival = transfer_s(ctx.problem.tables, previous, device.id, cut_bytes) if previous else 0.0
         finish = arrival + _work(device, block, _first_costly(device, block) + 1)
-        if finish < best_finish:
+        if finish < best_finish or (finish == best_finish and best is not None and device.order < best.order):
             best, best_finish = device, finish
     return best
 
@@ -259,25 +295,29 @@ def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, inbou
 
 def _memory_stop(ctx: _Context, device: _Device, start: int, stop: int, stage_index: int) -> int:
     """Largest ``k`` in ``(start, stop]`` with blocks ``[start, k)`` in memory (bisection; memory grows with k)."""
+    inflight = _inflight(ctx, stage_index)
     lo, hi = start + 1, stop
-    if _fits(ctx, device, start, hi, stage_index):
+    if _memory_bytes(ctx, start, hi, inflight) <= device.memory_bytes:
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _fits(ctx, device, start, mid, stage_index):
+        if _memory_bytes(ctx, start, mid, inflight) <= device.memory_bytes:
             lo = mid
         else:
             hi = mid
     return lo
 
 
-def _fits(ctx: _Context, device: _Device, start: int, stop: int, stage_index: int) -> bool:
-    """Static bytes + saved activations x micro-batches in flight at this position (cost model's rule)."""
+def _inflight(ctx: _Context, stage_index: int) -> int:
+    """Micro-batches whose activations the stage at ``stage_index`` holds at its peak (cost model's rule)."""
     problem = ctx.problem
-    inflight = inflight_microbatches(problem.schedule, stage_index, ctx.assumed_stages, problem.microbatches)
+    return inflight_microbatches(problem.schedule, stage_index, ctx.assumed_stages, problem.microbatches)
+
+
+def _memory_bytes(ctx: _Context, start: int, stop: int, inflight: int) -> int:
+    """Static bytes + saved activations x micro-batches in flight of blocks ``[start, stop)``."""
     static = (ctx.param_prefix[stop] - ctx.param_prefix[start]) * ctx.static_per_param_byte
-    activations = (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight
-    return static + activations <= device.memory_bytes
+    return static + (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight
 
 
 def _work(device: _Device, start: int, stop: int) -> float:
@@ -298,15 +338,26 @@ def _bottleneck(ctx: _Context, partition: Partition) -> float:
 
 
 def _lower_bound(ctx: _Context) -> float:
-    """No period is shorter than total work at every device's full share in parallel (types' best case)."""
-    total = sum(d.share / (_work(d, 0, len(d.work_prefix) - 1) or math.inf) for d in ctx.devices)
-    return 1.0 / total if total > 0 else 0.0
+    """A period no fill can beat: every block at its fastest, spread over all shares (they sum to n).
+
+    Each block runs somewhere, so the devices' loads add up to at least the sum of per-block minimum
+    times, and device ``d`` carries at most ``T * share_d``.
+    """
+    kinds = list({(id(d.work_prefix), d.speed): d for d in ctx.devices}.values())
+    fastest = sum(min(_work(d, b, b + 1) for d in kinds) for b in range(len(ctx.problem.blocks)))
+    return fastest / sum(d.share for d in ctx.devices)
 
 
 def _bisect(ctx: _Context, widest: Partition) -> list[tuple[float, Partition]]:
-    """Bisect ``T``; return every distinct feasible cut set met, with its bottleneck, in discovery order."""
+    """Bisect ``T``, then fill on a ladder just above the smallest feasible ``T`` found.
+
+    Returns every distinct feasible cut set met, with its bottleneck, in discovery order. The ladder
+    (``T* x (1 + k LADDER_STEP)``) makes the candidates depend on ``T*`` rather than on the bisection's
+    path, and offers the simulator slightly looser cut sets, which can pipeline better.
+    """
     seen: dict[Partition, float] = {widest: _bottleneck(ctx, widest)}
     lo, hi = _lower_bound(ctx), seen[widest]
+    smallest = math.inf
     for _ in range(BISECTION_STEPS):
         if hi - lo <= 1e-4 * hi:
             break
@@ -315,8 +366,13 @@ def _bisect(ctx: _Context, widest: Partition) -> list[tuple[float, Partition]]:
         if found is None:
             lo = mid
             continue
+        smallest = mid
         seen.setdefault(found, _bottleneck(ctx, found))
         hi = min(mid, seen[found])
+    for k in range(1, LADDER + 1) if math.isfinite(smallest) else ():
+        found = _fill(ctx, smallest * (1 + k * LADDER_STEP))
+        if found is not None:
+            seen.setdefault(found, _bottleneck(ctx, found))
     return [(bottleneck, partition) for partition, bottleneck in seen.items()]
 
 
