@@ -15,17 +15,18 @@ meaningful (docs/placers.md has the full mapping):
    to the unused device where it finishes earliest: input transfer over the actual link plus its
    compute time there. Stage extension bisects the cost model's prefix sums (O(log n) per stage).
 
-``T`` is bisected between a lower bound and the period of the memory-only fill; every distinct
-feasible cut set met on the way is simulated and the one with the smallest simulated step time
-wins (ties: smaller bottleneck, then the order found). Deterministic: devices are tried in the
-cluster file's order and ties keep the earlier device.
+A stage's load also counts the transfers at both of its cuts, so cuts avoid large activations.
+``T`` is bisected between a lower bound and the period of the memory-only fill, then tried on a
+ladder just above the smallest feasible value; the promising distinct cut sets are simulated and
+the smallest simulated step time wins (ties: smaller bottleneck, then the order found).
+Deterministic: equal finish times go to the device listed first in the cluster file.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from bisect import bisect_left, bisect_right
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
