@@ -96,3 +96,25 @@ def test_infeasible_everywhere_is_reported_for_every_method() -> None:
     for method in methods.names():
         with pytest.raises(InfeasibleError, match="largest device"):
             partition(profile, load_cluster_spec("cpu-2"), method=method, microbatches=2, schedule="1f1b")
+
+
+def test_registry_lists_and_registers_methods() -> None:
+    from planner.partition.methods import METHODS, get, register, takes_weights
+    from planner.partition.problem import StageSpec
+
+    assert {"greedy", "uniform", "params", "time-balance"} <= set(METHODS)
+    assert takes_weights("greedy") and not takes_weights("uniform")
+    assert METHODS["greedy"] is get("greedy").fn
+
+    def everything_on_the_last_device(problem, *, weights, **options):  # type: ignore[no-untyped-def]
+        return (StageSpec(0, len(problem.blocks), problem.cluster.device_ids[-1]),)
+
+    register("test-last-device", everything_on_the_last_device)
+    try:
+        plan = partition(synthetic(7, 0), load_cluster_spec("cpu-2"), method="test-last-device", microbatches=2,
+                         schedule="1f1b")
+        assert [s.device for s in plan.stages] == ["cpu1"] and "weights" not in plan.extra
+    finally:
+        from planner.partition import methods as registry
+
+        registry._registry.pop("test-last-device")
