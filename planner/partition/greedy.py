@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
@@ -42,6 +42,8 @@ LADDER, LADDER_STEP = 8, 0.02
 """Extra fills at 2%, 4%, ... 16% above the smallest feasible period found."""
 MAX_SIMULATED = 8
 """How many distinct candidate cut sets the simulator judges at most."""
+CUT_SLACKS = (0.0, 0.1)
+"""Searches run with each: a stage may give up this fraction of its compute to end at a cheaper cut."""
 SIMULATE_WITHIN = 1.25
 """Only candidates whose quick estimate is within this factor of the best estimate are simulated."""
 
@@ -75,6 +77,8 @@ class _Context:
     static_per_param_byte: int
     assumed_stages: int
     """Stage count used for the 1F1B in-flight count (an upper bound on the stages the fill makes)."""
+    cut_slack: float = 0.0
+    """A stage may give up this fraction of its compute to end at a cheaper cut (``_cheapest_cut_nearby``)."""
 
 
 def place(problem: Problem, *, weights: Mapping[str, float] | None = None, **options: Any) -> Partition:
@@ -90,8 +94,11 @@ def place(problem: Problem, *, weights: Mapping[str, float] | None = None, **opt
         reason = infeasible_reason(problem)
         raise InfeasibleError(reason or _no_fit_message(problem))
     assert ctx is not None
-    candidates = _bisect(ctx, widest)
-    return _best_by_simulation(ctx, candidates)
+    candidates: dict[Partition, float] = {}
+    for slack in CUT_SLACKS:
+        for bottleneck, found in _bisect(replace(ctx, cut_slack=slack), widest):
+            candidates.setdefault(found, bottleneck)
+    return _best_by_simulation(ctx, [(bottleneck, found) for found, bottleneck in candidates.items()])
 
 
 def _context(problem: Problem, weights: Mapping[str, float]) -> _Context:
@@ -291,7 +298,20 @@ def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, inbou
     stop = _memory_stop(ctx, device, start, stop, stage_index)
     while stop > start + 1 and _work(device, start, stop) + _outbound_s(ctx, outbound, stop) > budget:
         stop -= 1
-    return stop
+    return _cheapest_cut_nearby(ctx, device, start, stop, outbound)
+
+
+def _cheapest_cut_nearby(ctx: _Context, device: _Device, start: int, stop: int, outbound: Link | None) -> int:
+    """Among stops keeping at least ``1 - cut_slack`` of the stage's compute, the one with the cheapest cut.
+
+    The next stage pays the same cut again on its way in, which the furthest stop does not see.
+    """
+    if ctx.cut_slack <= 0 or outbound is None or stop >= len(ctx.problem.blocks):
+        return stop
+    prefix = device.work_prefix
+    floor = prefix[start] + (1 - ctx.cut_slack) * (prefix[stop] - prefix[start])
+    first = max(bisect_left(prefix, floor), start + 1)
+    return min(range(first, stop + 1), key=lambda k: (_outbound_s(ctx, outbound, k), -k))
 
 
 def _memory_stop(ctx: _Context, device: _Device, start: int, stop: int, stage_index: int) -> int:
