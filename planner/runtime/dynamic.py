@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,7 +33,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from planner.errors import DistributedError
+from planner.errors import DistributedError, PlannerError
 from planner.formats.cluster import cluster_from_dict
 from planner.formats.plan import Plan, plan_from_dict, save_plan
 from planner.runtime import checkpoint as ckpt
@@ -129,7 +130,7 @@ class DynamicHooks(RunHooks):
         self._p2p = timed_p2p(self.timer)
         self._p2p.__enter__()
         self.state = initial_state(self.ranks, run.plan.extra.get("weights"))
-        self.model = RoundModel.build(run.prepared.profile, cluster_from_dict(dict(run.plan.extra["cluster"])), run.plan)
+        self.model, self.no_model = self._round_model(run)
         self.method = self.opt["replan_method"] or run.plan.method
         self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \
             if run.rank == 0 else None
@@ -137,6 +138,17 @@ class DynamicHooks(RunHooks):
             self.log.__enter__()
         if self.opt["checkpoint_dir"]:
             self._resume(run)
+
+    @staticmethod
+    def _round_model(run: RankRun) -> tuple[RoundModel | None, str]:
+        """The cost model for re-plans: the plan's profile and the cluster embedded in the plan."""
+        raw = run.plan.extra.get("cluster")
+        if not isinstance(raw, Mapping):
+            return None, "the plan embeds no cluster (plan partition writes one): rounds measured, no re-plan"
+        try:
+            return RoundModel.build(run.prepared.profile, cluster_from_dict(dict(raw), "the plan's cluster"), run.plan), ""
+        except PlannerError as exc:
+            return None, f"cannot re-plan ({exc}): rounds measured, no re-plan"
 
     def on_end(self, run: RankRun) -> None:
         self._p2p.__exit__(None, None, None)
@@ -187,10 +199,16 @@ class DynamicHooks(RunHooks):
 
     def _decide(self, run: RankRun, stats: Any) -> dict[str, Any]:
         """Rank 0: S5 judgement, and a re-plan when unbalanced."""
-        predicted = self.model.predicted_compute_s(run.plan, stats.steps)
         result = {"plan": None, "imbalance": 0.0, "balanced": True, "reason": "rebalancing off",
                   "state": self.state.to_dict(), "warm_up": self.warm_up}
+        if self.model is None:
+            result["reason"] = self.no_model
+            return result
+        predicted = self.model.predicted_compute_s(run.plan, stats.steps)
         if not self.opt["rebalance"]:
+            decision = decide(self.state, stats, predicted, replace(self.rebalance, threshold=float("inf")))
+            result.update(imbalance=decision.imbalance, balanced=decision.imbalance <= self.rebalance.threshold,
+                          state=decision.state.to_dict())
             return result
         if self.warm_up:
             result["reason"] = "warm-up round after the stages were built: measured, not judged"
