@@ -137,3 +137,23 @@ def test_microbatch_size_rescales_the_inputs():
     profile = profile_model("planner.examples.gpt:gpt_tiny", repeats=1, warmup=0, microbatch_size=3)
     assert profile.model["microbatch_size"] == 3
     assert profile.nodes[0].output_bytes == 3 * S * 8
+
+
+def test_timer_runs_setup_outside_every_call_and_never_returns_negative():
+    from planner.profile.timer import Timer
+
+    timer = Timer(torch.device("cpu"), repeats=3, warmup=2)
+    calls = []
+    elapsed = timer.time(lambda state: calls.append(state), lambda: len(calls))
+    assert calls == [0, 1, 2, 3, 4] and elapsed >= 0.0
+    with pytest.raises(ValueError):
+        Timer(torch.device("cpu"), repeats=0, warmup=0)
+
+
+def test_single_threaded_cpu_timing_uses_the_thread_clock(tiny):
+    from planner.profile.timer import default_clock
+
+    measurement = tiny.extra["measurement"]
+    assert measurement["threads"] == 1 and measurement["clock"] == "thread_cpu"
+    assert measurement["repeats"] == 2 and measurement["warmup"] == 1
+    assert default_clock(torch.device("cuda")) == "cuda_events"
