@@ -44,18 +44,32 @@ def unet_tiny():
     return UNet(widths=(8, 16)), (torch.randn(2, 3, 16, 16),)
 
 
-def write_case(tmp: Path, model: str, devices: list[str], schedule: str, microbatches: int,
-               cut_at: float = 0.5) -> Path:
-    """Profile ``model`` and write a 2-stage plan: the first ``cut_at`` of its ops, then the rest."""
-    profile = profile_model(model, repeats=1, warmup=0)
-    save_profile(profile, tmp / "profile.json")
-    names = [n.name for n in profile.nodes]
-    bounds = [0, round(len(names) * cut_at), len(names)]
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory) -> dict[str, Path]:
+    """One profile per model, shared by the cases (measuring takes a few seconds)."""
+    root = tmp_path_factory.mktemp("profiles")
+    paths = {}
+    for key, model in (("gpt", GPT), ("unet", UNET)):
+        paths[model] = root / f"{key}.json"
+        save_profile(profile_model(model, repeats=1, warmup=0), paths[model])
+    return paths
+
+
+def write_case(tmp: Path, profile_path: Path, devices: list[str], schedule: str, microbatches: int,
+               cut_at: float | None = None) -> Path:
+    """A plan over ``devices`` (ids of the bundled cpu-2 cluster) cutting the profile's ops in order:
+    equal parts, or ``cut_at`` for 2 stages."""
+    names = [n["name"] for n in json.loads(profile_path.read_text())["nodes"]]
+    parts = len(devices)
+    bounds = [len(names) * i // parts for i in range(parts + 1)]
+    if cut_at is not None:
+        bounds = [0, round(len(names) * cut_at), len(names)]
     plan = {
         "schema_version": 1, "method": "hand", "schedule": schedule, "microbatches": microbatches,
         "stages": [{"index": i, "device": d, "nodes": names[bounds[i]:bounds[i + 1]]} for i, d in enumerate(devices)],
         "predicted": {"step_time_s": 1.0, "devices": {}},
-        "profile": {"path": "profile.json", "model": model},
+        "profile": {"path": str(profile_path)},
+        "cluster": json.loads((ROOT / "profiles" / "clusters" / "cpu-2.json").read_text()),  # as partition embeds it
     }
     (tmp / "plan.json").write_text(json.dumps(plan))
     return tmp / "plan.json"
@@ -63,7 +77,7 @@ def write_case(tmp: Path, model: str, devices: list[str], schedule: str, microba
 
 def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tuple[str, ...] = ()) -> dict:
     args = [str(plan), model, "--steps", str(STEPS), "--round-steps", "2", "--json",
-            "--params-out", str(tmp / "params"), "--timeout-s", "60", *extra]
+            "--params-out", str(tmp / "params"), "--timeout-s", "60", "--no-rebalance", *extra]
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "planner.run", *args]
@@ -104,8 +118,8 @@ def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_gpt_with_tied_weights_split_across_ranks(tmp_path, schedule):
-    plan = write_case(tmp_path, GPT, ["cpu0", "cpu1"], schedule, microbatches=2)
+def test_gpt_with_tied_weights_split_across_ranks(tmp_path, profiles, schedule):
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], schedule, microbatches=2)
     stages = json.loads(plan.read_text())["stages"]
     first_params = [n for n in stages[0]["nodes"] if n.startswith("embedding")]
     assert first_params and stages[1]["nodes"][-1].startswith("linear")  # embedding first, tied head last
@@ -117,11 +131,11 @@ def test_gpt_with_tied_weights_split_across_ranks(tmp_path, schedule):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_gpt_with_adam(tmp_path):
+def test_gpt_with_adam(tmp_path, profiles):
     """Adam: losses and every parameter with a real gradient match. The attention's key bias does not
     change the output (softmax ignores a constant per query), so its true gradient is 0 and Adam turns
     ~1e-9 rounding noise into lr-sized steps of arbitrary sign; it is left out of the comparison."""
-    plan = write_case(tmp_path, GPT, ["cpu0", "cpu1"], "1f1b", microbatches=4)
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], "1f1b", microbatches=4)
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--optimizer", "adam"))
     assert summary["optimizer"] == "adam" and summary["microbatches"] == 4
     assert_parity(tmp_path, plan, GPT, summary, optimizer="adam", skip=("attn.qkv.bias",))
@@ -129,8 +143,8 @@ def test_gpt_with_adam(tmp_path):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_unet_with_long_skips(tmp_path, schedule):
-    plan = write_case(tmp_path, UNET, ["cpu0", "cpu1"], schedule, microbatches=2, cut_at=0.45)
+def test_unet_with_long_skips(tmp_path, profiles, schedule):
+    plan = write_case(tmp_path, profiles[UNET], ["cpu0", "cpu1"], schedule, microbatches=2, cut_at=0.45)
     # SGD: the conv biases before GroupNorm have a true gradient of 0, and Adam would turn the rounding
     # noise in it into lr-sized steps that differ between any two summation orders.
     summary = run_pipeline(tmp_path, plan, UNET, launcher="plan", extra=("--lr", "0.05"))
@@ -139,3 +153,13 @@ def test_unet_with_long_skips(tmp_path, schedule):
     stage_of = assign_nodes(prepared.captured, prepared.plan.assignment(), 2)
     second = split_graph(prepared.captured, prepared.module, stage_of, 2)[1]
     assert len(second.input_names) >= 2  # the bottleneck path and at least one long skip cross the cut
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_gpt_interleaved_two_stages_per_rank(tmp_path, profiles):
+    """Interleaved 1F1B: stages 0 and 2 on rank 0, 1 and 3 on rank 1; the tied weight is read by
+    stage 0 (rank 0) and stage 3 (rank 1)."""
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1", "cpu0", "cpu1"], "interleaved-1f1b", microbatches=4)
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
+    assert summary["schedule"] == "interleaved-1f1b" and summary["world_size"] == 2
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
