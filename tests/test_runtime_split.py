@@ -171,3 +171,23 @@ def test_reference_trainer_averages_micro_batches(gpt):
         assert result.losses[step] == pytest.approx(float(loss.detach()), rel=1e-5)
     for name, value in whole.named_parameters():
         torch.testing.assert_close(result.params[name], value.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_fx_captures_split_too():
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    captured = capture(module, (x,), tracer="fx")
+    stage_of = assign_nodes(captured, {op.name: (0 if i < 2 else 1) for i, op in enumerate(captured.ops)}, 2)
+    stages = split_graph(captured, module, stage_of, 2)
+    torch.testing.assert_close(_chain(stages, (x,)), module(x))
+    assert stages[0].param_names == ("0.bias", "0.weight") and stages[1].param_names == ("2.bias", "2.weight")
+
+
+def test_micro_batch_counts_the_schedules_cannot_run_are_refused():
+    plan = _plan(["a", "b", "c"], "1f1b")
+    with pytest.raises(PlanMismatchError, match="at least as many micro-batches"):
+        rank_of_stages(Plan("hand", "1f1b", 2, plan.stages, plan.predicted))
+    stages = _plan(["a", "b", "a", "b"], "interleaved-1f1b").stages
+    with pytest.raises(PlanMismatchError, match="multiple of 2"):
+        rank_of_stages(Plan("hand", "interleaved-1f1b", 5, stages, plan.predicted))
+    assert rank_of_stages(Plan("hand", "interleaved-1f1b", 6, stages, plan.predicted)) == (0, 1, 0, 1)

@@ -110,7 +110,21 @@ def rank_of_stages(plan: Plan) -> tuple[int, ...]:
     elif len(result) != world:
         raise PlanMismatchError(f"schedule {plan.schedule} runs one stage per device, but the plan puts "
                                 f"{len(result)} stages on {world} devices; re-partition or use interleaved-1f1b")
+    _check_microbatches(plan, world)
     return result
+
+
+def _check_microbatches(plan: Plan, world: int) -> None:
+    """The micro-batch counts torch's schedules accept (they raise ValueError otherwise)."""
+    m = plan.microbatches
+    if plan.schedule == "1f1b" and m < world:
+        raise PlanMismatchError(f"1f1b needs at least as many micro-batches as stages ({world}), the plan has "
+                                f"{m}; re-partition with --microbatches {world} or more, or use gpipe")
+    rounds = max(1, m // world)
+    if plan.schedule == "interleaved-1f1b" and m % rounds:
+        raise PlanMismatchError(f"interleaved-1f1b runs micro-batches in rounds of {m // rounds} on {world} "
+                                f"devices, so {m} must be a multiple of {rounds}; re-partition with "
+                                f"--microbatches {rounds * (m // rounds)} or {world * (rounds + 1)}")
 
 
 def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: int, device: torch.device,
