@@ -133,12 +133,12 @@ def _render(result: dict[str, Any], as_json: bool) -> None:
         emit_json({k: v for k, v in result.items() if k != "plan"})
         return
     losses = result["losses"]
-    console.print(
-        f"trained {result['steps']} steps on {result['world_size']} ranks ({result['backend']}): "
-        f"{result['schedule']}, {result['microbatches']} micro-batches of {result['microbatch_size']}, "
-        f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss")
+    console.print(f"trained {result['steps']} steps on {result['world_size']} ranks ({result['backend']}, "
+                  f"{result['schedule']}, {result['microbatches']} x {result['microbatch_size']} micro-batches)",
+                  soft_wrap=True)
     if losses:
-        console.print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f} in {result['wall_s']:.2f} s")
+        console.print(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
+                      f"{losses[-1]:.6f} in {result['wall_s']:.2f} s", soft_wrap=True)
 
 
 def _check_counts(steps: int, round_steps: int, max_restarts: int, timeout_s: float) -> None:
