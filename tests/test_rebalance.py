@@ -66,6 +66,8 @@ def test_speed_factors_are_measured_over_predicted() -> None:
     stats = _round({"a": 3.0, "b": 8.0}, wall_s=9.0)
     factors = speed_factors_from(stats, {"a": 2.0, "b": 4.0, "c": 1.0}, {"c": 1.7, "a": 9.0})
     assert factors == pytest.approx({"a": 1.5, "b": 2.0, "c": 1.7})
+    smoothed = speed_factors_from(stats, {"a": 2.0, "b": 4.0}, {"a": 2.5}, smoothing=0.5)
+    assert smoothed == pytest.approx({"a": 2.0, "b": 2.0})  # a: (1.5 + 2.5) / 2; b: first measurement
 
 
 def test_placer_weights_are_one_when_speed_factors_explain_the_weights() -> None:
@@ -106,7 +108,8 @@ def test_state_round_trips_through_a_dict() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"threshold": -1}, {"gain": 0}, {"gain": 1.5}, {"patience": 0},
-                                    {"min_improvement": -0.1}, {"max_step": 1.0}])
+                                    {"min_improvement": -0.1}, {"max_step": 1.0},
+                                    {"smoothing": 0}, {"smoothing": 1.5}])
 def test_bad_config_is_refused(kwargs: dict) -> None:
     with pytest.raises(PlannerError):
         RebalanceConfig(**kwargs)

@@ -54,7 +54,7 @@ OPTIONS: Mapping[str, Any] = {
     "threshold": 0.05,            # S5 balance threshold (fraction of the round)
     "patience": 3,                # S6 rounds without a plan change
     "gain": 1.0,                  # fraction of the wait-proportional weight move per round
-    "min_improvement": 0.02,      # adopt a new plan only if predicted this much faster
+    "min_improvement": 0.05,      # adopt a new plan only if predicted this much faster
     "replan_method": None,        # placer for re-plans (default: the plan's method)
     "emulate_slowdown": None,     # "RANK=FACTOR[,RANK=FACTOR]" (testing aid)
     "log": None,                  # JSONL round log (rank 0, appended); "-" = stdout

@@ -78,11 +78,15 @@ class RebalanceConfig:
     """Fraction of the wait-proportional weight move applied per round (1 = the full move)."""
     patience: int = 3
     """S6: stop rebalancing once the plan has not changed for this many consecutive rounds."""
-    min_improvement: float = 0.02
+    min_improvement: float = 0.05
     """Adopt a new plan only if it is predicted at least this fraction faster than the plan in force
     (both judged with the new speed factors); migrating for less is not worth it and breeds flapping."""
     max_step: float = 4.0
     """Bound on the factor by which one round may multiply a weight (guards against a bad round)."""
+    smoothing: float = 0.5
+    """Weight of the newest round in each speed factor (an exponential moving average over rounds);
+    1 trusts the last round alone. Speed is a property of the device, not of the plan, so the average
+    runs across plan changes and damps the noise of a shared machine."""
 
     def __post_init__(self) -> None:
         if not self.threshold >= 0:
@@ -92,9 +96,11 @@ class RebalanceConfig:
         if self.patience < 1:
             raise PlannerError(f"rebalance patience must be at least 1 round, found {self.patience!r}; try 3")
         if not self.min_improvement >= 0:
-            raise PlannerError(f"rebalance min_improvement must be >= 0, found {self.min_improvement!r}; try 0.02")
+            raise PlannerError(f"rebalance min_improvement must be >= 0, found {self.min_improvement!r}; try 0.05")
         if not self.max_step > 1:
             raise PlannerError(f"rebalance max_step must be > 1, found {self.max_step!r}; try 4")
+        if not 0 < self.smoothing <= 1:
+            raise PlannerError(f"rebalance smoothing must be in (0, 1], found {self.smoothing!r}; try 0.5")
 
 
 @dataclass(frozen=True)
@@ -202,17 +208,20 @@ def update_weights(weights: Mapping[str, float], stats: RoundStats, loads: Mappi
 
 
 def speed_factors_from(stats: RoundStats, predicted_compute_s: Mapping[str, float],
-                       previous: Mapping[str, float] | None = None) -> dict[str, float]:
+                       previous: Mapping[str, float] | None = None, smoothing: float = 1.0) -> dict[str, float]:
     """Per device: measured compute / the cost model's compute for the same work (unscaled).
 
     ``predicted_compute_s`` is what the profile predicts for the round's work on each device
-    without speed factors. Devices that held no work keep their previous factor (or none).
+    without speed factors. With a previous factor, the result is ``smoothing * new + (1 - smoothing)
+    * previous``. Devices that held no work keep their previous factor (or none).
     """
     out = dict(previous or {})
     for d in stats.devices:
         predicted = predicted_compute_s.get(d.device, 0.0)
         if predicted > 0 and d.compute_s > 0:
-            out[d.device] = d.compute_s / predicted
+            measured = d.compute_s / predicted
+            old = out.get(d.device)
+            out[d.device] = measured if old is None else smoothing * measured + (1.0 - smoothing) * old
     return dict(sorted(out.items()))
 
 
@@ -231,7 +240,7 @@ def decide(state: RebalanceState, stats: RoundStats, predicted_compute_s: Mappin
     """S4-S5 for one round: judge balance, update speed factors, and move weights when unbalanced."""
     gap = imbalance(stats)
     balanced = gap <= config.threshold
-    factors = speed_factors_from(stats, predicted_compute_s, state.speed_factors)
+    factors = speed_factors_from(stats, predicted_compute_s, state.speed_factors, config.smoothing)
     if state.converged:
         return Decision(replace(state, speed_factors=MappingProxyType(factors)), gap, balanced, False,
                         "converged (S6): plan frozen")
