@@ -153,8 +153,6 @@ def _measure_op(captured: Captured, op: CapturedOp, run: _Run, timer: Timer, par
     in_bytes = sum(_nbytes(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
     in_bytes += sum(_nbytes(p) for p in module_params)
     cls = "view" if not mutable and _aliases(value, (args, kwargs), module_params) else classify(op.op)
-    if cls == "view" and classify(op.op) != "view" and _nbytes(value) == 0:
-        cls = classify(op.op)
     moved = 0 if cls == "view" else in_bytes + out_bytes
     leaves_args, leaves_kwargs = tree_map(lambda x: _leaf(x, param_ids), (args, kwargs))
     grad_inputs = [t for t in tree_leaves((leaves_args, leaves_kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
