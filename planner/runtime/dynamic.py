@@ -118,7 +118,6 @@ class DynamicHooks(RunHooks):
         self.saved_step = 0
         self.warm_up = True
         """The first round after the stages were (re)built pays one-off costs; it is logged, not judged."""
-        self._instrumented: set[int] = set()
 
     # ------------------------------------------------------------------ start / end
 
@@ -165,9 +164,9 @@ class DynamicHooks(RunHooks):
 
     def before_round(self, run: RankRun) -> None:
         for stage in run.stages.stages:
-            if id(stage) not in self._instrumented:
+            if not getattr(stage, "_planner_timed", False):  # new stages after a switch or resume
                 instrument_stage(stage, self.timer)
-                self._instrumented.add(id(stage))
+                stage._planner_timed = True
         self.timer.begin_round()
 
     def on_round(self, run: RankRun, stats: RoundEnd) -> None:
