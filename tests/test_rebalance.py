@@ -219,3 +219,82 @@ def test_plan_run_refuses_bad_rebalancing_options_in_one_line(tmp_path, args: li
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.output
+
+
+# ----------------------------------------------------------------------------- re-planning (pure)
+
+
+def _chain_setup(n: int = 12):
+    from planner.partition import partition
+    from planner.runtime.replan import RoundModel
+    from tests._partition_cases import FREE, chain, cluster
+
+    prof, clus = chain(n), cluster(2, bandwidth_Bps=FREE)
+    plan = partition(prof, clus, method="dp", microbatches=4, schedule="1f1b", optimizer="sgd")
+    return prof, clus, plan, RoundModel.build(prof, clus, plan)
+
+
+def _simulated_round(model, plan, true_factors: dict, steps: int = 2) -> RoundStats:
+    """What the devices would measure: the simulator under the true speeds stands in for the cluster."""
+    from planner.partition.cost import evaluate
+    from planner.partition.problem import build_problem
+
+    problem = build_problem(model.profile, model.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
+                            optimizer="sgd", speed_factors=true_factors)
+    sim = evaluate(problem, model.partition_of(plan), record_events=False)
+    devices = tuple(DeviceRound(d, s.busy_s * steps, s.idle_s * steps) for d, s in sim.devices.items())
+    return RoundStats(0, 0, steps, sim.step_time_s * steps, devices)
+
+
+def test_round_model_predicts_unscaled_compute_per_device() -> None:
+    _, _, plan, model = _chain_setup()
+    assert [len(s.nodes) for s in plan.stages] == [7, 6]  # the input node rides with stage 0
+    assert model.predicted_compute_s(plan, steps=2) == pytest.approx({"d0": 6 * 3.0 * 4 * 2, "d1": 6 * 3.0 * 4 * 2})
+    assert model.step_time_s(plan, {"d1": 2.0}) > model.step_time_s(plan, {})
+
+
+def test_propose_adopts_a_faster_plan_and_keeps_the_job_ranks() -> None:
+    from planner.runtime.replan import propose
+
+    _, _, plan, model = _chain_setup()
+    state = initial_state(["d0", "d1"])
+    slow = RebalanceState(weights=state.weights, speed_factors={"d0": 1.0, "d1": 2.0})
+    got = propose(model, plan, slow, method="dp", min_improvement=0.05, ranks=("d0", "d1"), fixed_order=False)
+    assert got.plan is not None and got.predicted_new_s < 0.95 * got.predicted_now_s
+    assert got.plan.extra["device_ranks"] == ["d0", "d1"]
+    work = {s.device: len(s.nodes) for s in got.plan.stages}
+    assert work["d0"] > work["d1"]
+    same = propose(model, plan, state, method="dp", min_improvement=0.05, ranks=("d0", "d1"), fixed_order=False)
+    assert same.plan is None and "plan in force" in same.reason
+    small = propose(model, plan, slow, method="dp", min_improvement=0.9, ranks=("d0", "d1"), fixed_order=False)
+    assert small.plan is None and "gain below" in small.reason
+    other = propose(model, plan, slow, method="dp", min_improvement=0.0, ranks=("d0", "d2"), fixed_order=False)
+    assert other.plan is None and "job runs" in other.reason
+
+
+def test_the_loop_against_the_simulator_converges_to_the_oracle_plan() -> None:
+    """Seed 003 S3-S6 closed over the simulator: d1 is secretly 2x slow; the loop finds the plan made
+    with that knowledge within two rounds and then holds it for ``patience`` rounds (S6)."""
+    from planner.partition import partition
+    from planner.runtime.replan import propose
+
+    prof, clus, plan, model = _chain_setup()
+    truth = {"d1": 2.0}
+    oracle = partition(prof, clus, method="dp", microbatches=4, schedule="1f1b", optimizer="sgd", speed_factors=truth)
+    config = RebalanceConfig(patience=2)
+    state, changes = initial_state(["d0", "d1"]), []
+    for round_index in range(8):
+        stats = _simulated_round(model, plan, truth)
+        decision = decide(state, stats, model.predicted_compute_s(plan, stats.steps), config)
+        new = None
+        if decision.replan:
+            new = propose(model, plan, decision.state, method="dp", min_improvement=config.min_improvement,
+                          ranks=("d0", "d1"), fixed_order=False).plan
+        state = settle(decision.state, new is not None, config)
+        if new is not None:
+            plan, changes = new, changes + [round_index]
+        if state.converged:
+            break
+    assert state.converged and changes == [0] and state.rounds == 3
+    assert [(s.device, s.nodes) for s in plan.stages] == [(s.device, s.nodes) for s in oracle.stages]
+    assert dict(state.speed_factors) == pytest.approx({"d0": 1.0, "d1": 2.0})
