@@ -163,3 +163,25 @@ def test_gpt_interleaved_two_stages_per_rank(tmp_path, profiles):
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
     assert summary["schedule"] == "interleaved-1f1b" and summary["world_size"] == 2
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
+
+
+def _tied_sync(rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    from planner.runtime.stages import RankStages, TiedGroup, sync_tied_grads, sync_tied_params
+
+    weight = torch.nn.Parameter(torch.full((3,), float(rank + 1)))  # a factory that differs per rank
+    weight.grad = torch.full((3,), 10.0 * (rank + 1))
+    group = dist.new_group([0, 1])
+    stages = RankStages(None, rank, (0, 1), (), (), {"w": weight}, (TiedGroup("w", (0, 1), group),))
+    sync_tied_params(stages)
+    sync_tied_grads(stages)
+    assert torch.equal(weight.detach(), torch.full((3,), 1.0))  # rank 0's copy everywhere
+    assert torch.equal(weight.grad, torch.full((3,), 30.0))  # the sum of both ranks' gradients
+
+
+@pytest.mark.timeout(120)
+def test_tied_copies_start_equal_and_gradients_are_summed():
+    from tests._gloo import run_ranks
+
+    run_ranks(_tied_sync, 2, timeout_s=90)

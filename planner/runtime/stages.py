@@ -26,7 +26,7 @@ from planner.profile.capture import Captured
 from planner.runtime.graph_split import StageGraph, assign_nodes, split_graph
 
 __all__ = ["ContiguousStage", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
-           "tied_groups", "sync_tied_grads", "average_grads"]
+           "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
 
 class ContiguousStage(PipelineStage):
@@ -181,6 +181,14 @@ def average_grads(params: Mapping[str, nn.Parameter], microbatches: int) -> None
     for p in params.values():
         if p.grad is not None:
             p.grad.div_(microbatches)
+
+
+def sync_tied_params(rank_stages: RankStages) -> None:
+    """Copy each tied parameter from the lowest rank holding it to the others (once, at the start), so a
+    factory that is not deterministic cannot leave the copies different."""
+    for tie in rank_stages.tied:
+        if tie.group is not None:
+            dist.broadcast(rank_stages.params[tie.name].data, src=tie.ranks[0], group=tie.group)
 
 
 def sync_tied_grads(rank_stages: RankStages) -> None:

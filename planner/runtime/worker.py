@@ -41,7 +41,8 @@ from planner.errors import DistributedError, PlannerError
 from planner.formats.plan import Plan
 from planner.runtime import data as data_mod
 from planner.runtime.setup import Prepared, prepare
-from planner.runtime.stages import RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads
+from planner.runtime.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
+                                    sync_tied_params)
 from planner.runtime.training import make_optimizer
 
 __all__ = ["RunConfig", "RunHooks", "RoundEnd", "RankRun", "run_rank", "elastic_main"]
@@ -126,6 +127,7 @@ class RankRun:
         self.stages: RankStages
         self.optimizer: torch.optim.Optimizer
         self.install(self.build(prepared.plan))
+        sync_tied_params(self.stages)
 
     @property
     def plan(self) -> Plan:
