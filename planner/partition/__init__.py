@@ -16,6 +16,7 @@ from planner.formats.plan import Plan
 from planner.formats.profile import Profile
 from planner.partition import methods
 from planner.partition.cost import infeasible_reason
+from planner.partition.granularity import groups_for
 from planner.partition.plan_build import build_plan
 from planner.partition.problem import build_problem
 from planner.partition.refine import RefineConfig, normalise_weights, refine as refine_loop
@@ -26,29 +27,34 @@ __all__ = ["partition", "methods", "RefineConfig"]
 def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: int, schedule: str,
               optimizer: str = "adam", refine: bool = False, weights: Mapping[str, float] | None = None,
               speed_factors: Mapping[str, float] | None = None, profile_ref: Mapping[str, Any] | None = None,
-              refine_config: RefineConfig | None = None, **method_options: Any) -> Plan:
+              refine_config: RefineConfig | None = None, granularity: str | None = None,
+              **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
     them; ``speed_factors`` (device id -> multiplier on its compute times) come from measurements.
     ``refine=True`` runs the offline S4-S6 loop (``planner.partition.refine``) and records its rounds
-    under ``refine``. Raises ``UsageError`` for an unknown method (listing the methods) and
+    under ``refine``. ``granularity`` (``op``, ``layer``, ``depth:N``, ``count:N``; default ``op``) sets
+    the blocks placers never split (``planner.partition.granularity``); placers may attach plan fields
+    (``methods.Placed``, e.g. the ILP's ``solver``). Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
     entry = methods.get(method)
+    groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
-                            speed_factors=speed_factors)
+                            speed_factors=speed_factors, groups=groups)
     reason = infeasible_reason(problem)
     if reason is not None:
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"granularity": granularity} if granularity else {}
     if refine:
         result = refine_loop(problem, method, start, method_options, refine_config or RefineConfig())
         chosen, used = result.partition, result.weights
         extra["refine"] = result.record
     else:
         chosen, used = entry.fn(problem, weights=start, **method_options), start
+    extra.update(methods.facts_of(chosen))
     if entry.takes_weights:
         extra["weights"] = used
     try:

@@ -30,7 +30,7 @@ import numpy as np
 
 from planner.errors import InfeasibleError, PlannerError
 from planner.partition.cost import infeasible_reason
-from planner.partition.methods import register
+from planner.partition.methods import Placed, register
 from planner.partition.objective import (
     ClassTables,
     StageLatencies,
@@ -180,7 +180,9 @@ def dp_placer(problem: Problem, *, weights: Mapping[str, float] | None = None, *
     """The registered ``dp`` method (weights are the greedy placer's; the DP optimises actual speeds)."""
     if options:
         raise PlannerError(f"the dp method takes no options, found {', '.join(sorted(options))}")
-    return solve_dp(problem).partition
+    result = solve_dp(problem)
+    return Placed(result.partition, {"solver": {"name": "dp", "result": "optimal", "objective_s": result.objective_s,
+                                                "bounds_tried": result.bounds_tried}})
 
 
 register("dp", dp_placer)

@@ -18,7 +18,6 @@ by the time limit, which PuLP alone would also call "Optimal".
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -27,13 +26,16 @@ import pulp
 
 from planner.errors import InfeasibleError, PlannerError
 from planner.partition.cost import check_fits, infeasible_reason
-from planner.partition.methods import register
+from planner.partition.methods import Placed, register
 from planner.partition.objective import ClassTables, assign_devices, class_tables, stage_latencies, step_time_formula_s
 from planner.partition.problem import Partition, Problem
 
-__all__ = ["IlpResult", "solve_ilp", "lp_bound_s", "ilp_placer", "ilp_result", "top_floor_s"]
+__all__ = ["IlpResult", "solve_ilp", "lp_bound_s", "ilp_placer", "ilp_result", "top_floor_s", "MAX_CANDIDATES"]
 
 log = logging.getLogger(__name__)
+
+MAX_CANDIDATES = 100_000
+"""Most candidate stages (binary variables) the ILP builds; beyond, PuLP's model building alone takes minutes."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,10 @@ def _build(problem: Problem, tab: ClassTables, incumbent_s: float = np.inf, rela
     """The formulation, in numbered blocks. Times are in units of ``scale_s`` so coefficients are O(1)."""
     nb, m = len(problem.blocks), problem.microbatches
     arcs = _arcs(problem, tab, incumbent_s)
+    if len(arcs) > MAX_CANDIDATES:
+        raise PlannerError(f"the ilp method would weigh {len(arcs)} candidate stages ({nb} blocks x {len(tab.classes)} "
+                           f"device classes; limit {MAX_CANDIDATES}); coarsen with --granularity layer or count:64, "
+                           f"or use --method dp")
     scale = max((a.latency_s for a in arcs), default=1.0) or 1.0
     lp = pulp.LpProblem("pipeline_stages", pulp.LpMinimize)
 
@@ -135,9 +141,9 @@ def _build(problem: Problem, tab: ClassTables, incumbent_s: float = np.inf, rela
     #    in the plan; the plan is a path of such stages from block 0 to the end. top >= every chosen
     #    latency; after[i] = how many stages start at block i or later (the 1F1B memory rule needs it).
     cat = pulp.LpContinuous if relax else pulp.LpBinary
-    x = [pulp.LpVariable(f"x_{a.start}_{a.stop}_{a.cls}_{a.nxt + 1}", 0, 1, cat) for a in arcs]
-    top = pulp.LpVariable("top", 0)
-    after = [pulp.LpVariable(f"after_{i}", 0) for i in range(nb + 1)]
+    x = [lp.add_variable(f"x_{a.start}_{a.stop}_{a.cls}_{a.nxt + 1}", 0, 1, cat) for a in arcs]
+    top = lp.add_variable("top", 0)
+    after = [lp.add_variable(f"after_{i}", 0) for i in range(nb + 1)]
 
     # 2. Objective: sum of the chosen latencies + (m - 1) * top, the step-time formula once top = max.
     lp += pulp.LpAffineExpression([(v, a.latency_s / scale) for v, a in zip(x, arcs)] + [(top, m - 1)]), "step_time"
@@ -165,7 +171,7 @@ def _build(problem: Problem, tab: ClassTables, incumbent_s: float = np.inf, rela
     #    covers each block (also fractionally: a unit flow crosses every cut once), so that latency is
     #    a convex combination: much tighter than one bound per candidate. Written sparsely through
     #    holder[b] = holder[b-1] - (stages ending at b) + (stages starting at b), each stage in two rows.
-    holder = [pulp.LpVariable(f"holder_{b}", 0) for b in range(nb)]
+    holder = [lp.add_variable(f"holder_{b}", 0) for b in range(nb)]
     for b in range(nb):
         terms = [(holder[b], 1)] + ([(holder[b - 1], -1)] if b else [])
         terms += [(v, -a.latency_s / scale) for v, a in zip(x, arcs) if a.start == b]
@@ -250,7 +256,6 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
         raise PlannerError(f"--time-limit must be positive seconds, found {time_limit_s}")
     if not 0 <= gap_rel < 1:
         raise PlannerError(f"the relative gap must be in [0, 1), found {gap_rel}")
-    began = time.perf_counter()
     tab = class_tables(problem)
     start = _feasible(problem, warm_start)
     start_s = step_time_formula_s(problem, start) if start else np.inf
@@ -265,13 +270,12 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
         "name": "HiGHS", "via": f"PuLP {pulp.__version__}", "status": status, "time_limit_s": time_limit_s,
         "gap_rel": gap_rel, "threads": threads, "seed": seed, "nodes": int(info.mip_node_count),
         "warm_start_s": start_s if start else None, "candidate_stages": len(model.arcs),
-        "constraints": len(model.lp.constraints)}
+        "constraints": model.lp.numConstraints()}
     found = None
     if info.primal_solution_status == 2:  # kSolutionStatusFeasible: HiGHS holds an integer solution
         found = _extract(tab, model)
         record["ilp_objective_s"] = float(info.objective_function_value) * model.scale_s
     bound = float(info.mip_dual_bound) * model.scale_s if status == "Optimal" or np.isfinite(info.mip_dual_bound) else 0.0
-    record["solve_time_s"] = round(time.perf_counter() - began, 3)
     return _choose(problem, found, start, max(bound, 0.0), status == "Optimal", record)
 
 
@@ -323,9 +327,11 @@ def lp_bound_s(problem: Problem, *, incumbent_s: float = np.inf, time_limit_s: f
 
 def ilp_placer(problem: Problem, *, weights: Mapping[str, float] | None = None, time_limit_s: float = 60.0,
                gap_rel: float = 1e-4, warm_start: bool = True, **options: Any) -> Partition:
-    """The registered ``ilp`` method: warm-started from the greedy placer with the same weights."""
-    return ilp_result(problem, weights=weights, time_limit_s=time_limit_s, gap_rel=gap_rel, warm_start=warm_start,
-                      **options).partition
+    """The registered ``ilp`` method: warm-started from the greedy placer with the same weights; the plan
+    records the solver's status, bound and gap under ``solver``."""
+    result = ilp_result(problem, weights=weights, time_limit_s=time_limit_s, gap_rel=gap_rel, warm_start=warm_start,
+                        **options)
+    return Placed(result.partition, {"solver": result.solver})
 
 
 def ilp_result(problem: Problem, *, weights: Mapping[str, float] | None = None, time_limit_s: float = 60.0,

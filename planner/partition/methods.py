@@ -5,7 +5,7 @@ imports none of them at the top, so a placer module may import ``register`` from
 cycle; the modules named in ``PLACER_MODULES`` are imported on the first lookup instead. A module
 listed there that does not exist (yet) is skipped; any other import failure is a bug and propagates.
 
-Public: ``register``, ``METHODS``, ``get``, ``names``, ``takes_weights``.
+Public: ``register``, ``METHODS``, ``get``, ``names``, ``takes_weights``, ``Placed``, ``facts_of``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,27 @@ class Method:
     fn: Placer
     takes_weights: bool
     """Whether the placer reads the per-device weights (seed 003 S3); only those can be refined."""
+
+
+class Placed(tuple):  # type: ignore[type-arg]
+    """A ``Partition`` (it *is* the tuple of ``StageSpec``) that also carries top-level plan fields.
+
+    A placer may return ``Placed(stages, {"solver": {...}})`` where a plain partition would do; every
+    caller treats it as a partition, and ``partition()`` copies ``facts`` into the plan (the ILP's
+    solver status, bound and gap).
+    """
+
+    facts: Mapping[str, Any]
+
+    def __new__(cls, stages: Partition, facts: Mapping[str, Any]) -> "Placed":
+        obj = super().__new__(cls, stages)
+        obj.facts = dict(facts)
+        return obj
+
+
+def facts_of(partition: Partition) -> Mapping[str, Any]:
+    """The plan fields a placer attached to ``partition`` (empty for a plain partition)."""
+    return getattr(partition, "facts", {})
 
 
 _registry: dict[str, Method] = {}
