@@ -181,10 +181,10 @@ def run_rank(config: RunConfig) -> dict[str, Any]:
     """Train on this rank (environment from torchrun / the elastic launcher); return its summary."""
     rank, world, local_rank = _env()
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    prepared = prepare(config, world, device)  # everything that can be refused, before any collective
-    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    prepared = prepare(config, world, device)  # everything that can be refused, before any collective
+    backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
     try:
         return _train(config, prepared, rank, device)
