@@ -145,7 +145,8 @@ class DynamicHooks(RunHooks):
         if not isinstance(raw, Mapping):
             return None, "the plan embeds no cluster (plan partition writes one): rounds measured, no re-plan"
         try:
-            return RoundModel.build(run.prepared.profile, cluster_from_dict(dict(raw), "the plan's cluster"), run.plan), ""
+            cluster = cluster_from_dict(dict(raw), "the plan's cluster")
+            return RoundModel.build(run.prepared.profile, cluster, run.plan, run.prepared.settings.microbatch_size), ""
         except PlannerError as exc:
             return None, f"cannot re-plan ({exc}): rounds measured, no re-plan"
 

@@ -43,22 +43,27 @@ class RoundModel:
     problem: Problem
     """Op-granularity problem without speed factors (one block per profile node, in order)."""
     index: Mapping[str, int]
+    rows_scale: float = 1.0
+    """Run micro-batch rows / the profile's: per-op times are taken to scale linearly with them."""
 
     @staticmethod
-    def build(profile: Profile, cluster: Cluster, plan: Plan) -> "RoundModel":
+    def build(profile: Profile, cluster: Cluster, plan: Plan, microbatch_size: int | None = None) -> "RoundModel":
         problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                 optimizer=str(plan.extra.get("optimizer", "adam")))
-        return RoundModel(profile, cluster, problem, profile.node_index())
+        profiled = int(profile.model.get("microbatch_size", 0) or 0)
+        scale = microbatch_size / profiled if microbatch_size and profiled else 1.0
+        return RoundModel(profile, cluster, problem, profile.node_index(), scale)
 
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
-        """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``."""
+        """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
+        (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's)."""
         out: dict[str, float] = {}
         for stage in plan.stages:
             total = 0.0
             for name in stage.nodes:
                 fwd, bwd = self.problem.time_on(self.index[name], stage.device)
                 total += fwd + bwd
-            out[stage.device] = out.get(stage.device, 0.0) + total * plan.microbatches * steps
+            out[stage.device] = out.get(stage.device, 0.0) + total * plan.microbatches * steps * self.rows_scale
         return out
 
     def partition_of(self, plan: Plan) -> Partition:
