@@ -95,7 +95,12 @@ def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[
     prepared = prepare(config, 2, torch.device("cpu"))
     torch.manual_seed(0)
     module, _ = load_factory(model, microbatch_size=prepared.settings.microbatch_size)
-    reference = train_reference(module, prepared.spec, prepared.settings, prepared.batch, STEPS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs: CPU kernels sum in a thread-count-dependent order
+    try:
+        reference = train_reference(module, prepared.spec, prepared.settings, prepared.batch, STEPS)
+    finally:
+        torch.set_num_threads(threads)
     assert summary["steps"] == STEPS and len(summary["losses"]) == STEPS
     torch.testing.assert_close(torch.tensor(summary["losses"], dtype=torch.float64),
                                torch.tensor(reference.losses, dtype=torch.float64), rtol=1e-5, atol=1e-5)
