@@ -39,7 +39,7 @@ from planner.formats.plan import Plan, plan_from_dict, save_plan
 from planner.runtime import checkpoint as ckpt
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
 from planner.runtime.rebalance import RebalanceConfig, RebalanceState, decide, initial_state, settle
-from planner.runtime.replan import DEVICE_RANKS, RoundModel, device_order, propose
+from planner.runtime.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method
 from planner.runtime.roundlog import RoundLog, round_record
 from planner.runtime.slowdown import Slowdown, parse_slowdowns
 from planner.runtime.timing import RankTimer, gather_round, instrument_stage, timed_p2p
@@ -130,7 +130,7 @@ class DynamicHooks(RunHooks):
         self._p2p.__enter__()
         self.state = initial_state(self.ranks, run.plan.extra.get("weights"))
         self.model, self.no_model = self._round_model(run)
-        self.method = self.opt["replan_method"] or run.plan.method
+        self.method = replan_method(run.plan, self.opt["replan_method"])
         self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \
             if run.rank == 0 else None
         if self.log is not None:
@@ -175,7 +175,7 @@ class DynamicHooks(RunHooks):
         _test_faults(run.rank, run.step, self.opt["checkpoint_dir"])
         _monitored_barrier(self.config.timeout_s)
         stats_all = gather_round(mine, round_index=self.round_index, first_step=stats.first_step, steps=stats.steps)
-        payload = self._decide(run, stats_all) if run.rank == 0 else None
+        payload = self._decide_safely(run, stats_all) if run.rank == 0 else None
         box = [payload]
         dist.broadcast_object_list(box, src=0)
         payload = box[0]
@@ -196,6 +196,14 @@ class DynamicHooks(RunHooks):
         every = int(self.opt["checkpoint_every"] or 0)
         if self.opt["checkpoint_dir"] and every > 0 and run.step // every > self.saved_step // every:
             self._save(run)
+
+    def _decide_safely(self, run: RankRun, stats: Any) -> dict[str, Any]:
+        """Rank 0 must always answer the broadcast: a failed decision keeps the plan and says why."""
+        try:
+            return self._decide(run, stats)
+        except PlannerError as exc:
+            return {"plan": None, "imbalance": 0.0, "balanced": True, "state": self.state.to_dict(),
+                    "warm_up": self.warm_up, "reason": f"rebalancing skipped this round: {exc}"}
 
     def _decide(self, run: RankRun, stats: Any) -> dict[str, Any]:
         """Rank 0: S5 judgement, and a re-plan when unbalanced."""

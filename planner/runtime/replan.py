@@ -22,7 +22,7 @@ from planner.partition.cost import evaluate
 from planner.partition.problem import Partition, Problem, StageSpec, build_problem
 from planner.runtime.rebalance import RebalanceState, placer_weights, plans_equal
 
-__all__ = ["RoundModel", "Proposal", "propose", "device_order", "DEVICE_RANKS"]
+__all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "DEVICE_RANKS"]
 
 DEVICE_RANKS = "device_ranks"
 """Plan field: device ids in rank order. A re-planned plan carries the job's, so ranks keep their devices."""
@@ -34,6 +34,15 @@ def device_order(plan: Plan) -> tuple[str, ...]:
     if fixed:
         return tuple(str(d) for d in fixed)
     return tuple(dict.fromkeys(s.device for s in plan.stages))
+
+
+def replan_method(plan: Plan, requested: str | None) -> str:
+    """The placer for re-plans: the one asked for, else the plan's own if it is registered, else ``dp``
+    (hand-made or imported plans name methods no placer implements)."""
+    if requested:
+        methods.get(requested)  # UsageError listing the methods when unknown
+        return requested
+    return plan.method if plan.method in methods.names() else "dp"
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,8 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
             ranks: Sequence[str], fixed_order: bool, profile_ref: Mapping[str, Any] | None = None) -> Proposal:
     """Ask placer ``method`` for a plan under the state's speed factors (and residual weights)."""
     factors = {d: f for d, f in state.speed_factors.items() if d in set(model.cluster.device_ids)}
-    weights = placer_weights(state.weights, factors) if methods.takes_weights(method) else None
     try:
+        weights = placer_weights(state.weights, factors) if methods.takes_weights(method) else None
         plan = partition(model.profile, model.cluster, method=method, microbatches=current.microbatches,
                          schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
                          speed_factors=factors, profile_ref=profile_ref)
