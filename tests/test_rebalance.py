@@ -298,3 +298,18 @@ def test_the_loop_against_the_simulator_converges_to_the_oracle_plan() -> None:
     assert state.converged and changes == [0] and state.rounds == 3
     assert [(s.device, s.nodes) for s in plan.stages] == [(s.device, s.nodes) for s in oracle.stages]
     assert dict(state.speed_factors) == pytest.approx({"d0": 1.0, "d1": 2.0})
+
+
+def test_replan_method_falls_back_to_dp_for_hand_made_plans() -> None:
+    from dataclasses import replace as dc_replace
+
+    from planner.errors import UsageError
+    from planner.runtime.replan import replan_method
+
+    _, _, plan, _ = _chain_setup()
+    assert replan_method(plan, None) == "dp"
+    assert replan_method(dc_replace(plan, method="manual"), None) == "dp"
+    assert replan_method(dc_replace(plan, method="greedy"), None) == "greedy"
+    assert replan_method(plan, "greedy") == "greedy"
+    with pytest.raises(UsageError, match="unknown partition method"):
+        replan_method(plan, "nope")
