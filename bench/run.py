@@ -180,7 +180,13 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
              f"torch {__import__('torch').__version__}; gloo, one intra-op thread per rank. Shared with other "
              f"jobs: the 1-minute load average before/after each run is listed (2.0 = both cores busy).", "",
-             f"Reproduce: `python3 bench/run.py {' '.join(sys.argv[1:])}`".rstrip() + "", ""]
+             f"Reproduce: `{results.get('command', 'python3 bench/run.py')}` (finished {results.get('finished', '?')})", ""]
+    loads = [v for key, part in results.items() if key in ("pipelining", "fidelity", "rebalance") for v in _loads(part)]
+    if loads and max(loads) > 2.5:
+        lines += [f"**Busy machine: the load average reached {max(loads):.1f} on {os.cpu_count()} cores during these "
+                  f"runs.** Each rank then gets a fraction of a core, two ranks cannot compute at the same time, "
+                  f"and timings swing from run to run; such numbers say little about the method (a pipeline "
+                  f"cannot gain without idle cores). Re-run on a quiet machine.", ""]
     if "pipelining" in results:
         p = results["pipelining"]
         lines += ["## 1. Pipelining gain (gpt_small, same 2 stages)", "",
@@ -222,6 +228,12 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loads(part: Any) -> list[float]:
+    if isinstance(part, list):
+        return [v for item in part for v in _loads(item)]
+    return list(part.get("load", [])) if isinstance(part, dict) else []
+
+
 def _load(values: list[float]) -> str:
     return ", ".join(f"{v:.1f}" for v in values)
 
@@ -236,13 +248,18 @@ def main() -> None:
     parser.add_argument("--factor", type=float, default=2.0)
     parser.add_argument("--reprofile", action="store_true")
     parser.add_argument("--output", default=str(REPO / "docs" / "bench-run.md"))
+    parser.add_argument("--render-only", action="store_true", help="Re-render the last results (no runs).")
     args = parser.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
+    if args.render_only:
+        Path(args.output).write_text(render(json.loads((CACHE / "last.json").read_text()), args), encoding="utf-8")
+        return
     todo = args.only or ["pipelining", "fidelity", "rebalance"]
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"command": " ".join(["python3 bench/run.py", *sys.argv[1:]])}
     for name in todo:
         results[name] = {"pipelining": pipelining, "fidelity": fidelity, "rebalance": rebalance}[name](args)
         print(json.dumps({name: results[name]}, indent=1), flush=True)
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     Path(args.output).write_text(render(results, args), encoding="utf-8")
     (CACHE / "last.json").write_text(json.dumps(results, indent=1))
     print(f"wrote {args.output}")
