@@ -46,21 +46,21 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
 
 def round_table(records: Sequence[Mapping[str, Any]], last: int = 12) -> Table:
     """The rich table shown live: one row per round (the latest ``last``), one column pair per device."""
-    table = Table(title="plan run: rounds", show_lines=False)
-    for column in ("round", "steps", "step s", "imbalance"):
-        table.add_column(column, justify="right")
+    table = Table(title="plan run: rounds (c/w: compute/wait seconds, w: weight)", show_lines=False)
+    for column in ("round", "steps", "step s", "imbal."):
+        table.add_column(column, justify="right", no_wrap=True)
     devices = list(records[-1]["devices"]) if records else []
     for device in devices:
-        table.add_column(f"{device} comp/wait s", justify="right")
-        table.add_column(f"{device} w", justify="right")
-    table.add_column("plan", justify="left")
+        table.add_column(f"{device} c/w s", justify="right", no_wrap=True)
+        table.add_column(f"{device} w", justify="right", no_wrap=True)
+    table.add_column("plan", justify="left", no_wrap=True)
     for rec in records[-last:]:
         row = [str(rec["round"]), f"{rec['first_step']}+{rec['steps']}", f"{rec['step_time_s']:.4f}",
                f"{rec['imbalance']:.1%}"]
         for device in devices:
             d = rec["devices"].get(device, {})
-            row += [f"{d.get('compute_s', 0):.3f}/{d.get('wait_s', 0):.3f}", f"{d.get('weight', 1):.2f}"]
-        row.append("changed" if rec["plan_changed"] else ("converged" if rec["converged"] else "kept"))
+            row += [f"{d.get('compute_s', 0):.2f}/{d.get('wait_s', 0):.2f}", f"{d.get('weight', 1):.2f}"]
+        row.append("changed" if rec["plan_changed"] else ("done" if rec["converged"] else "kept"))
         table.add_row(*row)
     return table
 
