@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -46,16 +47,16 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
 
 def round_table(records: Sequence[Mapping[str, Any]], last: int = 12) -> Table:
     """The rich table shown live: one row per round (the latest ``last``), one column pair per device."""
-    table = Table(title="plan run: rounds (c/w: compute/wait seconds, w: weight)", show_lines=False)
-    for column in ("round", "steps", "step s", "imbal."):
+    table = Table(title="plan run rounds (c/w: compute/wait s; w: weight)", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("round", "steps", "s/step", "imbal"):
         table.add_column(column, justify="right", no_wrap=True)
     devices = list(records[-1]["devices"]) if records else []
     for device in devices:
-        table.add_column(f"{device} c/w s", justify="right", no_wrap=True)
-        table.add_column(f"{device} w", justify="right", no_wrap=True)
+        table.add_column(f"{device} c/w", justify="right", no_wrap=True)
+        table.add_column("w", justify="right", no_wrap=True)
     table.add_column("plan", justify="left", no_wrap=True)
     for rec in records[-last:]:
-        row = [str(rec["round"]), f"{rec['first_step']}+{rec['steps']}", f"{rec['step_time_s']:.4f}",
+        row = [str(rec["round"]), f"{rec['first_step']}+{rec['steps']}", f"{rec['step_time_s']:.3f}",
                f"{rec['imbalance']:.1%}"]
         for device in devices:
             d = rec["devices"].get(device, {})
