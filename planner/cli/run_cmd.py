@@ -24,24 +24,24 @@ def run_cmd(
                      "'path/to/file.py:factory'.", show_default=False)],
     steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 10,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks on this node "
-                              "[default: the plan's device count / nnodes].", show_default=False)] = None,
+                              "(default: the plan's device count / nnodes).", show_default=False)] = None,
     microbatch_size: Annotated[Optional[int], typer.Option("--microbatch-size", help="Rows per micro-batch "
-                               "[default: the profile's].", show_default=False)] = None,
-    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam [default: the plan's "
-                         "optimizer if it is one of those, else sgd].", show_default=False)] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate [default: 0.01 for sgd, 1e-3 for "
-                  "adam].", show_default=False)] = None,
+                               "(default: the profile's).", show_default=False)] = None,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam (default: the plan's "
+                         "optimizer if it is one of those, else sgd).", show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default: 0.01 for sgd, 1e-3 for "
+                  "adam).", show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the model factory and the synthetic data.")] = 0,
     data: Annotated[Optional[str], typer.Option("--data", help="'pkg.mod:factory' returning (inputs, target) "
-                    "for factory(seed=, step=, batch_size=) [default: seeded synthetic batches].",
+                    "for factory(seed=, step=, batch_size=) (default: seeded synthetic batches).",
                     show_default=False)] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
-                       "[default: the plan's profile.path].", show_default=False)] = None,
+                       "(default: the plan's profile.path).", show_default=False)] = None,
     round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "
                            "progress happen between rounds).")] = 5,
     nnodes: Annotated[str, typer.Option("--nnodes", help="Nodes, N or MIN:MAX (as torchrun).")] = "1",
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous "
-                             "shared by all nodes [default: a free local port].", show_default=False)] = None,
+                             "shared by all nodes (default: a free local port).", show_default=False)] = None,
     rdzv_id: Annotated[str, typer.Option("--rdzv-id", help="Job id, the same on every node.")] = "plan-run",
     max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restarts of the worker group after a "
                             "failure (as torchrun).")] = 0,
