@@ -67,6 +67,25 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at emit time (test runners swap it per invocation)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+_LOG_HANDLER = _CurrentStderr()
+_LOG_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+
 @app.callback()
 def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr.")) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logger = logging.getLogger("planner")
+    if _LOG_HANDLER not in logger.handlers:
+        logger.addHandler(_LOG_HANDLER)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
