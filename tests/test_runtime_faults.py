@@ -40,9 +40,13 @@ def test_a_killed_rank_resumes_under_the_checkpoints_plan_with_unchanged_losses(
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_rank_that_stops_answering_ends_the_job_with_a_clear_message(plans: dict[str, Path]) -> None:
-    code, summary, elapsed = job(plans["a"], 8, {"rebalance": False}, timeout_s=8,
-                                  env={"PLANNER_TEST_HANG_AT_STEP": "1:2"}, limit_s=200)
+@pytest.mark.parametrize("variable, expected", [
+    ("PLANNER_TEST_HANG_AT_STEP", "stopped answering"),   # silent at a round boundary: monitored barrier
+    ("PLANNER_TEST_HANG_BEFORE_STEP", "Timed out"),       # silent mid-round: the schedule's transfer times out
+])
+def test_a_rank_that_stops_answering_ends_the_job_with_a_clear_message(plans: dict[str, Path], variable: str,
+                                                                      expected: str) -> None:
+    code, summary, elapsed = job(plans["a"], 8, {"rebalance": False}, timeout_s=8, env={variable: "1:2"}, limit_s=200)
     assert code != 0
-    assert "stopped answering" in summary["error"] and "rank 0 failed" in summary["error"], summary
+    assert expected in summary["error"] and "rank 0 failed" in summary["error"], summary
     assert elapsed < 150

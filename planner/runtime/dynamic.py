@@ -17,7 +17,9 @@ Installed in the worker as ``RunConfig.hooks = (HOOK,)``; options come from ``Ru
 Test-only environment variables: ``PLANNER_TEST_KILL_AT_STEP=RANK:STEP`` makes RANK ``os._exit(1)``
 at the first round end at or after STEP, once (a marker file in the checkpoint directory stops it
 repeating after torchrun restarts the job); ``PLANNER_TEST_HANG_AT_STEP=RANK:STEP`` makes RANK stop
-answering there (it sleeps), to show that the others end with a clear error instead of hanging.
+answering there (it sleeps), to show that the others end with a clear error instead of hanging;
+``PLANNER_TEST_HANG_BEFORE_STEP=RANK:STEP`` does the same at the start of a round, so that its
+neighbours block inside the schedule's transfers (the process group's timeout ends those).
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ class DynamicHooks(RunHooks):
     # ------------------------------------------------------------------ rounds
 
     def before_round(self, run: RankRun) -> None:
+        _test_hang(run.rank, run.step, "PLANNER_TEST_HANG_BEFORE_STEP")
         for stage in run.stages.stages:
             if not getattr(stage, "_planner_timed", False):  # new stages after a switch or resume
                 instrument_stage(stage, self.timer)
@@ -330,7 +333,11 @@ def _test_faults(rank: int, step: int, checkpoint_dir: str | None) -> None:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(step))
             os._exit(1)
-    hang = _rank_step(os.environ.get("PLANNER_TEST_HANG_AT_STEP"))
+    _test_hang(rank, step, "PLANNER_TEST_HANG_AT_STEP")
+
+
+def _test_hang(rank: int, step: int, variable: str) -> None:
+    hang = _rank_step(os.environ.get(variable))
     if hang and hang[0] == rank and step >= hang[1]:
         time.sleep(3600)
 
