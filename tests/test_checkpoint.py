@@ -27,10 +27,18 @@ def _save(rank: int, world: int, root: str) -> None:
                         extra={"round": step // 2}, keep=2)
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two gloo ranks save checkpoints at steps 2, 4 and 6 (keeping 2), once for the module."""
+    root = tmp_path_factory.mktemp("ckpt")
+    run_ranks(_save, 2, str(root), timeout_s=100)
+    return root
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
-def test_checkpoints_are_sealed_pruned_and_reshard_by_name(tmp_path: Path) -> None:
-    run_ranks(_save, 2, str(tmp_path), timeout_s=100)
+def test_checkpoints_are_sealed_pruned_and_reshard_by_name(saved: Path) -> None:
+    tmp_path = saved
     kept = sorted(p.name for p in tmp_path.iterdir())
     assert kept == ["step_00000004", "step_00000006"]
     info = latest_checkpoint(tmp_path)
@@ -49,8 +57,13 @@ def test_unsealed_checkpoints_are_ignored(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
 
 
-def test_missing_names_and_bad_meta_fail_with_one_clear_message(tmp_path: Path) -> None:
-    run_ranks(_save, 2, str(tmp_path), timeout_s=100)
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_missing_names_and_bad_meta_fail_with_one_clear_message(saved: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(saved, tmp_path / "copy")
+    tmp_path = tmp_path / "copy"
     info = latest_checkpoint(tmp_path)
     assert info is not None
     with pytest.raises(PlannerError, match="holds no tensor 'zz'"):
