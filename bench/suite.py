@@ -185,6 +185,10 @@ def mapping_gain(problem: Problem, partition: Partition) -> dict[str, float]:
 
 # --- report ----------------------------------------------------------------------------------------
 
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
 def ms(value: float) -> str:
     return "-" if value != value else f"{1e3 * value:.3f}"
 
@@ -205,7 +209,7 @@ def render(results: dict[tuple[str, str, int], dict[str, Any]], command: str, el
         ilp = runs["ilp"].solver
         status = f"{ilp.get('result', 'err')} ({100 * ilp.get('gap', float('nan')):.2f}%)" if ilp else "err"
         best = min((runs[k].step_s for k in OURS if runs[k].partition is not None and runs[k].fits), default=float("nan"))
-        speedup = runs["torchgpipe"].step_s / best if runs["torchgpipe"].partition is not None else float("nan")
+        speedup = ratio(runs["torchgpipe"].step_s, best) if runs["torchgpipe"].partition is not None else float("nan")
         lines.append(f"| {model} | {cl} | {m} | {case['blocks']} | " + " | ".join(cell(runs[k]) for k in METHODS)
                      + f" | {status} | {speedup:.3f}x |")
     lines += ["", "## Ratios and planning time", "",
@@ -217,8 +221,8 @@ def render(results: dict[tuple[str, str, int], dict[str, Any]], command: str, el
         runs = case["runs"]
         ilp, gr, dp = runs["ilp"], runs["greedy+refine"], runs["dp"]
         bound = ilp.solver.get("bound_s", float("nan"))
-        lines.append(f"| {model} | {cl} | {m} | {gr.step_s / ilp.step_s:.4f} | {dp.formula_s / ilp.formula_s:.6f} | "
-                     f"{ilp.formula_s / bound:.4f} | {ilp.formula_s / case.get('lp_bound_s', float('nan')):.4f} | "
+        lines.append(f"| {model} | {cl} | {m} | {ratio(gr.step_s, ilp.step_s):.4f} | {ratio(dp.formula_s, ilp.formula_s):.6f} | "
+                     f"{ratio(ilp.formula_s, bound):.4f} | {ratio(ilp.formula_s, case.get('lp_bound_s', float('nan'))):.4f} | "
                      f"{runs['greedy'].wall_s:.2f} | {gr.wall_s:.2f} | {dp.wall_s:.2f} | {ilp.wall_s:.2f} |")
     lines += ["", "## Topology-aware mapping on the two-host clusters", "",
               "The same stages on devices in the cluster file's order (id order) and after `map_stages` "
@@ -228,7 +232,7 @@ def render(results: dict[tuple[str, str, int], dict[str, Any]], command: str, el
         for name, g in case.get("mapping", {}).items():
             lines.append(f"| {model} | {cl} | {m} | {name} | {ms(g['id_order_step_s'])} ({ms(g['id_order_formula_s'])}) "
                          f"| {ms(g['mapped_step_s'])} ({ms(g['mapped_formula_s'])}) "
-                         f"| {g['id_order_step_s'] / g['mapped_step_s']:.3f}x |")
+                         f"| {ratio(g['id_order_step_s'], g['mapped_step_s']):.3f}x |")
     lines += ["", summary(results)]
     return "\n".join(lines) + "\n"
 
@@ -267,7 +271,7 @@ def summary(results: dict[tuple[str, str, int], dict[str, Any]]) -> str:
             if not keep(cl) or c["runs"]["torchgpipe"].partition is None:
                 continue
             best = min(c["runs"][k].step_s for k in OURS if c["runs"][k].partition is not None and c["runs"][k].fits)
-            ratios.append(c["runs"]["torchgpipe"].step_s / best)
+            ratios.append(ratio(c["runs"]["torchgpipe"].step_s, best))
         if ratios:
             out.append(f"- {label}: torchgpipe / best of ours (simulated step): min {min(ratios):.3f}x, median "
                        f"{sorted(ratios)[len(ratios) // 2]:.3f}x, max {max(ratios):.3f}x over {len(ratios)} cases.")
@@ -310,11 +314,11 @@ def main(argv: list[str] | None = None) -> None:
                       + " ".join(f"{k}={cell(r)}" for k, r in case["runs"].items())
                       + f" ilp={ilp.solver.get('result')} gap={ilp.solver.get('gap', float('nan')):.4f} t_ilp={ilp.wall_s:.1f}s",
                       file=sys.stderr, flush=True)
+    (CACHE / "suite.json").write_text(json.dumps(to_json(results), indent=1))
     text = render(results, command, time.perf_counter() - began)
     out = Path(args.output)
     notes = _kept_notes(out)
     out.write_text(text + notes)
-    (CACHE / "suite.json").write_text(json.dumps(to_json(results), indent=1))
     print(f"wrote {out}", file=sys.stderr)
 
 

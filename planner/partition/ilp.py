@@ -77,6 +77,7 @@ class _Model:
     x: list[pulp.LpVariable]
     top: pulp.LpVariable
     after: list[pulp.LpVariable]
+    holder: list[pulp.LpVariable]
 
 
 def _arcs(problem: Problem, tab: ClassTables, incumbent_s: float) -> list[_Arc]:
@@ -195,7 +196,7 @@ def _build(problem: Problem, tab: ClassTables, incumbent_s: float = np.inf, rela
             terms = [(after[a.start], 1), (v, most - a.room)]
             lp += pulp.LpConstraint(pulp.LpAffineExpression(terms), pulp.LpConstraintLE,
                                     f"memory_{a.start}_{a.stop}_{a.cls}_{a.nxt + 1}", most)
-    return _Model(lp, scale, arcs, x, top, after)
+    return _Model(lp, scale, arcs, x, top, after, holder)
 
 
 class _HiGHS(pulp.HiGHS):
@@ -229,6 +230,8 @@ def _start_values(tab: ClassTables, model: _Model, partition: Partition) -> dict
             return None
         values[model.x[n].name] = 1.0
         values[model.top.name] = max(values.get(model.top.name, 0.0), model.arcs[n].latency_s / model.scale_s)
+        for b in range(st.start, st.stop):
+            values[model.holder[b].name] = model.arcs[n].latency_s / model.scale_s
     for i, var in enumerate(model.after):
         values[var.name] = float(sum(1 for st in partition if st.start >= i))
     return values
@@ -261,8 +264,11 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
     start_s = step_time_formula_s(problem, start) if start else np.inf
     model = _build(problem, tab, start_s)
     start_values = _start_values(tab, model, start) if start else None
+    # presolve off: HiGHS 1.15's presolve declared some pruned models infeasible that have feasible (and
+    # better) solutions, and then returned the warm start as "Optimal" with an infinite bound; the
+    # solve is as fast without it on these models.
     solver = _HiGHS(start_values, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=threads,
-                    random_seed=seed)
+                    random_seed=seed, presolve="off")
     model.lp.solve(solver)
     highs = model.lp.solverModel
     info, status = highs.getInfo(), highs.modelStatusToString(highs.getModelStatus())
@@ -275,8 +281,9 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
     if info.primal_solution_status == 2:  # kSolutionStatusFeasible: HiGHS holds an integer solution
         found = _extract(tab, model)
         record["ilp_objective_s"] = float(info.objective_function_value) * model.scale_s
-    bound = float(info.mip_dual_bound) * model.scale_s if status == "Optimal" or np.isfinite(info.mip_dual_bound) else 0.0
-    return _choose(problem, found, start, max(bound, 0.0), status == "Optimal", record)
+    bound = float(info.mip_dual_bound) * model.scale_s if np.isfinite(info.mip_dual_bound) else 0.0
+    proven = status == "Optimal" and np.isfinite(info.mip_dual_bound)
+    return _choose(problem, found, start, max(bound, 0.0), proven, record)
 
 
 def _feasible(problem: Problem, partition: Partition | None) -> Partition | None:
@@ -319,7 +326,7 @@ def lp_bound_s(problem: Problem, *, incumbent_s: float = np.inf, time_limit_s: f
     """
     tab = class_tables(problem)
     model = _build(problem, tab, incumbent_s, relax=True)
-    model.lp.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1, mip=False))
+    model.lp.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1, mip=False, presolve="off"))
     if model.lp.status != pulp.LpStatusOptimal:
         raise InfeasibleError(f"the LP relaxation has no optimum (status {pulp.LpStatus[model.lp.status]})")
     return float(pulp.value(model.lp.objective)) * model.scale_s
