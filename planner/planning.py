@@ -38,20 +38,30 @@ def check_settings(method: str, microbatches: int, schedule: str, optimizer: str
 
 
 def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Path | None, *, method: str,
-                   microbatches: int, schedule: str, optimizer: str = "adam", refine: bool = False) -> Plan:
+                   microbatches: int, schedule: str, optimizer: str = "adam", refine: bool = False,
+                   granularity: str | None = None, time_limit_s: float | None = None) -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). Raises ``PlannerError`` on bad input; on any
     error nothing is written."""
     from planner.partition import partition
 
     check_settings(method, microbatches, schedule, optimizer)
+    if granularity is not None:
+        from planner.partition.granularity import parse_granularity
+
+        parse_granularity(granularity)
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise UsageError(f"--time-limit must be positive seconds, found {time_limit_s}")
+    if time_limit_s is not None and method != "ilp":
+        raise UsageError(f"--time-limit applies to --method ilp only, found --method {method}")
     if output is not None:
         check_writable(output, "plan")
     profile = load_profile(profile_path)
     cluster = load_cluster_spec(cluster_spec)
+    options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
     plan = partition(profile, cluster, method=method, microbatches=microbatches, schedule=schedule,
-                     optimizer=optimizer, refine=refine,
-                     profile_ref=profile_ref(profile_path, profile.model.get("name")))
+                     optimizer=optimizer, refine=refine, granularity=granularity,
+                     profile_ref=profile_ref(profile_path, profile.model.get("name")), **options)
     if output is not None:
         save_plan(plan, output)
     return plan

@@ -31,6 +31,11 @@ def partition_cmd(
                                          "until stable (seed 003 S3-S6, offline).")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the plan JSON "
                                                    "(atomically; nothing is written on error).")] = None,
+    granularity: Annotated[Optional[str], typer.Option("--granularity", "-g", help="Blocks no stage splits: op, "
+                           "layer, depth:N or count:N (default op; dp/ilp scale with the block count).",
+                           show_default=False)] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="ilp: solver time limit in seconds "
+                          "(default 60); the plan records whether optimality was proven.", show_default=False)] = None,
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -50,7 +55,8 @@ def partition_cmd(
     # A spinner on stderr while the placer works (ilp and --refine can take a while); silent when not a terminal.
     with err_console.status(f"planning with {method} ...", spinner="dots"):
         plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches,
-                              schedule=schedule, optimizer=optimizer, refine=refine)
+                              schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
+                              time_limit_s=time_limit)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return
