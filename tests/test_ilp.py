@@ -102,3 +102,24 @@ def test_placer_attaches_the_solver_record() -> None:
     placed = ilp_placer(fast_and_slow(), weights={}, warm_start=False, gap_rel=1e-9)
     assert facts_of(placed)["solver"]["result"] == "optimal"
     assert facts_of(placed)["solver"]["objective_s"] == pytest.approx(45.0)
+
+
+def test_cli_time_limit_and_granularity(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.formats.profile import save_profile
+
+    profile = save_profile(random_profile(3, num_nodes=10), tmp_path / "p.json")
+    out = tmp_path / "plan.json"
+    args = ["partition", str(profile), "--cluster", "cpu-2", "--method", "ilp", "--granularity", "layer"]
+    result = CliRunner().invoke(app, args + ["--time-limit", "5", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    solver = json.loads(out.read_text())["solver"]
+    assert solver["time_limit_s"] == 5.0 and solver["result"] == "optimal"
+    bad = CliRunner().invoke(app, args + ["--time-limit", "-1"])
+    assert bad.exit_code == 2 and "--time-limit must be positive" in bad.output
+    wrong = CliRunner().invoke(app, ["partition", str(profile), "--cluster", "cpu-2", "--granularity", "depth:x"])
+    assert wrong.exit_code == 2 and "depth:N needs a positive integer" in wrong.output
