@@ -40,10 +40,13 @@ BISECTION_STEPS = 40
 """Upper bound on bisection steps over ``T``; it also stops once ``T`` is known to 1e-4 relative."""
 LADDER, LADDER_STEP = 8, 0.02
 """Extra fills at 2%, 4%, ... 16% above the smallest feasible period found."""
-MAX_SIMULATED = 8
+MAX_SIMULATED = 10
 """How many distinct candidate cut sets the simulator judges at most."""
-CUT_SLACKS = (0.0, 0.1)
-"""Searches run with each: a stage may give up this fraction of its compute to end at a cheaper cut."""
+SEARCHES = ((1.0, 0.0), (1.0, 0.1), (0.0, 0.0))
+"""(transfer weight, cut slack) of each search; the cut sets of all of them are candidates. Transfers
+counted in full at both cuts (the 1F1B round trip), the same with a stage allowed to give up 10% of
+its compute to end at a cheaper cut, and compute only (the simulator overlaps transfers with compute,
+so the full count can overstate them)."""
 SIMULATE_WITHIN = 1.25
 """Only candidates whose quick estimate is within this factor of the best estimate are simulated."""
 
@@ -77,6 +80,8 @@ class _Context:
     static_per_param_byte: int
     assumed_stages: int
     """Stage count used for the 1F1B in-flight count (an upper bound on the stages the fill makes)."""
+    transfer_weight: float = 1.0
+    """Weight of the cut transfers in a stage's load (1: counted in full; 0: compute only)."""
     cut_slack: float = 0.0
     """A stage may give up this fraction of its compute to end at a cheaper cut (``_cheapest_cut_nearby``)."""
 
@@ -95,8 +100,8 @@ def place(problem: Problem, *, weights: Mapping[str, float] | None = None, **opt
         raise InfeasibleError(reason or _no_fit_message(problem))
     assert ctx is not None
     candidates: dict[Partition, float] = {}
-    for slack in CUT_SLACKS:
-        for bottleneck, found in _bisect(replace(ctx, cut_slack=slack), widest):
+    for weight, slack in SEARCHES:
+        for bottleneck, found in _bisect(replace(ctx, transfer_weight=weight, cut_slack=slack), widest):
             candidates.setdefault(found, bottleneck)
     return _best_by_simulation(ctx, [(bottleneck, found) for found, bottleneck in candidates.items()])
 
@@ -227,8 +232,8 @@ def _inbound_s(ctx: _Context, previous: str | None, device: str, start: int) -> 
     if previous is None or start == 0:
         return 0.0
     problem = ctx.problem
-    return (transfer_s(problem.tables, previous, device, problem.cut_fwd_bytes[start - 1])
-            + transfer_s(problem.tables, device, previous, problem.cut_bwd_bytes[start - 1]))
+    return ctx.transfer_weight * (transfer_s(problem.tables, previous, device, problem.cut_fwd_bytes[start - 1])
+                                  + transfer_s(problem.tables, device, previous, problem.cut_bwd_bytes[start - 1]))
 
 
 def _outbound_s(ctx: _Context, link: Link | None, stop: int) -> float:
@@ -236,7 +241,8 @@ def _outbound_s(ctx: _Context, link: Link | None, stop: int) -> float:
     if link is None or stop >= len(ctx.problem.blocks):
         return 0.0
     problem = ctx.problem
-    return link.transfer_s(problem.cut_fwd_bytes[stop - 1]) + link.transfer_s(problem.cut_bwd_bytes[stop - 1])
+    return ctx.transfer_weight * (link.transfer_s(problem.cut_fwd_bytes[stop - 1])
+                                  + link.transfer_s(problem.cut_bwd_bytes[stop - 1]))
 
 
 def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previous: _Device | None,
@@ -258,7 +264,7 @@ def _earliest_finish(ctx: _Context, unused: Sequence[_Device], block: int, previ
             continue
         arrival = links[(previous.id, device.id)].transfer_s(fwd_bytes) if previous is not None else 0.0
         back = links[(device.id, previous.id)].transfer_s(bwd_bytes) if previous is not None else 0.0
-        if _work(device, block, block + 1) + arrival + back > period_s * device.share:
+        if _work(device, block, block + 1) + ctx.transfer_weight * (arrival + back) > period_s * device.share:
             continue
         finish = arrival + _work(device, block, _first_costly(device, block) + 1)
         if finish < best_finish or (finish == best_finish and best is not None and device.order < best.order):
@@ -400,12 +406,16 @@ def _bisect(ctx: _Context, widest: Partition) -> list[tuple[float, Partition]]:
 def _best_by_simulation(ctx: _Context, candidates: list[tuple[float, Partition]]) -> Partition:
     """Simulate the promising candidates; the smallest step time wins (ties: bottleneck, discovery order).
 
-    Promising: a quick pipeline estimate (sum of stage times + (m - 1) x the largest) within
-    ``SIMULATE_WITHIN`` of the best estimate, at most ``MAX_SIMULATED`` of them.
+    Promising: by either quick pipeline estimate (``_estimate``: compute only, or with the cut
+    transfers counted in full) within ``SIMULATE_WITHIN`` of the best candidate by that estimate;
+    the ``MAX_SIMULATED`` closest are simulated.
     """
-    estimates = [_estimate(ctx, partition) for _, partition in candidates]
-    cutoff = min(estimates) * SIMULATE_WITHIN
-    ranked = sorted((estimates[i], i) for i in range(len(candidates)) if estimates[i] <= cutoff)[:MAX_SIMULATED]
+    lean = [_estimate(ctx, partition, 0.0) for _, partition in candidates]
+    full = [_estimate(ctx, partition, 1.0) for _, partition in candidates]
+    best_lean, best_full = min(lean), min(full)
+    score = [min(lean[i] / best_lean if best_lean > 0 else 1.0, full[i] / best_full if best_full > 0 else 1.0)
+             for i in range(len(candidates))]
+    ranked = sorted((score[i], i) for i in range(len(candidates)) if score[i] <= SIMULATE_WITHIN)[:MAX_SIMULATED]
     scored = []
     for _, order in ranked:
         bottleneck, partition = candidates[order]
@@ -414,11 +424,22 @@ def _best_by_simulation(ctx: _Context, candidates: list[tuple[float, Partition]]
     return min(scored, key=lambda item: item[:3])[3]
 
 
-def _estimate(ctx: _Context, partition: Partition) -> float:
-    """Step time of a pipeline without transfers: every stage once, plus (m - 1) times the slowest."""
+def _estimate(ctx: _Context, partition: Partition, transfer_weight: float) -> float:
+    """Quick step time: every stage's load once plus (m - 1) times the largest load.
+
+    A stage's load is its compute plus ``transfer_weight`` times its cut transfers (both cuts, both
+    directions, on the links the partition uses).
+    """
     by_id = {d.id: d for d in ctx.devices}
-    times = [_work(by_id[s.device], s.start, s.stop) for s in partition]
-    return sum(times) + (ctx.problem.microbatches - 1) * max(times)
+    tables, problem = ctx.problem.tables, ctx.problem
+    loads = [_work(by_id[s.device], s.start, s.stop) for s in partition]
+    for i in range(1, len(partition)) if transfer_weight else ():
+        a, b, cut = partition[i - 1].device, partition[i].device, partition[i].start - 1
+        pair = (transfer_s(tables, a, b, problem.cut_fwd_bytes[cut])
+                + transfer_s(tables, b, a, problem.cut_bwd_bytes[cut])) * transfer_weight
+        loads[i - 1] += pair
+        loads[i] += pair
+    return sum(loads) + (problem.microbatches - 1) * max(loads)
 
 
 def _no_fit_message(problem: Problem) -> str:
