@@ -15,10 +15,12 @@ meaningful (docs/placers.md has the full mapping):
    to the unused device where it finishes earliest: input transfer over the actual link plus its
    compute time there. Stage extension bisects the cost model's prefix sums (O(log n) per stage).
 
-A stage's load also counts the transfers at both of its cuts, so cuts avoid large activations.
-``T`` is bisected between a lower bound and the period of the memory-only fill, then tried on a
-ladder just above the smallest feasible value; the promising distinct cut sets are simulated and
-the smallest simulated step time wins (ties: smaller bottleneck, then the order found).
+The search runs with three load models (``SEARCHES``: cut transfers counted in full, the same with
+some slack to reach a cheaper cut, compute only), because how much transfers delay a pipeline
+depends on the schedule and links; all their cut sets are candidates. In each, ``T`` is bisected
+between a lower bound and the period of the memory-only fill, then tried on a ladder just above the
+smallest feasible value; the promising distinct cut sets are simulated and the smallest simulated
+step time wins (ties: smaller bottleneck, then the order found).
 Deterministic: equal finish times go to the device listed first in the cluster file.
 """
 
@@ -286,8 +288,9 @@ def _extend(ctx: _Context, device: _Device, start: int, capacity_s: float, inbou
             outbound: Link | None, stage_index: int) -> int:
     """The furthest stop such that blocks ``[start, stop)`` fit ``device``'s capacity, memory and kernels.
 
-    The load is the stage's compute plus the transfers at both of its cuts (seed 003 S2 counts the
-    time to bring inputs; in a 1F1B steady state the outbound cut's round trip delays the stage too).
+    The load is the stage's compute plus ``transfer_weight`` times the transfers at both of its cuts
+    (seed 003 S2 counts the time to bring inputs; in a 1F1B steady state the outbound cut's round
+    trip delays the stage too).
     Compute bounds the stop by bisection on the prefix sums; the stop then steps back to the last
     cut whose transfers also fit, which is usually within a few ops (cut bytes vary inside a layer).
     """
