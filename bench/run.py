@@ -209,7 +209,9 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
              f"torch {__import__('torch').__version__}; gloo, one intra-op thread per rank. Shared with other "
              f"jobs: the 1-minute load average before/after each run is listed (2.0 = both cores busy).", "",
-             f"Reproduce: `{results.get('command', 'python3 bench/run.py')}` (finished {results.get('finished', '?')})", ""]
+             f"Reproduce: `python3 bench/run.py` (everything; `--only NAME` re-runs one experiment and keeps the "
+             f"others' last results). Last command: `{results.get('command', 'python3 bench/run.py')}`, finished "
+             f"{results.get('finished', '?')}.", ""]
     loads = [v for key, part in results.items() if key in ("pipelining", "fidelity", "rebalance") for v in _loads(part)]
     if loads and max(loads) > 2.5:
         lines += [f"**Busy machine: the load average reached {max(loads):.1f} on {os.cpu_count()} cores during these "
@@ -306,7 +308,10 @@ def main() -> None:
         Path(args.output).write_text(render(json.loads((CACHE / "last.json").read_text()), args), encoding="utf-8")
         return
     todo = args.only or ["pipelining", "fidelity", "rebalance"]
-    results: dict[str, Any] = {"command": " ".join(["python3 bench/run.py", *sys.argv[1:]])}
+    results: dict[str, Any] = {}
+    if args.only and (CACHE / "last.json").is_file():  # keep the other experiments' last results
+        results = json.loads((CACHE / "last.json").read_text())
+    results["command"] = " ".join(["python3 bench/run.py", *sys.argv[1:]])
     for name in todo:
         results[name] = {"pipelining": pipelining, "fidelity": fidelity, "rebalance": rebalance}[name](args)
         print(json.dumps({name: results[name]}, indent=1), flush=True)
