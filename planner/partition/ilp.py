@@ -44,8 +44,9 @@ class IlpResult:
     objective_s: float
     """The shared objective of ``partition``."""
     status: str
-    """``optimal`` (gap within ``gap_rel``), ``feasible`` (stopped with a gap) or ``warm-start`` (the
-    solver found nothing better than the warm start, which is returned)."""
+    """``optimal`` (the bound proves the returned plan within ``gap_rel``), ``feasible`` (stopped with a
+    gap) or ``warm-start`` (the solver found nothing better than the warm start, which is returned, and
+    did not prove it). ``solver["returned"]`` says whose plan it is."""
     bound_s: float
     """The solver's proven lower bound on the objective (seconds)."""
     gap: float
@@ -307,13 +308,18 @@ def _choose(problem: Problem, found: Partition | None, start: Partition | None, 
                               f"the ILP found no split that fits in memory (HiGHS: {record['status']}); use more or "
                               "larger devices, the 1f1b schedule, or fewer micro-batches")
     if found is not None and found_s <= start_s:
-        chosen, value, status = found, found_s, ("optimal" if proven else "feasible")
+        chosen, value, returned = found, found_s, "solver"
     else:
-        chosen, value, status = start, start_s, "warm-start"
+        chosen, value, returned = start, start_s, "warm start"
         log.warning("ilp: the solver returned nothing better than its warm start (HiGHS: %s); "
                     "returning the warm start", record["status"])
     bound_s = min(bound_s, value)
     gap = (value - bound_s) / value if value > 0 else 0.0
+    if proven and gap <= record["gap_rel"] + 1e-12:
+        status = "optimal"  # the solver's bound proves the returned plan (its own or the warm start)
+    else:
+        status = "feasible" if returned == "solver" else "warm-start"
+    record["returned"] = returned
     record.update({"result": status, "bound_s": bound_s, "gap": gap, "objective_s": value})
     return IlpResult(chosen, value, status, bound_s, gap, record)
 
