@@ -11,12 +11,43 @@ import logging
 import sys
 from typing import Any, Callable, TypeVar
 
+import click
 import typer
+import typer.core
+
+# typer >= 0.16 vendors click as typer._click; its exceptions are not click's.
+_click = getattr(typer.core, "_click", click)
 from rich.console import Console
 
 from planner.errors import PlannerError
 
+class _OneLineErrors(typer.core.TyperGroup):
+    """Click's usage errors (missing argument, unknown command, bad choice) as one ``error:`` line.
+
+    Typer draws them as a multi-line box; a tool used in scripts and CI wants one greppable line
+    that names what was expected and what to do, with click's exit code (2 for usage).
+    """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except _click.exceptions.ClickException as exc:
+            hint = ""
+            if getattr(exc, "ctx", None) is not None:
+                path = exc.ctx.command_path
+                hint = f"; expected usage: {exc.ctx.get_usage().replace('Usage: ', '')}; run '{path} --help'"
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            typer.echo(f"error: {message}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="plan",
     help="Plan and run model-parallel (pipeline) training: profile a model, partition it over a cluster, "
     "check, show and run the plan.",
