@@ -281,8 +281,9 @@ def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]]
     else:
         time_s = {t: (sum(row[k][0] for row in times), sum(row[k][1] for row in times)) for k, t in enumerate(types)}
     paths = {node.module_path for node in nodes}
-    for path in paths - layer_cache.keys():
-        layer_cache[path] = layer_of(path)
+    for path in paths:  # not `paths - layer_cache.keys()`: that copies every cached key per call
+        if path not in layer_cache:
+            layer_cache[path] = layer_of(path)
     return Block(
         name=name,
         nodes=tuple(node.name for node in nodes),
