@@ -143,7 +143,7 @@ def solve_dp(problem: Problem, *, segments: Collection[tuple[int, int]] | None =
     nblocks, m = len(problem.blocks), problem.microbatches
     lat = stage_latencies(tab, nblocks, segments)
     candidates = np.unique(np.concatenate([lat.mid[np.isfinite(lat.mid)], lat.last[np.isfinite(lat.last)]]))
-    floor = _latency_floor(tab, nblocks)
+    floor, ordered = _latency_floor(tab, nblocks), candidates.tolist()
     best: tuple[float, list[tuple[int, int, int]]] | None = None
     bound, tried = float(candidates[-1]) if candidates.size else np.inf, 0
     while candidates.size:
@@ -156,7 +156,7 @@ def solve_dp(problem: Problem, *, segments: Collection[tuple[int, int]] | None =
         value = total + (m - 1) * largest
         if best is None or value < best[0]:
             best = (value, stages)
-        below = bisect.bisect_left(candidates.tolist(), largest) - 1
+        below = bisect.bisect_left(ordered, largest) - 1  # the largest candidate below this plan's maximum
         if below < 0 or total + (m - 1) * max(floor, float(candidates[0])) >= best[0]:
             break
         bound = float(candidates[below])
