@@ -7,10 +7,11 @@ Bundled clusters live in ``profiles/clusters/NAME.json`` at the repository root 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from planner.errors import InputFileError
 from planner.formats.cluster import Cluster, cluster_from_dict, load_cluster
+from planner.formats.jsonio import to_plain
 from planner.formats.plan import Plan
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "profiles" / "clusters"
@@ -49,13 +50,5 @@ def embedded_cluster(plan: Plan, what: str = "plan") -> Cluster:
     raw = plan.extra.get("cluster")
     if not isinstance(raw, Mapping):
         raise InputFileError(f"{what} embeds no cluster (field 'cluster' is missing); pass --cluster PATH_OR_NAME")
-    return cluster_from_dict(_plain(raw), f"cluster embedded in {what}")
+    return cluster_from_dict(to_plain(raw), f"cluster embedded in {what}")
 
-
-def _plain(value: Any) -> Any:
-    """Mapping proxies and tuples (as plans hold them) back to JSON-like dicts and lists."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

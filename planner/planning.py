@@ -14,7 +14,7 @@ from typing import Any
 from planner.clusters import load_cluster_spec
 from planner.errors import UsageError
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import SCHEDULES, Plan, save_plan
+from planner.formats.plan import Plan, save_plan
 from planner.formats.profile import load_profile
 
 
@@ -26,14 +26,9 @@ def profile_ref(path: str | Path, model_name: str | None) -> dict[str, Any]:
 def check_settings(method: str, microbatches: int, schedule: str, optimizer: str) -> None:
     """Refuse bad option values as usage errors (exit code 2) before any file is read."""
     from planner.partition.methods import get as get_method
-    from planner.partition.problem import OPTIMIZER_STATES
+    from planner.partition.problem import validate_settings
 
-    if microbatches < 1:
-        raise UsageError(f"--microbatches must be at least 1, found {microbatches}; pass a positive count such as 8")
-    if schedule not in SCHEDULES:
-        raise UsageError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    if optimizer not in OPTIMIZER_STATES:
-        raise UsageError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZER_STATES)}")
+    validate_settings(microbatches, schedule, optimizer)
     get_method(method)
 
 

@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from planner.errors import InputFileError, PlannerError
 
@@ -77,3 +77,12 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def to_plain(value: Any) -> Any:
+    """Mapping proxies and tuples (as the frozen formats hold them) back to JSON-ready dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value

@@ -13,9 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.errors import InputFileError
 from planner.formats._validate import Checker
-from planner.formats.jsonio import read_document, write_json_atomic
+from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -60,9 +59,9 @@ class Plan:
             "schedule": self.schedule,
             "microbatches": self.microbatches,
             "stages": [s.to_dict() for s in self.stages],
-            "predicted": _plain(self.predicted),
+            "predicted": to_plain(self.predicted),
         }
-        data.update(_plain(self.extra))
+        data.update(to_plain(self.extra))
         return data
 
 
@@ -117,11 +116,3 @@ def load_plan(path: str | Path) -> Plan:
 def save_plan(plan: Plan, path: str | Path) -> Path:
     return write_json_atomic(path, plan.to_dict())
 
-
-def _plain(value: Any) -> Any:
-    """Turn mapping proxies and tuples into JSON-ready dicts and lists."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value

@@ -19,7 +19,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from planner.errors import PlannerError
+from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
 from planner.formats.profile import INPUT_OP, Node, OpTime, Profile
 
@@ -90,14 +90,15 @@ Partition = tuple[StageSpec, ...]
 
 
 def validate_settings(microbatches: int, schedule: str, optimizer: str) -> None:
+    """Refuse bad run settings as usage errors (exit code 2 at the CLI)."""
     from planner.formats.plan import SCHEDULES
 
     if microbatches < 1:
-        raise PlannerError(f"--microbatches must be at least 1, found {microbatches}; pass a positive count such as 8")
+        raise UsageError(f"--microbatches must be at least 1, found {microbatches}; pass a positive count such as 8")
     if schedule not in SCHEDULES:
-        raise PlannerError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        raise UsageError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
     if optimizer not in OPTIMIZER_STATES:
-        raise PlannerError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZER_STATES)}")
+        raise UsageError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZER_STATES)}")
 
 
 def cut_bytes(profile: Profile, groups: Sequence[Sequence[str]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
