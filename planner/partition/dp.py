@@ -41,7 +41,7 @@ from planner.partition.objective import (
 )
 from planner.partition.problem import Partition, Problem
 
-__all__ = ["DPResult", "solve_dp", "dp_placer", "MAX_STATES"]
+__all__ = ["DPResult", "solve_dp", "walk_bounds", "state_count", "check_state_space", "dp_placer", "MAX_STATES"]
 
 MAX_STATES = 1 << 16
 """Largest number of class-count states the DP accepts (``prod_c (n_c + 1)`` times the classes)."""
@@ -136,12 +136,40 @@ def solve_dp(problem: Problem, *, segments: Collection[tuple[int, int]] | None =
     space exceeds ``MAX_STATES`` (many devices with per-pair links; use ``--method ilp``).
     """
     tab = class_tables(problem)
-    space = _space(tab.counts)
-    if space.size * len(tab.classes) > MAX_STATES:
-        raise PlannerError(f"the dp method would track {space.size * len(tab.classes)} device-count states for "
+    check_state_space(tab)
+    lat = stage_latencies(tab, len(problem.blocks), segments)
+    value, stages, tried = walk_bounds(problem, tab, lat, len(problem.blocks))
+    partition = assign_devices(tab.classes, stages)
+    return DPResult(partition, step_time_formula_s(problem, partition), tried)
+
+
+def state_count(counts: tuple[int, ...]) -> int:
+    """How many class-count states the DP tracks for classes of ``counts`` devices: ``C * prod_c (n_c + 1)``."""
+    size = 1
+    for n in counts:
+        size *= n + 1
+    return size * len(counts)
+
+
+def check_state_space(tab: ClassTables) -> None:
+    """Raise ``PlannerError`` (before allocating anything) when the state space exceeds ``MAX_STATES``."""
+    states = state_count(tab.counts)
+    if states > MAX_STATES:
+        raise PlannerError(f"the dp method would track {states} device-count states for "
                            f"{len(tab.classes)} device classes (limit {MAX_STATES}); use --method ilp")
-    nblocks, m = len(problem.blocks), problem.microbatches
-    lat = stage_latencies(tab, nblocks, segments)
+
+
+def walk_bounds(problem: Problem, tab: ClassTables, lat: StageLatencies, nblocks: int
+                ) -> tuple[float, list[tuple[int, int, int]], int]:
+    """The exact walk over latency bounds on prebuilt tables: (objective, stages as (start, stop, class), bounds tried).
+
+    ``nblocks`` is the tables' block count (``mapping`` calls it with one "block" per fixed stage).
+    Raises ``PlannerError`` when the class-count state space exceeds ``MAX_STATES``, ``InfeasibleError``
+    when nothing fits.
+    """
+    check_state_space(tab)
+    space = _space(tab.counts)
+    m = problem.microbatches
     candidates = np.unique(np.concatenate([lat.mid[np.isfinite(lat.mid)], lat.last[np.isfinite(lat.last)]]))
     floor, ordered = _latency_floor(tab, nblocks), candidates.tolist()
     best: tuple[float, list[tuple[int, int, int]]] | None = None
@@ -165,8 +193,7 @@ def solve_dp(problem: Problem, *, segments: Collection[tuple[int, int]] | None =
                               "no split of the blocks into stages fits the devices' memory under "
                               f"{problem.schedule} with {m} micro-batches; use more or larger devices, fewer "
                               "micro-batches in flight (1f1b) or a finer --granularity")
-    partition = assign_devices(tab.classes, best[1])
-    return DPResult(partition, step_time_formula_s(problem, partition), tried)
+    return best[0], best[1], tried
 
 
 def _latency_floor(tab: ClassTables, nblocks: int) -> float:

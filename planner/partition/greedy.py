@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 from planner.errors import InfeasibleError, UsageError
 from planner.partition.cost import evaluate, infeasible_reason, transfer_s
 from planner.partition.fill import FillContext, FillDevice, fill, work
+from planner.partition.mapping import exact_mapping_fits, map_stages
 from planner.partition.methods import register
 from planner.partition.problem import Partition, Problem
 
@@ -47,6 +48,8 @@ SEARCHES = ((1.0, 0.0), (1.0, 0.1), (0.0, 0.0))
 counted in full at both cuts (the 1F1B round trip), the same with a stage allowed to give up 10% of
 its compute to end at a cheaper cut, and compute only (the simulator overlaps transfers with compute,
 so the full count can overstate them)."""
+MAP_STAGES = True
+"""Also simulate each simulated candidate re-mapped by ``mapping.map_stages`` (exact DP only)."""
 SIMULATE_WITHIN = 1.25
 """Only candidates whose quick estimate is within this factor of the best estimate are simulated."""
 
@@ -163,11 +166,16 @@ def _bisect(ctx: FillContext, widest: Partition) -> list[tuple[float, Partition]
 
 
 def _best_by_simulation(ctx: FillContext, candidates: list[tuple[float, Partition]]) -> Partition:
-    """Simulate the promising candidates; the smallest step time wins (ties: bottleneck, discovery order).
+    """Simulate the promising candidates and their re-mapped variants; the smallest step time wins.
 
     Promising: by either quick pipeline estimate (``_estimate``: compute only, or with the cut
     transfers counted in full) within ``SIMULATE_WITHIN`` of the best candidate by that estimate;
-    the ``MAX_SIMULATED`` closest are simulated.
+    the ``MAX_SIMULATED`` closest are simulated. Each of those also gets its stages re-mapped onto
+    devices by ``mapping.map_stages`` (the exact device-class DP on the shared objective, only where
+    its state space fits: the fill keeps fast devices first and cannot look ahead to put the slow ones
+    where a light stage or a small cut suits them), and the variant is simulated too. The originals
+    stay in the race, so the mapping can only lower the step time. Ties: smaller bottleneck, then
+    discovery order (originals before variants).
     """
     lean = [_estimate(ctx, partition, 0.0) for _, partition in candidates]
     full = [_estimate(ctx, partition, 1.0) for _, partition in candidates]
@@ -175,11 +183,20 @@ def _best_by_simulation(ctx: FillContext, candidates: list[tuple[float, Partitio
     score = [min(lean[i] / best_lean if best_lean > 0 else 1.0, full[i] / best_full if best_full > 0 else 1.0)
              for i in range(len(candidates))]
     ranked = sorted((score[i], i) for i in range(len(candidates)) if score[i] <= SIMULATE_WITHIN)[:MAX_SIMULATED]
+    chosen = [candidates[order][1] for _, order in ranked]
+    orders = [order for _, order in ranked]
+    if MAP_STAGES and len(ctx.devices) > 1 and exact_mapping_fits(ctx.problem):
+        seen = set(chosen)
+        for partition in list(chosen):
+            mapped = map_stages(ctx.problem, partition, local_search=False)
+            if mapped not in seen:
+                seen.add(mapped)
+                chosen.append(mapped)
+                orders.append(len(candidates) + len(orders))
     scored = []
-    for _, order in ranked:
-        bottleneck, partition = candidates[order]
+    for order, partition in zip(orders, chosen):
         step = evaluate(ctx.problem, partition, record_events=False).step_time_s
-        scored.append((step, bottleneck, order, partition))
+        scored.append((step, _bottleneck(ctx, partition), order, partition))
     return min(scored, key=lambda item: item[:3])[3]
 
 

@@ -5,9 +5,10 @@ heavy cuts sit on fast links and host boundaries fall where the activations are 
 stage's compute runs on a device type that suits it. The score is the exact placers' shared
 objective (``planner.partition.objective``), memory included.
 
-- Exact: the class-count DP of ``planner.partition.dp`` restricted to the partition's own stages
-  (``segments``): it chooses a device class per stage and tracks devices used per class, so it
-  searches every assignment of stages to distinct devices up to interchangeable devices.
+- Exact: the class-count DP of ``planner.partition.dp`` restricted to the partition's own stages: it
+  chooses a device class per stage and tracks devices used per class, so it searches every
+  assignment of stages to distinct devices up to interchangeable devices. Its tables are built over
+  the stages themselves (one "block" per stage), so the cost does not depend on the block count.
 - Beyond ``dp.MAX_STATES`` (many devices with distinct links): deterministic local search over
   swaps of two stages' devices and moves of a stage to an unused device, while the objective drops.
 
@@ -19,29 +20,91 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from planner.errors import InfeasibleError, PlannerError
 from planner.partition.cost import check_fits
-from planner.partition.objective import step_time_formula_s
+from planner.partition.objective import (
+    ClassTables,
+    boundary_s,
+    class_link,
+    device_classes,
+    stage_latencies,
+    stages_room,
+    step_time_formula_s,
+)
 from planner.partition.problem import Partition, Problem, StageSpec
 
-__all__ = ["map_stages", "id_order"]
+__all__ = ["map_stages", "id_order", "exact_mapping_fits"]
 
 log = logging.getLogger(__name__)
 
 
-def map_stages(problem: Problem, partition: Partition) -> Partition:
-    """``partition``'s stages on the devices that minimise the shared objective (exact where the DP fits)."""
-    from planner.partition.dp import solve_dp
+def map_stages(problem: Problem, partition: Partition, *, local_search: bool = True) -> Partition:
+    """``partition``'s stages on the devices that minimise the shared objective (exact where the DP fits).
 
-    segments = [(st.start, st.stop) for st in partition]
+    Beyond the DP's state limit: the local search, or (``local_search=False``) ``partition`` unchanged.
+    """
     try:
-        mapped = solve_dp(problem, segments=segments).partition
+        mapped = _exact(problem, partition)
     except InfeasibleError:
         return partition  # no mapping of these stages fits; the caller's own check reports it
     except PlannerError as exc:  # state space too large: local search instead
+        if not local_search:
+            return partition
         log.info("map_stages: %s; using local search", exc)
         mapped = _local_search(problem, partition)
     return mapped if _value(problem, mapped) < _value(problem, partition) else partition
+
+
+def exact_mapping_fits(problem: Problem) -> bool:
+    """Whether ``map_stages`` would use the exact DP on ``problem``'s cluster (the state space fits)."""
+    from planner.partition.dp import MAX_STATES, state_count
+
+    return state_count(tuple(c.count for c in device_classes(problem))) <= MAX_STATES
+
+
+def _exact(problem: Problem, partition: Partition) -> Partition:
+    """The class-count DP over the fixed stages (``dp.walk_bounds`` on tables with one entry per stage)."""
+    from planner.partition.dp import check_state_space, walk_bounds
+
+    tab = _stage_tables(problem, partition)
+    check_state_space(tab)
+    count = len(partition)
+    segments = [(k, k + 1) for k in range(count)]
+    _, stages, _ = walk_bounds(problem, tab, stage_latencies(tab, count, segments), count)
+    used = [0] * len(tab.classes)
+    out = []
+    for (k, _, c), st in zip(stages, partition):
+        out.append(StageSpec(st.start, st.stop, tab.classes[c].devices[used[c]]))
+        used[c] += 1
+    return tuple(out)
+
+
+def _stage_tables(problem: Problem, partition: Partition) -> ClassTables:
+    """``ClassTables`` whose block ``k`` is stage ``k`` of ``partition`` (same arithmetic as ``class_tables``)."""
+    classes, tables, count = device_classes(problem), problem.tables, len(partition)
+    compute = np.full((len(classes), count + 1, count + 1), np.inf)
+    for c, cls in enumerate(classes):
+        fwd, bwd = tables.fwd_prefix[cls.devices[0]], tables.bwd_prefix[cls.devices[0]]
+        for k, st in enumerate(partition):
+            compute[c, k, k + 1] = (float(fwd[st.stop]) - float(fwd[st.start])
+                                    + float(bwd[st.stop]) - float(bwd[st.start])) * cls.speed
+    boundary = np.full((len(classes), len(classes), max(count - 1, 0)), np.inf)
+    cuts = [st.stop - 1 for st in partition[:-1]]
+    for c, a in enumerate(classes):
+        for d, b in enumerate(classes):
+            link = class_link(problem, a, b)
+            if link is not None:
+                boundary[c, d] = [boundary_s(link, problem.cut_fwd_bytes[j], problem.cut_bwd_bytes[j]) for j in cuts]
+    params, saved = tables.param_prefix, tables.saved_prefix
+    static = np.zeros((count + 1, count + 1), dtype=np.int64)
+    act = np.zeros((count + 1, count + 1), dtype=np.int64)
+    for k, st in enumerate(partition):
+        static[k, k + 1] = (params[st.stop] - params[st.start]) * tables.static_per_param_byte
+        act[k, k + 1] = saved[st.stop] - saved[st.start]
+    room = np.stack([stages_room(problem, cls, static, act) for cls in classes])
+    return ClassTables(classes, compute, boundary, room)
 
 
 def id_order(problem: Problem, partition: Partition) -> Partition:

@@ -38,7 +38,7 @@ from planner.partition.problem import Partition, Problem, StageSpec
 
 __all__ = ["DeviceClass", "device_classes", "stage_latencies_s", "step_time_formula_s", "stage_fits",
            "class_link", "assign_devices", "slot_inflight", "ClassTables", "class_tables",
-           "StageLatencies", "stage_latencies"]
+           "StageLatencies", "stage_latencies", "stages_room"]
 
 
 @dataclass(frozen=True)
@@ -203,23 +203,29 @@ def class_tables(problem: Problem) -> ClassTables:
 
 
 def _max_stages_to_end(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray:
-    tables, big = problem.tables, ClassTables.BIG
+    tables = problem.tables
     params = np.asarray(tables.param_prefix, dtype=np.int64)
     saved = np.asarray(tables.saved_prefix, dtype=np.int64)
     static = (params[None, :] - params[:, None]) * tables.static_per_param_byte
     act = saved[None, :] - saved[:, None]
-    m = problem.microbatches
-    out = np.zeros((len(classes), len(params), len(params)), dtype=np.int64)
-    for c, cls in enumerate(classes):
-        room = cls.memory_bytes - static
-        if problem.schedule == "gpipe":
-            out[c] = np.where(room - act * m >= 0, big, 0)
-        else:  # 1F1B keeps min(m, stages_to_end) micro-batches
-            with np.errstate(divide="ignore"):
-                most = np.where(act > 0, room // np.maximum(act, 1), big)
-            most = np.where(most >= m, big, most)
-            out[c] = np.where(room >= 0, np.maximum(most, 0), 0)
-    return out
+    return np.stack([stages_room(problem, cls, static, act) for cls in classes]) if classes else \
+        np.zeros((0, len(params), len(params)), dtype=np.int64)
+
+
+def stages_room(problem: Problem, cls: DeviceClass, static: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """Per stage (arrays of its static and saved-activation bytes): the most stages-to-end that fit ``cls``.
+
+    0: never fits; ``ClassTables.BIG``: fits whatever its position.
+    """
+    big, m = ClassTables.BIG, problem.microbatches
+    room = cls.memory_bytes - static
+    if problem.schedule == "gpipe":
+        return np.where(room - act * m >= 0, big, 0).astype(np.int64)
+    # 1F1B keeps min(m, stages_to_end) micro-batches
+    with np.errstate(divide="ignore"):
+        most = np.where(act > 0, room // np.maximum(act, 1), big)
+    most = np.where(most >= m, big, most)
+    return np.where(room >= 0, np.maximum(most, 0), 0).astype(np.int64)
 
 
 @dataclass(frozen=True)
