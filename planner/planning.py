@@ -34,7 +34,8 @@ def check_settings(method: str, microbatches: int, schedule: str, optimizer: str
 
 def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Path | None, *, method: str,
                    microbatches: int, schedule: str, optimizer: str = "adam", refine: bool = False,
-                   granularity: str | None = None, time_limit_s: float | None = None) -> Plan:
+                   granularity: str | None = None, time_limit_s: float | None = None,
+                   estimate_precision: str | None = None) -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). Raises ``PlannerError`` on bad input; on any
     error nothing is written."""
@@ -49,6 +50,9 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         raise UsageError(f"--time-limit must be positive seconds, found {time_limit_s}")
     if time_limit_s is not None and method != "ilp":
         raise UsageError(f"--time-limit applies to --method ilp only, found --method {method}")
+    from planner.profile.estimate import check_precision
+
+    check_precision(estimate_precision)
     if output is not None:
         check_writable(output, "plan")
     profile = load_profile(profile_path)
@@ -56,6 +60,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
     plan = partition(profile, cluster, method=method, microbatches=microbatches, schedule=schedule,
                      optimizer=optimizer, refine=refine, granularity=granularity,
+                     estimate_precision=estimate_precision,
                      profile_ref=profile_ref(profile_path, profile.model.get("name")), **options)
     if output is not None:
         save_plan(plan, output)

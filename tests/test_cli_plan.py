@@ -70,11 +70,24 @@ def test_partition_accepts_a_bundled_cluster_name(case, tmp_path: Path) -> None:
     assert load_plan(out).extra["cluster"]["name"]
 
 
+def test_partition_records_the_estimate_precision(case, tmp_path: Path) -> None:  # noqa: ANN001
+    steps = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / f"{precision}.json"
+        code, _, stderr = run(*partition_args(case, out, **{"--cluster": "a100-4", "--estimate-precision": precision}))
+        assert code == 0, stderr
+        plan = load_plan(out)
+        assert plan.extra["estimate_precision"] == precision
+        steps[precision] = plan.step_time_s
+    assert steps["bf16"] < steps["fp32"]  # the a100 times are estimates: half the bytes, tensor-core matmuls
+
+
 @pytest.mark.parametrize(("opts", "needle"), [
     ({"--microbatches": "0"}, "--microbatches"),
     ({"--method": "magic"}, "unknown partition method 'magic'"),
     ({"--schedule": "zigzag"}, "unknown schedule 'zigzag'"),
     ({"--optimizer": "lion"}, "unknown optimizer 'lion'"),
+    ({"--estimate-precision": "fp8"}, "unknown estimate precision 'fp8'"),
 ])
 def test_partition_bad_option_values_are_usage_errors(case, tmp_path: Path, opts: dict, needle: str) -> None:  # noqa: ANN001
     out = tmp_path / "new.json"

@@ -31,10 +31,12 @@ def one_error_line(stderr: str) -> str:
 
 def test_profile_writes_a_valid_file_and_prints_a_summary(tmp_path):
     out = tmp_path / "p.json"
-    code, stdout, stderr = invoke(TINY, "-o", str(out), "--repeats", "2", "--estimate", "h100-sxm,a100-80g")
+    code, stdout, stderr = invoke(TINY, "-o", str(out), "--repeats", "2", "--estimate", "h100-sxm,a100-80g",
+                                  "--estimate-precision", "bf16")
     assert code == 0, stderr
     profile = load_profile(out)
     assert profile.device_types == ("a100-80g", "cpu", "h100-sxm")
+    assert profile.extra["estimate_precision"] == "bf16"
     assert "Top 10 ops" in stdout and "sum of ops / whole" in stdout and "uncounted" in stdout
     assert f"wrote {out}" in stdout
 
@@ -120,6 +122,8 @@ def bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "input mismatch": ([TINY, "--input", "float32[2,16]"], "do not fit the model"),
         "malformed input": ([TINY, "--input", "int64(2,16)"], "input spec"),
         "unknown device": ([TINY, "--estimate", "h100-sxm,h900"], "unknown device type 'h900'"),
+        "unknown precision": ([TINY, "--estimate", "a100-80g", "--estimate-precision", "fp8"],
+                              "unknown estimate precision 'fp8'"),
         "unknown tracer": ([TINY, "--tracer", "jit"], "--tracer must be one of"),
         "bad repeats": ([TINY, "--repeats", "0"], "--repeats must be"),
         "no model": ([], "missing MODEL"),
@@ -129,7 +133,7 @@ def bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
 
 @pytest.mark.parametrize("case", ["module not found", "file not found", "factory not found", "factory raises",
                                   "uncapturable", "export only", "input mismatch", "malformed input",
-                                  "unknown device", "unknown tracer", "bad repeats", "no model", "one rank"])
+                                  "unknown device", "unknown precision", "unknown tracer", "bad repeats", "no model", "one rank"])
 def test_bad_input_gives_one_error_line_and_no_file(tmp_path, monkeypatch, case):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args, expected = bad_cases(tmp_path)[case]

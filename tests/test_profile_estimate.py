@@ -7,7 +7,7 @@ import pytest
 from planner.errors import UsageError
 from planner.formats.profile import Node, OpTime
 from planner.profile.catalog import detect_device_type, device_spec, load_catalog
-from planner.profile.estimate import EFFICIENCY, add_estimates, classify, estimate_node_time
+from planner.profile.estimate import EFFICIENCY, PRECISIONS, add_estimates, classify, estimate_node_time
 
 TYPES = ("h100-sxm", "h200", "a100-80g", "a100-40g", "v100-32g", "t4", "l4", "cpu")
 
@@ -95,3 +95,86 @@ def test_add_estimates_keeps_measured_times_and_rejects_unknown_types():
     assert out[0].time_s["h100-sxm"].source == "estimated"
     with pytest.raises(UsageError):
         add_estimates(nodes, ("tpu",))
+
+
+# --- --estimate-precision -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("device", "precision", "peak"), [
+    ("a100-80g", "fp32", 19.5e12), ("a100-80g", "tf32", 156e12), ("a100-80g", "bf16", 312e12),
+    ("v100-32g", "fp32", 15.7e12), ("v100-32g", "tf32", 15.7e12), ("v100-32g", "bf16", 125e12),
+    ("h100-sxm", "tf32", 494.7e12), ("l4", "tf32", 60e12), ("t4", "tf32", 8.1e12),
+])
+def test_precision_sets_the_matmul_peak(device: str, precision: str, peak: float) -> None:
+    t = estimate_node_time(node(flops=10**13, bwd_flops=2 * 10**13, op_class="matmul", dtype="float32", bytes_moved=0),
+                           device, precision=precision)
+    launch = device_spec(device).launch_overhead_s
+    assert t.fwd == pytest.approx(1e13 / (peak * EFFICIENCY["matmul"][0]) + launch)
+    assert t.bwd == pytest.approx(2e13 / (peak * EFFICIENCY["matmul"][0]) + launch)
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_precision_keeps_non_tensor_core_ops_at_the_fp32_peak(precision: str) -> None:
+    t = estimate_node_time(node(op="aten.gelu.default", flops=10**12, op_class="elementwise", dtype="float32",
+                                bytes_moved=0), "a100-80g", precision=precision)
+    launch = device_spec("a100-80g").launch_overhead_s
+    assert t.fwd == pytest.approx(1e12 / (19.5e12 * EFFICIENCY["elementwise"][0]) + launch)
+
+
+@pytest.mark.parametrize(("precision", "factor"), [("fp32", 1.0), ("tf32", 1.0), ("bf16", 0.5)])
+def test_bytes_moved_scale_with_the_element_size(precision: str, factor: float) -> None:
+    bandwidth = 2.039e12 * EFFICIENCY["elementwise"][1]
+    t = estimate_node_time(node(op="aten.add.Tensor", op_class="elementwise", dtype="float32", bytes_moved=8 * 10**8),
+                           "a100-80g", precision=precision)
+    launch = device_spec("a100-80g").launch_overhead_s
+    assert t.fwd == pytest.approx(factor * 8e8 / bandwidth + launch)
+    assert t.bwd == pytest.approx(2 * factor * 8e8 / bandwidth + launch)
+
+
+def test_a_bf16_profile_estimated_in_fp32_moves_twice_the_bytes() -> None:
+    half = node(op="aten.add.Tensor", op_class="elementwise", dtype="bfloat16", bytes_moved=10**9)
+    as_profiled = estimate_node_time(half, "h100-sxm")
+    as_fp32 = estimate_node_time(half, "h100-sxm", precision="fp32")
+    launch = device_spec("h100-sxm").launch_overhead_s
+    assert as_fp32.fwd - launch == pytest.approx(2 * (as_profiled.fwd - launch))
+
+
+def test_default_precision_is_the_profiled_dtype() -> None:
+    n = node(flops=10**12, op_class="matmul", dtype="float32", bytes_moved=10**6)
+    assert estimate_node_time(n, "a100-80g") == estimate_node_time(n, "a100-80g", precision="fp32")
+
+
+def test_non_float_outputs_are_not_rescaled() -> None:
+    ids = node(op="aten.arange.default", op_class="elementwise", dtype="int64", bytes_moved=10**9)
+    assert estimate_node_time(ids, "a100-80g", precision="bf16") == estimate_node_time(ids, "a100-80g")
+
+
+def test_unknown_precision_is_one_usage_error() -> None:
+    with pytest.raises(UsageError, match="unknown estimate precision 'fp8'; expected one of fp32, tf32, bf16"):
+        estimate_node_time(node(), "a100-80g", precision="fp8")
+
+
+def test_add_estimates_re_estimates_in_another_precision_and_keeps_measured_times() -> None:
+    n = node(flops=10**13, op_class="matmul", dtype="float32", bytes_moved=0)
+    fp32 = add_estimates((n,), ("a100-80g",))
+    bf16 = add_estimates(fp32, ("a100-80g", "cpu"), precision="bf16")[0]
+    assert bf16.time_s["cpu"] == OpTime(1.0, 2.0, "measured")
+    assert bf16.time_s["a100-80g"].fwd < fp32[0].time_s["a100-80g"].fwd / 10
+
+
+def test_build_problem_estimates_in_the_requested_precision() -> None:
+    from planner.formats.cluster import Cluster, Device, Link
+    from planner.formats.profile import Profile
+    from planner.partition.problem import build_problem
+
+    nodes = add_estimates((node(flops=10**13, op_class="matmul", dtype="float32", bytes_moved=0),), ("a100-80g",))
+    profile = Profile(model={"name": "m"}, nodes=nodes)
+    cluster = Cluster("c", (Device("g0", "a100-80g", "h", 80 * 2**30), Device("g1", "v100-32g", "h", 32 * 2**30)),
+                      intra_host=Link(1e11, 0.0), inter_host=Link(1e10, 0.0))
+    default = build_problem(profile, cluster, microbatches=2, schedule="1f1b")
+    bf16 = build_problem(profile, cluster, microbatches=2, schedule="1f1b", estimate_precision="bf16")
+    for dev_type, fp32_peak, bf16_peak in (("a100-80g", 19.5e12, 312e12), ("v100-32g", 15.7e12, 125e12)):
+        launch = device_spec(dev_type).launch_overhead_s
+        # the profile's estimated a100 entry and the missing v100 type are both estimated in bf16
+        assert default.blocks[0].time_s[dev_type][0] - launch == pytest.approx(1e13 / (fp32_peak * 0.7))
+        assert bf16.blocks[0].time_s[dev_type][0] - launch == pytest.approx(1e13 / (bf16_peak * 0.7))
+    assert set(bf16.estimated_types) == {"a100-80g", "v100-32g"}

@@ -36,6 +36,10 @@ def partition_cmd(
                            show_default=False)] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="ilp: solver time limit in seconds "
                           "(default 60); the plan records whether optimality was proven.", show_default=False)] = None,
+    estimate_precision: Annotated[Optional[str], typer.Option("--estimate-precision", help="Precision the roofline "
+                                  "estimates of device types the profile did not measure assume: fp32, tf32 or "
+                                  "bf16 (recorded in the plan). Default: the profiled dtype.",
+                                  show_default=False)] = None,
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -56,7 +60,7 @@ def partition_cmd(
     with err_console.status(f"planning with {method} ...", spinner="dots"):
         plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
-                              time_limit_s=time_limit)
+                              time_limit_s=time_limit, estimate_precision=estimate_precision)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

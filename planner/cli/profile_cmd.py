@@ -31,6 +31,10 @@ def profile_cmd(
     threads: Annotated[int, typer.Option("--threads", help="CPU intra-op threads while timing (0 = leave as is).")] = 1,
     estimate: Annotated[str, typer.Option("--estimate", help="Comma-separated catalog device types to add roofline "
                         "estimates for, e.g. h100-sxm,a100-80g (see profiles/devices.json).")] = "",
+    estimate_precision: Annotated[Optional[str], typer.Option("--estimate-precision", help="Precision the "
+                                  "--estimate times assume: fp32, tf32 or bf16 (mixed precision: matmuls on "
+                                  "half-precision tensor cores, half the bytes). Default: the profiled dtype.",
+                                  show_default=False)] = None,
     probe_links: Annotated[bool, typer.Option("--probe-links", help="Under torchrun (>= 2 ranks): time transfers "
                            "between every pair of ranks and write a cluster file.")] = False,
     cluster_out: Annotated[Optional[Path], typer.Option("--cluster-out", help="Cluster JSON to write when probing "
@@ -48,6 +52,8 @@ def profile_cmd(
 
       plan profile planner.examples.gpt:gpt_small -o profile.json --estimate h100-sxm,a100-80g
 
+      plan profile planner.examples.gpt:gpt_small -o profile.json --estimate a100-80g,v100-32g --estimate-precision bf16
+
       plan profile my_model.py:build --input 'float32[8,3,224,224]' --microbatch-size 4 -o profile.json
 
       torchrun --nproc-per-node 2 --no-python plan profile --probe-links -o cluster.json
@@ -55,6 +61,9 @@ def profile_cmd(
     from planner.formats.jsonio import check_writable
     from planner.profile.catalog import device_spec
 
+    from planner.profile.estimate import check_precision
+
+    check_precision(estimate_precision)
     types = tuple(t.strip() for t in estimate.split(",") if t.strip())
     for dev in types:
         device_spec(dev)
@@ -79,7 +88,7 @@ def profile_cmd(
         result["cluster"] = _probe(cluster_path, rank, as_json)
     if model is not None and rank == 0:
         result["profile"] = _profile(model, profile_path, input_spec, microbatch_size, tracer, repeats, warmup,
-                                     threads, types, top, as_json)
+                                     threads, types, top, as_json, estimate_precision)
     if as_json and rank == 0:
         emit_json(result)
 
@@ -92,7 +101,8 @@ def _check_counts(repeats: int, warmup: int, threads: int, top: int, microbatch_
 
 
 def _profile(model: str, path: Path, input_spec: Optional[str], microbatch_size: Optional[int], tracer: str,
-             repeats: int, warmup: int, threads: int, types: tuple[str, ...], top: int, as_json: bool) -> dict[str, Any]:
+             repeats: int, warmup: int, threads: int, types: tuple[str, ...], top: int, as_json: bool,
+             estimate_precision: Optional[str] = None) -> dict[str, Any]:
     from planner.formats.profile import save_profile
     from planner.profile import profile_model
     from planner.profile.summary import profile_summary, render_summary
@@ -100,7 +110,7 @@ def _profile(model: str, path: Path, input_spec: Optional[str], microbatch_size:
     with _progress(not as_json) as progress:
         profile = profile_model(model, input_spec=input_spec, microbatch_size=microbatch_size, tracer=tracer,
                                 repeats=repeats, warmup=warmup, estimate=types, progress=progress,
-                                threads=threads or None)
+                                threads=threads or None, estimate_precision=estimate_precision)
     save_profile(profile, path)
     summary = profile_summary(profile, top)
     if not as_json:

@@ -28,26 +28,30 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               optimizer: str = "adam", refine: bool = False, weights: Mapping[str, float] | None = None,
               speed_factors: Mapping[str, float] | None = None, profile_ref: Mapping[str, Any] | None = None,
               refine_config: RefineConfig | None = None, granularity: str | None = None,
-              **method_options: Any) -> Plan:
+              estimate_precision: str | None = None, **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
     them; ``speed_factors`` (device id -> multiplier on its compute times) come from measurements.
     ``refine=True`` runs the offline S4-S6 loop (``planner.partition.refine``) and records its rounds
     under ``refine``. ``granularity`` (``op``, ``layer``, ``depth:N``, ``count:N``; default ``op``) sets
-    the blocks placers never split (``planner.partition.granularity``); placers may attach plan fields
+    the blocks placers never split (``planner.partition.granularity``); ``estimate_precision`` (``fp32``,
+    ``tf32``, ``bf16``; default: the profiled dtype) is what roofline estimates of device types assume
+    (``build_problem``), recorded in the plan as ``estimate_precision``; placers may attach plan fields
     (``methods.Placed``, e.g. the ILP's ``solver``). Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
     entry = methods.get(method)
     groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
-                            speed_factors=speed_factors, groups=groups)
+                            speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision)
     reason = infeasible_reason(problem)
     if reason is not None:
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
     extra: dict[str, Any] = {"granularity": granularity} if granularity else {}
+    if estimate_precision is not None:
+        extra["estimate_precision"] = estimate_precision
     if refine:
         result = refine_loop(problem, method, start, method_options, refine_config or RefineConfig())
         chosen, used = result.partition, result.weights

@@ -160,20 +160,27 @@ def build_problem(
     optimizer: str = "adam",
     groups: Sequence[Sequence[str]] | None = None,
     speed_factors: Mapping[str, float] | None = None,
+    estimate_precision: str | None = None,
 ) -> Problem:
     """Build the placers' problem: blocks with per-device-type times, cut bytes, the cluster and settings.
 
     ``groups`` are contiguous runs of the profile's nodes in its order (default: one block per node,
     i.e. op granularity). Device types of the cluster that the profile lacks are estimated with the
     profiler's roofline (``planner.profile.estimate``) and listed in ``Problem.estimated_types``.
+    ``estimate_precision`` (``fp32``, ``tf32``, ``bf16``; default ``None``: the profiled dtype) is the
+    precision those estimates assume; when given, the profile's own ``estimated`` entries of catalog types
+    are re-estimated in it too (measured times are never touched).
     Work is per node and per device *type*, never per device.
     """
+    from planner.profile.estimate import check_precision
+
+    check_precision(estimate_precision)
     validate_settings(microbatches, schedule, optimizer)
     factors = _check_speed_factors(cluster, speed_factors or {})
     names = [[n] for n in (node.name for node in profile.nodes)] if groups is None else [list(g) for g in groups]
     _check_groups(profile, names)
     types = sorted({d.type for d in cluster.devices})
-    times, estimated = _node_times(profile, cluster, types)
+    times, estimated = _node_times(profile, cluster, types, estimate_precision)
     fwd_cut, bwd_cut = cut_bytes(profile, names)
     layers: dict[str, str] = {}
     blocks, start = [], 0
@@ -224,18 +231,27 @@ def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
                            f"the first left out is {profile.nodes[position].name!r}")
 
 
-def _node_times(profile: Profile, cluster: Cluster,
-                types: Sequence[str]) -> tuple[list[list[tuple[float, float]]], set[str]]:
-    """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times."""
+def _node_times(profile: Profile, cluster: Cluster, types: Sequence[str],
+                precision: str | None = None) -> tuple[list[list[tuple[float, float]]], set[str]]:
+    """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times.
+
+    With ``precision``, entries marked ``estimated`` of catalog types are estimated again in it.
+    """
     catalog = _catalog_for_missing(profile, cluster, types)
+    if precision is not None:
+        from planner.profile.catalog import load_catalog
+
+        catalog = catalog or load_catalog()
     estimated: set[str] = set()
     out: list[list[tuple[float, float]]] = []
     for node in profile.nodes:
         row = []
         for dev_type in types:
             op_time = node.time_s.get(dev_type)
-            if op_time is None:
-                op_time = _estimate(node, dev_type, catalog)
+            redo = (precision is not None and op_time is not None and op_time.source == "estimated"
+                    and catalog is not None and dev_type in catalog)
+            if op_time is None or redo:
+                op_time = _estimate(node, dev_type, catalog, precision)
             if op_time.source == "estimated":
                 estimated.add(dev_type)
             row.append((op_time.fwd, op_time.bwd))
@@ -243,11 +259,11 @@ def _node_times(profile: Profile, cluster: Cluster,
     return out, estimated
 
 
-def _estimate(node: Node, device_type: str, catalog: Mapping[str, Any] | None) -> OpTime:
+def _estimate(node: Node, device_type: str, catalog: Mapping[str, Any] | None, precision: str | None) -> OpTime:
     """Roofline estimate of a node the profile did not time on ``device_type``."""
     from planner.profile.estimate import estimate_node_time
 
-    return estimate_node_time(node, device_type, catalog)
+    return estimate_node_time(node, device_type, catalog, precision)
 
 
 def _catalog_for_missing(profile: Profile, cluster: Cluster, types: Sequence[str]) -> Mapping[str, Any] | None:

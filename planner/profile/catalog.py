@@ -39,6 +39,9 @@ class DeviceSpec:
     """Fixed cost per op launch added to every working op by the roofline estimate."""
     sources: Mapping[str, str] = field(default_factory=dict)
     """Where each number comes from."""
+    tf32_flops: float | None = None
+    """Peak dense TF32 tensor-core FLOP/s (optional ``tf32_flops`` in the catalog; ``None``: the device has
+    no TF32 tensor cores, e.g. V100 and T4, and TF32 matmuls run at the fp32 rate)."""
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for values of ``dtype`` (``float32``, ``bfloat16``, ...): fp32 rate unless half precision."""
@@ -62,8 +65,11 @@ def _load(path: str) -> Mapping[str, DeviceSpec]:
         for n, value in nums.items():
             if value <= 0:
                 check.fail(f"devices.{key}.{n}", "positive", value)
+        tf32 = float(check.get(raw, "tf32_flops", float, f"devices.{key}.tf32_flops")) if "tf32_flops" in raw else None
+        if tf32 is not None and tf32 <= 0:
+            check.fail(f"devices.{key}.tf32_flops", "positive", tf32)
         specs[key] = DeviceSpec(type=key, name=str(raw.get("name", key)), memory_bytes=int(nums.pop("memory_bytes")),
-                                sources=MappingProxyType(dict(raw.get("sources", {}))), **nums)
+                                sources=MappingProxyType(dict(raw.get("sources", {}))), tf32_flops=tf32, **nums)
     if not specs:
         raise InputFileError(f"device catalog {path!r} lists no devices; restore profiles/devices.json")
     return MappingProxyType(specs)

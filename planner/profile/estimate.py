@@ -9,12 +9,28 @@ profile ``Node`` alone, so the cost model can estimate any catalog type a profil
 profiles without them fall back to ``2 * output_bytes + param_bytes`` bytes and an op class guessed
 from the op name. Backward: ``bwd_flops`` (else 2x forward FLOPs) and twice the forward bytes
 (read the output gradient and the saved inputs, write the input gradients).
+
+**Precision** (``precision``; ``plan profile --estimate-precision``, ``plan partition --estimate-precision``).
+``None`` (the default) estimates the profiled dtype: a float32 CPU profile at each GPU's fp32 peak, which
+is honest about what was measured but not how models are trained on GPUs. The explicit options assume
+the training precision instead (:data:`PRECISIONS`):
+
+- ``fp32``: every op at the fp32 peak, 4-byte floats;
+- ``tf32``: matmuls and attention on TF32 tensor cores (``tf32_flops``; the fp32 rate on devices
+  without them, V100 and T4), other ops at the fp32 peak, 4-byte floats;
+- ``bf16`` (mixed precision, autocast): matmuls and attention at the half-precision tensor-core peak
+  (``bf16_flops``; fp16 on V100 and T4), other ops at the fp32 peak, 2-byte floats.
+
+Bytes moved scale with the element size: a float32 node's ``bytes_moved`` is halved under ``bf16``
+(non-float outputs such as token ids are not scaled). Only op *times* change; the profile's activation,
+parameter and cut bytes (memory, transfers) stay as profiled, which overstates them under bf16.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
+from planner.errors import UsageError
 from planner.formats.profile import INPUT_OP, Node, OpTime
 from planner.profile.catalog import DeviceSpec, device_spec
 
@@ -28,6 +44,16 @@ EFFICIENCY: Mapping[str, tuple[float, float]] = {
 Dense GEMMs/convolutions reach ~70% of tensor-core peak in large training runs (e.g. Megatron-LM's
 reported ~50-75% model FLOPs utilisation); fused attention ~50%; element-wise, norm and reduction
 kernels are bandwidth bound at 60-70% of peak bandwidth. Assumed round numbers, not fitted."""
+
+PRECISIONS: Mapping[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2}
+"""Training precisions the estimate can assume -> bytes per floating-point element."""
+
+TENSOR_CORE_CLASSES = ("matmul", "attention")
+"""Op classes that run on tensor cores under ``tf32`` and ``bf16``; the others stay at the fp32 rate."""
+
+FLOAT_BYTES: Mapping[str, int] = {"float32": 4, "float": 4, "float64": 8, "double": 8, "bfloat16": 2,
+                                  "float16": 2, "half": 2}
+"""Element size of the floating dtypes a profile node may record (``extra["dtype"]``)."""
 
 FREE_CLASSES = ("input", "view")
 """Classes that do no work: model inputs, views, getitem, shape queries (time 0, no launch)."""
@@ -72,15 +98,49 @@ def node_bytes(node: Node) -> int:
     return 2 * node.output_bytes + node.param_bytes
 
 
-def estimate_node_time(node: Node, device_type: str, catalog: Mapping[str, DeviceSpec] | None = None) -> OpTime:
-    """Roofline forward and backward seconds of ``node`` on ``device_type`` (source ``estimated``)."""
+def check_precision(precision: str | None) -> str | None:
+    """``precision`` if it is ``None`` or one of :data:`PRECISIONS`; a one-line ``UsageError`` otherwise."""
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"unknown estimate precision {precision!r}; expected one of {', '.join(PRECISIONS)} "
+                         "(or leave it out to estimate the profiled dtype)")
+    return precision
+
+
+def peak_flops(spec: DeviceSpec, cls: str, dtype: str, precision: str | None) -> float:
+    """Peak FLOP/s the estimate assumes for an op of class ``cls`` (module docstring, **Precision**)."""
+    if precision is None:
+        return spec.peak_flops(dtype)
+    if cls not in TENSOR_CORE_CLASSES or precision == "fp32":
+        return spec.fp32_flops
+    if precision == "tf32":
+        return spec.tf32_flops or spec.fp32_flops
+    return spec.bf16_flops
+
+
+def scaled_bytes(node: Node, precision: str | None) -> int:
+    """Bytes the op moves in ``precision``: ``node_bytes`` times target over profiled float element size."""
+    nbytes = node_bytes(node)
+    source = FLOAT_BYTES.get(str(node.extra.get("dtype", "float32")))
+    if precision is None or source is None:
+        return nbytes
+    check_precision(precision)
+    return nbytes * PRECISIONS[precision] // source
+
+
+def estimate_node_time(node: Node, device_type: str, catalog: Mapping[str, DeviceSpec] | None = None,
+                       precision: str | None = None) -> OpTime:
+    """Roofline forward and backward seconds of ``node`` on ``device_type`` (source ``estimated``).
+
+    ``precision``: ``None`` (the profiled dtype) or one of :data:`PRECISIONS` (module docstring).
+    """
+    check_precision(precision)
     spec = device_spec(device_type, catalog)
     cls = node_class(node)
     if cls in FREE_CLASSES:
         return OpTime(0.0, 0.0, "estimated")
     compute_eff, memory_eff = EFFICIENCY.get(cls, EFFICIENCY["elementwise"])
-    peak = spec.peak_flops(str(node.extra.get("dtype", "float32")))
-    nbytes = node_bytes(node)
+    peak = peak_flops(spec, cls, str(node.extra.get("dtype", "float32")), precision)
+    nbytes = scaled_bytes(node, precision)
     fwd = _roofline(node.flops, nbytes, peak * compute_eff, spec.memory_bandwidth_Bps * memory_eff) + spec.launch_overhead_s
     if node.extra.get("grad") is False:
         return OpTime(fwd, 0.0, "estimated")
@@ -94,10 +154,15 @@ def _roofline(flops: int, nbytes: int, flops_per_s: float, bytes_per_s: float) -
 
 
 def add_estimates(nodes: tuple[Node, ...], device_types: tuple[str, ...],
-                  catalog: Mapping[str, DeviceSpec] | None = None) -> tuple[Node, ...]:
-    """Nodes with an estimated ``time_s`` entry added for each of ``device_types`` (measured entries kept)."""
+                  catalog: Mapping[str, DeviceSpec] | None = None, precision: str | None = None) -> tuple[Node, ...]:
+    """Nodes with an estimated ``time_s`` entry added for each of ``device_types`` (measured entries kept).
+
+    Existing ``estimated`` entries of those types are replaced (so re-estimating in another precision works).
+    """
     from dataclasses import replace
     from types import MappingProxyType
+
+    check_precision(precision)
 
     for dev in device_types:
         device_spec(dev, catalog)  # fail on an unknown type before touching any node
@@ -106,6 +171,6 @@ def add_estimates(nodes: tuple[Node, ...], device_types: tuple[str, ...],
         times = dict(node.time_s)
         for dev in device_types:
             if dev not in times or times[dev].source == "estimated":
-                times[dev] = estimate_node_time(node, dev, catalog)
+                times[dev] = estimate_node_time(node, dev, catalog, precision)
         out.append(replace(node, time_s=MappingProxyType(times)))
     return tuple(out)

@@ -13,19 +13,23 @@ from planner.errors import ModelError
 from planner.formats.profile import Node, OpTime, Profile
 from planner.profile.capture import Captured, capture
 from planner.profile.catalog import detect_device_type, device_spec, load_catalog
-from planner.profile.estimate import FREE_CLASSES, add_estimates
+from planner.profile.estimate import FREE_CLASSES, add_estimates, check_precision
 from planner.profile.loader import batch_size, load_factory
 from planner.profile.measure import Measurement, Progress, measure
 
 
 def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: int | None = None,
                   tracer: str = "auto", repeats: int = 5, warmup: int = 2, estimate: Sequence[str] = (),
-                  progress: Progress | None = None, device: str | None = None, threads: int | None = 1) -> Profile:
+                  progress: Progress | None = None, device: str | None = None, threads: int | None = 1,
+                  estimate_precision: str | None = None) -> Profile:
     """Profile the model of ``spec`` (``pkg.mod:factory`` or ``file.py:factory``) on the local device.
 
-    ``estimate`` lists catalog device types to add roofline estimates for; ``threads`` pins CPU
+    ``estimate`` lists catalog device types to add roofline estimates for, assuming
+    ``estimate_precision`` (``None``: the profiled dtype; ``fp32``, ``tf32``, ``bf16``: see
+    ``planner.profile.estimate``), recorded as ``estimate_precision``; ``threads`` pins CPU
     intra-op threads while timing (1 by default, so per-op and whole-model times compare fairly).
     """
+    check_precision(estimate_precision)
     catalog = load_catalog()
     estimate = tuple(dict.fromkeys(estimate))
     for dev in estimate:
@@ -44,7 +48,9 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
     estimated = tuple(d for d in estimate if d != device_type)
     if estimated:
         extra["estimated_device_types"] = list(estimated)
-    nodes = add_estimates(profile.nodes, estimated, catalog)
+        if estimate_precision is not None:
+            extra["estimate_precision"] = estimate_precision
+    nodes = add_estimates(profile.nodes, estimated, catalog, estimate_precision)
     return Profile(model=profile.model, nodes=nodes, extra=MappingProxyType(extra))
 
 
