@@ -94,6 +94,36 @@ def cached_profile(name: str) -> Profile:
     return profile
 
 
+def with_precision(profile: Profile, precision: str) -> Profile:
+    """``profile`` with every estimated device type estimated again assuming ``precision`` (measured kept)."""
+    from dataclasses import replace
+
+    from planner.profile.estimate import add_estimates
+
+    estimated = tuple(sorted({t for node in profile.nodes for t, op in node.time_s.items() if op.source == "estimated"}))
+    return replace(profile, nodes=add_estimates(profile.nodes, estimated, precision=precision),
+                   extra={**profile.extra, "estimate_precision": precision})
+
+
+def gain_bound(problem: Problem) -> dict[str, float]:
+    """Idealised upper bound on any plan's gain over torchgpipe's identical-device balance.
+
+    torchgpipe balances the work ``W`` (on device 0's type) into ``p`` equal stages; a device whose
+    type needs ``r_d`` times device 0's time for the same work runs its stage in ``r_d W / p``, so the
+    bottleneck is ``max_d r_d W / p``. No plan's bottleneck beats perfect fractional balance,
+    ``W / sum_d (1 / r_d)``. Hence, ignoring transfers, per-block variation of ``r`` and torchgpipe's own
+    imbalance (it balances whole layers), the steady-state gain is at most
+    ``max_d r_d * sum_d (1 / r_d) / p``; with p_fast fast and p_slow slow devices, ``(r p_fast + p_slow) / p``.
+    For two device types with device 0 of the fast one this also bounds the fill and drain (torchgpipe's
+    sum of stage times is ``W (p_fast + r p_slow) / p``, no plan's is below ``W``), so the whole step.
+    """
+    devices = problem.cluster.devices
+    work = {t: sum(sum(b.time_s[t]) for b in problem.blocks) for t in {d.type for d in devices}}
+    ratios = [work[d.type] / work[devices[0].type] for d in devices]
+    return {"max_ratio": max(ratios), "min_ratio": min(ratios),
+            "bound": max(ratios) * sum(1 / r for r in ratios) / len(ratios)}
+
+
 # --- one case --------------------------------------------------------------------------------------
 
 @dataclass
@@ -166,7 +196,8 @@ def run_case(profile: Profile, cluster_name: str, m: int) -> dict[str, Any]:
     if len(profile.nodes) <= FINE_MAX_OPS:
         fine = build_problem(profile, cluster, microbatches=m, schedule=SCHEDULE, optimizer=OPTIMIZER)
         runs.update({method: plan_run(profile, cluster_name, m, method, fine) for method in FINE})
-    case: dict[str, Any] = {"blocks": len(problem.blocks), "devices": len(cluster.devices), "runs": runs}
+    case: dict[str, Any] = {"blocks": len(problem.blocks), "devices": len(cluster.devices), "runs": runs,
+                            "gain_bound": gain_bound(problem)}
     ilp = runs["ilp"]
     if ilp.partition is not None:
         try:
@@ -212,7 +243,8 @@ def best_of(runs: dict[str, Run], names: tuple[str, ...]) -> float:
                default=float("nan"))
 
 
-def render(results: dict[tuple[str, str, int], dict[str, Any]], command: str, elapsed_s: float) -> str:
+def render(results: dict[tuple[str, str, int], dict[str, Any]], command: str, elapsed_s: float,
+           bf16: dict[tuple[str, str, int], dict[str, Any]] | None = None) -> str:
     lines = [header(command, elapsed_s)]
     lines += ["## Simulated step time (ms per step; † = does not fit in memory)", "",
               "| model | cluster | m | blocks | " + " | ".join(METHODS) + " | ILP status (gap) | best ours / torchgpipe |",
@@ -256,8 +288,40 @@ def render(results: dict[tuple[str, str, int], dict[str, Any]], command: str, el
             lines.append(f"| {model} | {cl} | {m} | {name} | {ms(g['id_order_step_s'])} ({ms(g['id_order_formula_s'])}) "
                          f"| {ms(g['mapped_step_s'])} ({ms(g['mapped_formula_s'])}) "
                          f"| {ratio(g['id_order_step_s'], g['mapped_step_s']):.3f}x |")
+    lines += gain_section(results, bf16 or {})
     lines += ["", summary(results)]
+    if bf16:
+        lines += ["", summary(bf16, title="Summary, mixed clusters with bf16 estimates (computed by the suite)")]
     return "\n".join(lines) + "\n"
+
+
+def gain_section(results: dict[tuple[str, str, int], dict[str, Any]],
+                 bf16: dict[tuple[str, str, int], dict[str, Any]]) -> list[str]:
+    """Mixed clusters: measured gain over torchgpipe next to the idealised bound, fp32 and bf16 estimates."""
+    lines = ["", "## Mixed clusters: gain over torchgpipe against its bound, fp32 and bf16 estimates", "",
+             "r = slowest device type's total fwd+bwd time / device 0's type (torchgpipe balances on device 0); "
+             "bound = max_d r_d * sum_d (1 / r_d) / p, the ceiling on any plan's steady-state gain over a *perfectly "
+             "balanced* torchgpipe split (transfers ignored; `gain_bound` in bench/suite.py); measured gains above it "
+             "come from torchgpipe's imperfect whole-layer balance, which shows on identical devices too. Gains are torchgpipe / best of ours "
+             "(simulated), on layer blocks and including our op-granularity plans. bf16: the GPU times re-estimated "
+             "with `--estimate-precision bf16` (matmuls on half-precision tensor cores, half the bytes).", "",
+             "| model | cluster | m | r fp32 | bound fp32 | gain fp32 (layer / any) | r bf16 | bound bf16 "
+             "| gain bf16 (layer / any) |", "|" + "---|" * 9]
+    for key, case in results.items():
+        model, cl, m = key
+        if cl not in MIXED:
+            continue
+        cells = []
+        for c in (case, bf16.get(key)):
+            if c is None:
+                cells += ["-", "-", "-"]
+                continue
+            g, runs = c["gain_bound"], c["runs"]
+            cells += [f"{g['max_ratio']:.2f}", f"{g['bound']:.3f}x",
+                      f"{ratio(runs['torchgpipe'].step_s, best_of(runs, OURS)):.3f}x / "
+                      f"{ratio(runs['torchgpipe'].step_s, best_of(runs, OURS + FINE)):.3f}x"]
+        lines.append(f"| {model} | {cl} | {m} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def header(command: str, elapsed_s: float) -> str:
@@ -272,7 +336,7 @@ def header(command: str, elapsed_s: float) -> str:
             f"`{GRANULARITY}`, ILP limit {ILP_TIME_LIMIT_S:.0f} s, one thread.\n")
 
 
-def summary(results: dict[tuple[str, str, int], dict[str, Any]]) -> str:
+def summary(results: dict[tuple[str, str, int], dict[str, Any]], title: str = "Summary (computed by the suite)") -> str:
     total = len(results)
     proven = [k for k, c in results.items() if c["runs"]["ilp"].solver.get("result") == "optimal"]
     small = [k for k, c in results.items() if c["blocks"] <= 64 and c["devices"] <= 8]
@@ -280,7 +344,7 @@ def summary(results: dict[tuple[str, str, int], dict[str, Any]]) -> str:
     agree = [k for k, c in results.items() if abs(c["runs"]["dp"].formula_s - c["runs"]["ilp"].formula_s)
              <= max(c["runs"]["ilp"].solver.get("gap", 0), 1e-6) * c["runs"]["ilp"].formula_s]
     far = [k for k, c in results.items() if c["runs"]["greedy+refine"].step_s > 1.05 * c["runs"]["ilp"].step_s]
-    out = ["## Summary (computed by the suite)", "",
+    out = [f"## {title}", "",
            f"- ILP proven optimal (HiGHS `Optimal`, gap <= 1e-4): {len(proven)} of {total} runs.",
            f"- Cases with <= 64 blocks x <= 8 devices proven within the limit (gap <= 1%): {len(small_proven)} of {len(small)}"
            + (f"; not: {', '.join(map(_key, sorted(set(small) - set(small_proven))))}" if set(small) - set(small_proven) else "") + ".",
@@ -321,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
     parser.add_argument("--microbatches", nargs="+", type=int, default=list(MICROBATCHES))
     parser.add_argument("--output", default=str(REPO / "docs" / "benchmarks.md"))
+    parser.add_argument("--skip-bf16", action="store_true",
+                        help="skip the second pass over the mixed clusters with bf16 estimates")
     args = parser.parse_args(argv)
     command = "python3 bench/suite.py" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:]))
     began = time.perf_counter()
@@ -335,8 +401,16 @@ def main(argv: list[str] | None = None) -> None:
                       + " ".join(f"{k}={cell(r)}" for k, r in case["runs"].items())
                       + f" ilp={ilp.solver.get('result')} gap={ilp.solver.get('gap', float('nan')):.4f} t_ilp={ilp.wall_s:.1f}s",
                       file=sys.stderr, flush=True)
+    bf16: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for model in [] if args.skip_bf16 else args.models:
+        profile = with_precision(cached_profile(model), "bf16")
+        for cl in [c for c in args.clusters if c in MIXED]:
+            for m in args.microbatches:
+                bf16[(model, cl, m)] = case = run_case(profile, cl, m)
+                print(f"bf16 {model:13s} {cl:22s} m={m:<3d} " + " ".join(f"{k}={cell(r)}" for k, r in case["runs"].items()),
+                      file=sys.stderr, flush=True)
     (CACHE / "suite.json").write_text(json.dumps(to_json(results), indent=1))
-    text = render(results, command, time.perf_counter() - began)
+    text = render(results, command, time.perf_counter() - began, bf16)
     out = Path(args.output)
     notes = _kept_notes(out)
     out.write_text(text + notes)
