@@ -19,8 +19,9 @@ The search runs with three load models (``SEARCHES``: cut transfers counted in f
 some slack to reach a cheaper cut, compute only), because how much transfers delay a pipeline
 depends on the schedule and links; all their cut sets are candidates. In each, ``T`` is bisected
 between a lower bound and the period of the memory-only fill, then tried on a ladder just above the
-smallest feasible value; the promising distinct cut sets are simulated and the smallest simulated
-step time wins (ties: smaller bottleneck, then the order found).
+smallest feasible value; the promising distinct cut sets are simulated, each also re-mapped onto
+devices by ``mapping.map_stages`` (the fill cannot look ahead to put slow devices where they suit),
+and the smallest simulated step time wins (ties: smaller bottleneck, then the order found).
 Deterministic: equal finish times go to the device listed first in the cluster file.
 """
 
