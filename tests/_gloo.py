@@ -20,6 +20,9 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, store_path: str, args:
                             timeout=timedelta(seconds=60))
     try:
         fn(rank, world, *args)
+        # Leave together: a rank that tears gloo down while its peer still finishes can abort the
+        # peer ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
