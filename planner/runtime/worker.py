@@ -187,7 +187,9 @@ def run_rank(config: RunConfig) -> dict[str, Any]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
     try:
-        return _train(config, prepared, rank, device)
+        summary = _train(config, prepared, rank, device)
+        dist.barrier()  # leave together: gloo aborts a peer torn down mid-transfer
+        return summary
     finally:
         dist.destroy_process_group()
 
