@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
 
+from planner.examples import BUNDLED  # noqa: E402
 from planner.clusters import bundled_clusters, load_cluster_spec  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.formats.cluster import Cluster  # noqa: E402
@@ -46,16 +47,7 @@ from planner.partition.problem import Problem, build_problem  # noqa: E402
 from planner.partition.synthetic import synthetic_cluster, transformer_like  # noqa: E402
 from planner.partition.validate import validate_plan  # noqa: E402
 
-MODELS = {
-    "gpt_tiny": "planner.examples.gpt:gpt_tiny",
-    "gpt_small": "planner.examples.gpt:gpt_small",
-    "gpt_medium": "planner.examples.gpt:gpt_medium",
-    "resnet_small": "planner.examples.resnet:resnet_small",
-    "unet_small": "planner.examples.unet:unet_small",
-    "gpt2_small": "planner.examples.hf:gpt2_small",
-    "bert_small": "planner.examples.hf:bert_small",
-    "llama_small": "planner.examples.hf:llama_small",
-}
+MODELS = dict(BUNDLED)
 CACHE = REPO / "bench" / ".cache"
 MICROBATCHES = 8
 SCHEDULE = "1f1b"

@@ -29,19 +29,12 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
+from planner.examples import BUNDLED  # noqa: E402
 from planner.formats.profile import load_profile  # noqa: E402
 from planner.profile import profile_model  # noqa: E402
 
-MODELS = {
-    "gpt_tiny": "planner.examples.gpt:gpt_tiny",
-    "gpt_small": "planner.examples.gpt:gpt_small",
-    "gpt_medium": "planner.examples.gpt:gpt_medium",
-    "resnet_small": "planner.examples.resnet:resnet_small",
-    "unet_small": "planner.examples.unet:unet_small",
-    "gpt2_small (HF)": "planner.examples.hf:gpt2_small",
-    "bert_small (HF)": "planner.examples.hf:bert_small",
-    "llama_small (HF)": "planner.examples.hf:llama_small",
-}
+MODELS = {f"{name} (HF)" if spec.startswith("planner.examples.hf:") else name: spec
+          for name, spec in BUNDLED.items()}
 
 HF_FILE = """
     import torch

@@ -31,18 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
 
+from planner.examples import BUNDLED  # noqa: E402
 from planner.formats.cluster import load_cluster  # noqa: E402
 from planner.formats.plan import Plan, load_plan, save_plan  # noqa: E402
 from planner.formats.profile import load_profile, save_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
 from planner.planning import profile_ref  # noqa: E402
 
-MODELS = {
-    "gpt_small": "planner.examples.gpt:gpt_small",
-    "resnet_small": "planner.examples.resnet:resnet_small",
-    "unet_small": "planner.examples.unet:unet_small",
-    "gpt2_small": "planner.examples.hf:gpt2_small",
-}
+MODELS = {name: BUNDLED[name] for name in ("gpt_small", "resnet_small", "unet_small", "gpt2_small")}
 CACHE = REPO / "bench" / ".cache" / "run"
 CLUSTER = REPO / "profiles" / "clusters" / "cpu-2.json"
 MICROBATCHES = 8

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from planner.examples import BUNDLED  # noqa: E402
 from planner.clusters import bundled_clusters, load_cluster_spec  # noqa: E402
 from planner.errors import InfeasibleError, PlannerError  # noqa: E402
 from planner.formats.profile import Profile, load_profile, save_profile  # noqa: E402
@@ -48,13 +49,7 @@ from planner.partition.objective import step_time_formula_s  # noqa: E402
 from planner.partition.problem import Partition, Problem, StageSpec, build_problem  # noqa: E402
 
 CACHE = REPO / "bench" / ".cache"
-MODELS = {
-    "gpt_tiny": "planner.examples.gpt:gpt_tiny", "gpt_small": "planner.examples.gpt:gpt_small",
-    "gpt_medium": "planner.examples.gpt:gpt_medium", "resnet_small": "planner.examples.resnet:resnet_small",
-    "unet_small": "planner.examples.unet:unet_small", "gpt2_small": "planner.examples.hf:gpt2_small",
-    "bert_small": "planner.examples.hf:bert_small", "llama_small": "planner.examples.hf:llama_small",
-    "gpt3_96": "synth:gpt_medium:96",
-}
+MODELS = {**BUNDLED, "gpt3_96": "synth:gpt_medium:96"}
 CLUSTERS = ("a100-4", "dgx-h100-8", "a100-2x8-ib", "mixed-a100-v100-pcie", "mixed-3type-2host")
 MIXED = ("mixed-a100-v100-pcie", "mixed-3type-2host")
 TWO_HOSTS = ("a100-2x8-ib", "mixed-3type-2host")
