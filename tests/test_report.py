@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,20 +10,11 @@ from rich.console import Console
 
 from planner.errors import PlannerError
 from planner.formats.plan import plan_from_dict
+from planner.partition.simulate import Event as Ev
 from planner.report.events import event_label, split_tracks
 from planner.report.table import compact_layers, fmt_bytes, fmt_time, layer_span, plan_summary, stage_table, summary_text
 from planner.report.timeline import render_timeline, write_timeline
 from planner.report.trace import DEVICES_PID, LINKS_PID, chrome_trace
-
-
-@dataclass(frozen=True)
-class Ev:
-    resource: str
-    kind: str
-    stage: int
-    microbatch: int
-    start_s: float
-    end_s: float
 
 
 EVENTS = (

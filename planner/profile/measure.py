@@ -284,7 +284,7 @@ def _aliases(value: Any, inputs: Any, params: list[torch.Tensor]) -> bool:
         return True
     sources = {_storage_key(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
     sources |= {_storage_key(p) for p in params}
-    return all(_storage_key(t) in sources for t in outs)
+    return all(key != 0 and key in sources for key in map(_storage_key, outs))
 
 
 def _is_mutable(op: CapturedOp) -> bool:
@@ -296,6 +296,8 @@ def _is_mutable(op: CapturedOp) -> bool:
 
 
 def _storage_key(t: torch.Tensor) -> int:
+    """The data pointer of ``t``'s storage, or 0 for a tensor without one (sparse, meta): unknown,
+    so such a tensor is neither counted as saved nor taken for an alias of anything."""
     try:
         return int(t.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):
