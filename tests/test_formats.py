@@ -97,12 +97,23 @@ def test_cluster_links_by_host_and_pairs() -> None:
     assert cluster.transfer_s("d2", "d1", 1e9) == pytest.approx(1.0 + 1e-5)
 
 
+def test_host_copy_links_round_trip_and_charge_their_endpoints() -> None:
+    doc = _cluster_doc()
+    doc["links"]["intra_host"]["host_copy"] = True
+    cluster = cluster_from_dict(doc)
+    assert cluster.intra_host.host_copy and not cluster.inter_host.host_copy
+    assert cluster.intra_host.copy_s(1e10) == pytest.approx(1.0) and cluster.inter_host.copy_s(1e10) == 0.0
+    assert cluster_from_dict(cluster.to_dict()) == cluster
+    assert "host_copy" not in cluster.to_dict()["links"]["inter_host"]
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda d: d.update(devices=[]), "devices.*non-empty"),
         (lambda d: d["devices"][1].update(id="d0"), "unique"),
         (lambda d: d["links"]["intra_host"].update(bandwidth_Bps=0), "positive"),
+        (lambda d: d["links"]["intra_host"].update(host_copy="yes"), "host_copy.*true or false"),
         (lambda d: d["links"].update(pairs=[{"a": "d0", "b": "zz", "bandwidth_Bps": 1, "latency_s": 0}]), "known device"),
     ],
 )

@@ -125,3 +125,59 @@ def test_types_marked_estimated_in_the_profile_are_reported() -> None:
 
     problem = build_problem(profile_from_dict(data), cluster(1), microbatches=1, schedule="gpipe")
     assert problem.estimated_types == ("cpu",)
+
+
+def with_whole_model(prof, **whole):
+    """``prof`` measured on ``cpu`` with the given ``whole_model`` figures."""
+    from planner.formats.profile import Profile
+
+    return Profile(model=prof.model, nodes=prof.nodes, extra={"device_type": "cpu", "whole_model": whole})
+
+
+def test_measured_times_are_calibrated_to_a_training_micro_batch() -> None:
+    # chain(3): ops sum to 3 x (1 + 2) = 9 s; one training micro-batch of the whole model took 10.8 s.
+    prof = with_whole_model(chain(3), train_s=10.8)
+    net = cluster(2, types=["cpu", "a100-80g"])
+    problem = build_problem(prof, net, microbatches=2, schedule="1f1b")
+    assert problem.calibration == pytest.approx({"cpu": 1.2})
+    assert problem.blocks[1].time_s["cpu"] == pytest.approx((1.2, 2.4))
+    raw = build_problem(chain(3), net, microbatches=2, schedule="1f1b")
+    assert problem.blocks[1].time_s["a100-80g"] == raw.blocks[1].time_s["a100-80g"]  # estimates untouched
+
+
+@pytest.mark.parametrize("whole", [{}, {"train_s": 0.0}, {"train_s": 90.0}, {"train_s": 1.0}])
+def test_calibration_is_skipped_without_a_usable_training_time(whole) -> None:
+    # missing, zero, or outside CALIBRATION_RANGE (10x / 0.11x the ops' sum: the per-op method failed)
+    problem = build_problem(with_whole_model(chain(3), **whole), cluster(2), microbatches=2, schedule="1f1b")
+    assert problem.calibration == {}
+    assert problem.blocks[1].time_s["cpu"] == (1.0, 2.0)
+
+
+def test_optimizer_update_rate_is_measured_on_the_profiled_type_and_estimated_elsewhere() -> None:
+    from planner.profile.catalog import load_catalog
+    from planner.profile.estimate import estimate_update_s_per_param_byte
+
+    prof = with_whole_model(chain(3), update_s={"adam": 0.3, "sgd": 0.1}, update_param_bytes=30)
+    net = cluster(2, types=["cpu", "a100-80g"])
+    adam = build_problem(prof, net, microbatches=2, schedule="1f1b", optimizer="adam")
+    sgd = build_problem(prof, net, microbatches=2, schedule="1f1b", optimizer="sgd")
+    assert adam.update_s_per_param_byte["cpu"] == pytest.approx(0.01)
+    assert sgd.update_s_per_param_byte["cpu"] == pytest.approx(0.1 / 30)
+    a100 = load_catalog()["a100-80g"]
+    assert adam.update_s_per_param_byte["a100-80g"] == pytest.approx(estimate_update_s_per_param_byte("adam", a100))
+    assert sgd.update_s_per_param_byte["a100-80g"] < adam.update_s_per_param_byte["a100-80g"]
+    # a profile without the measurement: no update time on its (measured, non-catalog-estimated) type
+    assert "cpu" not in build_problem(chain(3), net, microbatches=2, schedule="1f1b").update_s_per_param_byte
+
+
+def test_each_stage_pays_the_update_of_its_own_parameters() -> None:
+    from planner.partition.cost import evaluate, stage_sims
+    from planner.partition.problem import StageSpec
+
+    prof = with_whole_model(chain(4), update_s={"adam": 0.4, "sgd": 0.1}, update_param_bytes=40)
+    problem = build_problem(prof, cluster(2), microbatches=2, schedule="1f1b")
+    split = (StageSpec(0, 2, "d0"), StageSpec(2, 5, "d1"))  # chain(4): input + 4 ops of 10 param bytes
+    sims = stage_sims(problem, split)
+    assert [s.update_s for s in sims] == pytest.approx([0.1, 0.3])
+    plain = build_problem(chain(4), cluster(2), microbatches=2, schedule="1f1b")
+    assert evaluate(problem, split).step_time_s > evaluate(plain, split).step_time_s

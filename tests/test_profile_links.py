@@ -48,6 +48,14 @@ def test_cluster_from_pairs_on_two_hosts():
     assert len(cluster.extra["probe_samples"]) == 3
 
 
+def test_cpu_ranks_copy_their_own_bytes_gpus_do_not():
+    cpus = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)])
+    assert cpus.intra_host.host_copy and cpus.inter_host.host_copy and cpus.link("rank0", "rank1").host_copy
+    gpus = build_cluster("t", [{**info(0, "h"), "type": "h100-sxm"}, {**info(1, "h"), "type": "h100-sxm"}],
+                         [fit(0, 1, 3e11, 5e-6)])
+    assert not gpus.intra_host.host_copy and not gpus.link("rank0", "rank1").host_copy
+
+
 def test_single_host_marks_inter_host_as_assumed():
     cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)])
     assert cluster.inter_host.source.startswith("assumed")
@@ -75,4 +83,5 @@ def test_two_gloo_ranks_write_a_valid_cluster(tmp_path):
     assert all(d.type == "cpu" and d.memory_bytes > 0 for d in cluster.devices)
     pair = cluster.pairs[("rank0", "rank1")]
     assert pair.bandwidth_Bps > 0 and pair.latency_s >= 0
-    assert cluster.intra_host == type(cluster.intra_host)(pair.bandwidth_Bps, pair.latency_s, cluster.intra_host.source)
+    assert cluster.intra_host == type(cluster.intra_host)(pair.bandwidth_Bps, pair.latency_s, cluster.intra_host.source,
+                                                          host_copy=True)

@@ -89,9 +89,26 @@ def test_uncounted_flops_list_working_ops_without_a_formula(tiny):
 
 def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     whole = tiny.extra["whole_model"]
-    assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s"}
-    assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0
+    assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
+                          "update_param_bytes"}
+    assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0 and whole["train_s"] > 0
     assert whole["sum_ops_fwd_s"] == pytest.approx(sum(n.time_s["cpu"].fwd for n in tiny.nodes))
+    assert set(whole["update_s"]) == {"sgd", "adam"} and all(t > 0 for t in whole["update_s"].values())
+    assert whole["update_param_bytes"] == tiny.model["param_bytes"]
+
+
+def test_training_and_update_measurements_leave_the_model_as_it_was():
+    from planner.profile.measure import _measure_training, _measure_update
+    from planner.profile.timer import Timer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    timer = Timer(torch.device("cpu"), repeats=3, warmup=1)
+    assert _measure_training(model, (torch.randn(4, 8),), timer) > 0
+    assert set(_measure_update(model, timer)) == {"sgd", "adam"}
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_profile_round_trips_through_the_file_format(tiny, tmp_path):

@@ -189,7 +189,7 @@ def test_round_records_and_the_live_table(tmp_path) -> None:
     stats = _round({"a": 4.0, "b": 8.0}, wall_s=9.0)
     rec = round_record(stats, initial_state(["a", "b"]), imbalance=0.2, balanced=False, plan_changed=True,
                        reason="unbalanced", loss=1.5, moved_tensors=3, moved_bytes=120)
-    assert rec["devices"]["a"] == {"compute_s": 4.0, "wait_s": 5.0, "recv_s": 0.0, "weight": 1.0, "speed_factor": 1.0}
+    assert rec["devices"]["a"] == {"compute_s": 4.0, "wait_s": 5.0, "recv_s": 0.0, "post_s": 0.0, "update_s": 0.0, "weight": 1.0, "speed_factor": 1.0}
     assert (rec["max_wait_s"], rec["mean_wait_s"], rec["step_time_s"]) == (5.0, 3.0, 2.25)
     path = tmp_path / "rounds.jsonl"
     with RoundLog(path) as log:

@@ -6,6 +6,7 @@ import pytest
 
 from _partition_cases import FREE, cluster
 from planner.errors import PlannerError
+from planner.formats.cluster import cluster_from_dict
 from planner.partition.cost import inflight_microbatches
 from planner.partition.schedules import BWD, FWD, device_orders, inflight_counts
 from planner.partition.simulate import SimStage, simulate
@@ -72,6 +73,39 @@ def test_transfer_is_latency_plus_bytes_over_link_bandwidth() -> None:
     assert result.step_time_s == pytest.approx(15.0)
     sends = [(e.resource, e.kind, e.start_s, e.end_s) for e in result.events if e.kind.startswith("send")]
     assert sends == [("d0->d1", "send_fwd", 1.0, 6.5), ("d1->d0", "send_bwd", 9.5, 13.0)]
+
+
+def test_host_copy_link_charges_both_passes_and_adds_only_latency() -> None:
+    # gloo between CPU ranks: each end copies 500 / 100 = 5 s of bytes itself; the link adds 0.5 s.
+    stages = [SimStage("d0", 1.0, 2.0, 500, 0, 0, 0), SimStage("d1", 1.0, 2.0, 0, 300, 0, 0)]
+    net = cluster(2, hosts=2, bandwidth_Bps=FREE, inter_bandwidth_Bps=100.0, inter_latency_s=0.5)
+    copied = cluster_from_dict({**net.to_dict(), "links": {
+        **net.to_dict()["links"], "inter_host": {"bandwidth_Bps": 100.0, "latency_s": 0.5, "host_copy": True}}})
+    result = simulate(stages, copied, "gpipe", 1)
+    # fwd d0 [0, 1 + 5]; latency -> 6.5; fwd d1 [6.5, 6.5 + 1 + 5]; bwd d1 [12.5, 12.5 + 2 + 3];
+    # latency -> 18; bwd d0 [18, 18 + 2 + 3] = 23.
+    assert result.step_time_s == pytest.approx(23.0)
+    assert result.devices["d0"].busy_s == pytest.approx(1 + 5 + 2 + 3)
+    sends = [e for e in result.events if e.kind.startswith("send")]
+    assert [e.kind for e in sends] == ["send_fwd", "send_bwd"]
+    assert [(e.start_s, e.end_s) for e in sends] == pytest.approx([(6.0, 6.5), (17.5, 18.0)])
+    # the same link without host_copy overlaps the copy with compute: 15 s (see the test above)
+    assert simulate(stages, net, "gpipe", 1).step_time_s == pytest.approx(15.0)
+
+
+def test_optimizer_update_runs_after_each_devices_last_pass() -> None:
+    stages = [SimStage("d0", 1.0, 1.0, 0, 0, 0, 0, update_s=0.5), SimStage("d1", 1.0, 1.0, 0, 0, 0, 0, update_s=4.0)]
+    base = simulate([SimStage(*(getattr(st, f) for f in ("device", "fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes",
+                                                          "static_bytes", "activation_bytes"))) for st in stages],
+                    cluster(2, bandwidth_Bps=FREE), "1f1b", 2)
+    result = simulate(stages, cluster(2, bandwidth_Bps=FREE), "1f1b", 2)
+    # d1's last backward ends 1 s before d0's; its 4 s update then ends 3 s after d0's 0.5 s update.
+    last = {d: max(e.end_s for e in base.events if e.resource == d) for d in ("d0", "d1")}
+    assert result.step_time_s == pytest.approx(max(last["d0"] + 0.5, last["d1"] + 4.0))
+    assert result.step_time_s > base.step_time_s
+    assert result.devices["d1"].busy_s == pytest.approx(base.devices["d1"].busy_s + 4.0)
+    updates = {e.resource: e.end_s - e.start_s for e in result.events if e.kind == "update"}
+    assert updates == pytest.approx({"d0": 0.5, "d1": 4.0})
 
 
 def test_intra_host_pair_uses_its_own_link() -> None:

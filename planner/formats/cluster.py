@@ -23,14 +23,25 @@ class Link:
     latency_s: float
     source: str = ""
     """Where the figure comes from (datasheet, measurement); informational."""
+    host_copy: bool = False
+    """The endpoints' own processors move the bytes (gloo over TCP between CPU processes): each end
+    spends ``n / bandwidth_Bps`` of its time on a transfer, which cannot overlap its compute, and the
+    link adds ``latency_s``. False (the default): DMA engines move them (NCCL on GPUs) while the
+    devices compute."""
 
     def transfer_s(self, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
         return self.latency_s + nbytes / self.bandwidth_Bps
 
+    def copy_s(self, nbytes: float) -> float:
+        """Seconds each endpoint spends moving ``nbytes`` itself (0 unless ``host_copy``)."""
+        return nbytes / self.bandwidth_Bps if self.host_copy and nbytes > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
+        if self.host_copy:
+            data["host_copy"] = True
         if self.source:
             data["source"] = self.source
         return data
@@ -152,7 +163,10 @@ def _link(raw: dict[str, Any], where: str, check: Checker) -> Link:
     if bandwidth <= 0:
         check.fail(f"{where}.bandwidth_Bps", "positive", bandwidth)
     check.non_negative(latency, f"{where}.latency_s")
-    return Link(bandwidth, latency, str(raw.get("source", "")))
+    host_copy = raw.get("host_copy", False)
+    if not isinstance(host_copy, bool):
+        check.fail(f"{where}.host_copy", "true or false", host_copy)
+    return Link(bandwidth, latency, str(raw.get("source", "")), host_copy)
 
 
 def load_cluster(path: str | Path) -> Cluster:

@@ -257,8 +257,15 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
             send_bwd_bytes=problem.cut_bwd_bytes[st.start - 1] if i > 0 else 0,
             static_bytes=stage_static_bytes_t(tables, st.start, st.stop),
             activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop),
+            update_s=stage_update_s(problem, st.device, st.start, st.stop),
         ))
     return tuple(sims)
+
+
+def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> float:
+    """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step)."""
+    rate = problem.update_s_per_param_byte.get(problem.cluster.device(device).type, 0.0)
+    return rate * (problem.tables.param_prefix[stop] - problem.tables.param_prefix[start])
 
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:

@@ -31,6 +31,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     }
     if problem.speed_factors:
         top["speed_factors"] = dict(problem.speed_factors)
+    if problem.calibration:
+        top["calibration"] = dict(problem.calibration)
     if profile_ref is not None:
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
@@ -73,6 +75,7 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
         "transfer_bwd_s": transfer_s(problem.tables, spec.device, prev_device, sim.send_bwd_bytes),
         "static_bytes": sim.static_bytes,
         "activation_bytes": sim.activation_bytes,
+        "update_s": sim.update_s,
         "inflight_microbatches": result.stage_inflight[i],
         "memory_bytes": stage_memory_bytes(problem, partition, i),
         "capacity_bytes": device.memory_bytes,

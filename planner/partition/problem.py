@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
@@ -63,6 +63,11 @@ class Problem:
     speed_factors: Mapping[str, float] = field(default_factory=dict)
     """Device id -> multiplier on that device's compute times (measured / predicted; 1 when absent).
     The runtime's rebalancer (seed 003 S5) feeds measured speeds back through this."""
+    calibration: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> the factor its *measured* per-op times were scaled by (``calibration_factors``)."""
+    update_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> seconds of the optimizer step per parameter byte (``update_rates``; 0 when absent).
+    Each device pays it for its stages' parameters once per step, after its last backward."""
 
     def time_on(self, block: int, device_id: str) -> tuple[float, float]:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
@@ -180,7 +185,8 @@ def build_problem(
     names = [[n] for n in (node.name for node in profile.nodes)] if groups is None else [list(g) for g in groups]
     _check_groups(profile, names)
     types = sorted({d.type for d in cluster.devices})
-    times, estimated = _node_times(profile, cluster, types, estimate_precision)
+    calibration = {t: f for t, f in calibration_factors(profile).items() if t in types}
+    times, estimated = _node_times(profile, cluster, types, estimate_precision, calibration)
     fwd_cut, bwd_cut = cut_bytes(profile, names)
     layers: dict[str, str] = {}
     blocks, start = [], 0
@@ -198,7 +204,65 @@ def build_problem(
         optimizer=optimizer,
         estimated_types=tuple(sorted(estimated)),
         speed_factors=MappingProxyType(factors),
+        calibration=MappingProxyType(calibration),
+        update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated)),
     )
+
+
+def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimated: Collection[str]) -> dict[str, float]:
+    """Device type -> seconds of one ``optimizer`` step per parameter byte.
+
+    The profiled type uses the profile's measured step (``whole_model.update_s``, over
+    ``update_param_bytes``); types whose op times are estimated get the roofline estimate of a
+    bandwidth-bound sweep (``planner.profile.estimate.estimate_update_s_per_param_byte``). Other
+    measured types (an older profile without ``update_s``) get none: their step is not modelled.
+    """
+    from planner.profile.catalog import load_catalog
+    from planner.profile.estimate import estimate_update_s_per_param_byte
+
+    whole = profile.extra.get("whole_model") or {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    measured = (whole.get("update_s") or {}).get(optimizer)
+    param_bytes = int(whole.get("update_param_bytes", 0) or 0)
+    catalog = None
+    out = {}
+    for dev_type in types:
+        if dev_type == measured_type and dev_type not in estimated and measured is not None and param_bytes > 0:
+            out[dev_type] = float(measured) / param_bytes
+            continue
+        if dev_type in estimated:
+            catalog = catalog if catalog is not None else load_catalog()
+            if dev_type in catalog:
+                out[dev_type] = estimate_update_s_per_param_byte(optimizer, catalog[dev_type])
+    return out
+
+
+CALIBRATION_RANGE = (0.5, 2.0)
+"""Factors outside this range mean the per-op method failed on the model: they are not applied."""
+
+
+def calibration_factors(profile: Profile) -> dict[str, float]:
+    """Device type -> (one training micro-batch of the whole model) / (sum of its per-op times).
+
+    ``plan profile`` times, besides every op alone, one training micro-batch of the whole model as
+    training runs it (``whole_model.train_s``: forward, then backward accumulating into ``.grad``).
+    Isolated ops miss the dispatch between ops, gradient accumulation and a real step's cache and
+    allocator traffic, so their sum falls short of it (2-20 % on CPU). Scaling the measured times of
+    the profiled type by this ratio makes the stages' compute add up to what training costs; the
+    split between ops keeps the per-op shape. Profiles without ``train_s`` (older ones, or a model
+    without trainable parameters) get no factor; see docs/cost-model.md, "Calibration".
+    """
+    whole = profile.extra.get("whole_model") or {}
+    device_type = str(profile.extra.get("device_type", ""))
+    train_s = float(whole.get("train_s", 0.0) or 0.0)
+    measured = [n.time_s[device_type] for n in profile.nodes
+                if device_type in n.time_s and n.time_s[device_type].source == "measured"]
+    total = sum(t.fwd + t.bwd for t in measured)
+    if train_s <= 0 or total <= 0:
+        return {}
+    factor = train_s / total
+    low, high = CALIBRATION_RANGE
+    return {device_type: factor} if low <= factor <= high else {}
 
 
 def _check_speed_factors(cluster: Cluster, factors: Mapping[str, float]) -> dict[str, float]:
@@ -231,12 +295,14 @@ def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
                            f"the first left out is {profile.nodes[position].name!r}")
 
 
-def _node_times(profile: Profile, cluster: Cluster, types: Sequence[str],
-                precision: str | None = None) -> tuple[list[list[tuple[float, float]]], set[str]]:
+def _node_times(profile: Profile, cluster: Cluster, types: Sequence[str], precision: str | None = None,
+                calibration: Mapping[str, float] | None = None) -> tuple[list[list[tuple[float, float]]], set[str]]:
     """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times.
 
-    With ``precision``, entries marked ``estimated`` of catalog types are estimated again in it.
+    With ``precision``, entries marked ``estimated`` of catalog types are estimated again in it;
+    ``calibration`` (type -> factor) scales the measured entries of its types.
     """
+    calibration = calibration or {}
     catalog = _catalog_for_missing(profile, cluster, types)
     if precision is not None:
         from planner.profile.catalog import load_catalog
@@ -254,7 +320,10 @@ def _node_times(profile: Profile, cluster: Cluster, types: Sequence[str],
                 op_time = _estimate(node, dev_type, catalog, precision)
             if op_time.source == "estimated":
                 estimated.add(dev_type)
-            row.append((op_time.fwd, op_time.bwd))
+                row.append((op_time.fwd, op_time.bwd))
+            else:
+                factor = calibration.get(dev_type, 1.0)
+                row.append((op_time.fwd * factor, op_time.bwd * factor))
         out.append(row)
     return out, estimated
 

@@ -8,6 +8,9 @@ occupies its directed link for ``latency_s + n / bandwidth_Bps`` and transfers o
 after another in request order (first come, first served). Compute and communication overlap, as they
 do with asynchronous point-to-point sends on separate streams. The heap holds pass completions; every
 resource decision is made at a completion time, so requests reach each link in time order.
+On links marked ``host_copy`` (gloo between CPU processes) the endpoints' processors move the bytes,
+so a transfer lengthens the sending and the receiving pass instead of overlapping them. After its last
+pass each device steps its optimizer (``SimStage.update_s``).
 
 See docs/simulator.md for the model and what it leaves out.
 """
@@ -39,6 +42,8 @@ class SimStage:
     """Weights, gradients and optimizer state."""
     activation_bytes: int
     """Bytes kept from a micro-batch's forward until its backward."""
+    update_s: float = 0.0
+    """The optimizer step over the stage's parameters, once per step after the device's last pass."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class Event:
 
     resource: str
     kind: str
-    """``fwd``, ``bwd``, ``send_fwd`` or ``send_bwd``."""
+    """``fwd``, ``bwd``, ``send_fwd``, ``send_bwd`` or ``update``."""
     stage: int
     """The stage that computed, or that sent."""
     microbatch: int
@@ -95,6 +100,10 @@ class _State:
     """Per stage: seconds its activations occupy the link to the next stage (0: no transfer)."""
     send_bwd_s: list[float]
     """Per stage: seconds its gradients occupy the link to the previous stage (0: no transfer)."""
+    copy_fwd_s: list[float]
+    """Per stage: seconds of host copies its forward pass pays (sending its output, receiving its input)."""
+    copy_bwd_s: list[float]
+    """Per stage: the same for its backward pass (gradients out to the previous stage, in from the next)."""
     link_free: dict[tuple[int, int], float]
     heap: list[tuple[float, int, int]]
     events: list[Event] | None
@@ -128,7 +137,8 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
 def _check_stages(stages: Sequence[SimStage]) -> None:
     """Times must be finite and non-negative, byte counts non-negative."""
     for s, stage in enumerate(stages):
-        for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes"):
+        for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes",
+                     "update_s"):
             value = getattr(stage, name)
             if not 0 <= value < float("inf"):  # also false for NaN
                 raise PlannerError(f"stage {s} has {name} = {value!r}; expected a finite non-negative number")
@@ -146,17 +156,30 @@ def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: i
         bwd_ready=[[None] * m for _ in range(n)],
         position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,
         live_bytes=[0] * p, peak_bytes=[0] * p, live_mb=[0] * n, peak_mb=[0] * n,
-        send_fwd_s=[0.0] * n, send_bwd_s=[0.0] * n, link_free={}, heap=[], events=[] if record_events else None,
+        send_fwd_s=[0.0] * n, send_bwd_s=[0.0] * n, copy_fwd_s=[0.0] * n, copy_bwd_s=[0.0] * n,
+        link_free={}, heap=[], events=[] if record_events else None,
     )
 
 
 def _transfer_times(state: _State, stages: Sequence[SimStage], cluster: Cluster) -> None:
-    """Each stage's send durations on its actual links, looked up once (not per micro-batch)."""
+    """Each stage's send durations on its actual links, looked up once (not per micro-batch).
+
+    On a ``host_copy`` link the endpoints move the bytes themselves: the sender's pass and the
+    receiver's pass each take ``bytes / bandwidth`` longer, and the link only adds its latency.
+    """
     for s, stage in enumerate(stages):
         if s + 1 < len(stages) and stage.device != stages[s + 1].device:
-            state.send_fwd_s[s] = cluster.transfer_s(stage.device, stages[s + 1].device, stage.send_fwd_bytes)
+            link = cluster.link(stage.device, stages[s + 1].device)
+            copy = link.copy_s(stage.send_fwd_bytes)
+            state.send_fwd_s[s] = link.latency_s if copy else link.transfer_s(stage.send_fwd_bytes)
+            state.copy_fwd_s[s] += copy
+            state.copy_fwd_s[s + 1] += copy
         if s > 0 and stage.device != stages[s - 1].device:
-            state.send_bwd_s[s] = cluster.transfer_s(stage.device, stages[s - 1].device, stage.send_bwd_bytes)
+            link = cluster.link(stage.device, stages[s - 1].device)
+            copy = link.copy_s(stage.send_bwd_bytes)
+            state.send_bwd_s[s] = link.latency_s if copy else link.transfer_s(stage.send_bwd_bytes)
+            state.copy_bwd_s[s] += copy
+            state.copy_bwd_s[s - 1] += copy
 
 
 def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
@@ -169,7 +192,7 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
         return
     start = max(now, ready, state.free_at[rank])
     stage = stages[s]
-    duration = stage.fwd_s if kind == FWD else stage.bwd_s
+    duration = stage.fwd_s + state.copy_fwd_s[s] if kind == FWD else stage.bwd_s + state.copy_bwd_s[s]
     if kind == FWD:
         state.live_bytes[rank] += stage.activation_bytes
         state.peak_bytes[rank] = max(state.peak_bytes[rank], state.live_bytes[rank])
@@ -220,7 +243,21 @@ def _send(state: _State, ranks: tuple[str, ...], src: int, dst: int, j: int, now
     return end
 
 
+def _updates(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> None:
+    """Each device steps its optimizer after its last pass: the update of its stages' parameters."""
+    for r, dev in enumerate(ranks):
+        update = sum(st.update_s for s, st in enumerate(stages) if state.rank_of_stage[s] == r)
+        if update <= 0:
+            continue
+        if state.events is not None:
+            state.events.append(Event(dev, "update", min(s for s in range(len(stages)) if state.rank_of_stage[s] == r),
+                                      -1, state.free_at[r], state.free_at[r] + update))
+        state.free_at[r] += update
+        state.busy_s[r] += update
+
+
 def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> SimResult:
+    _updates(state, stages, ranks)
     step = max(state.free_at) if state.free_at else 0.0
     static = [0] * len(ranks)
     for s, stage in enumerate(stages):

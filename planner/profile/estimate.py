@@ -174,3 +174,16 @@ def add_estimates(nodes: tuple[Node, ...], device_types: tuple[str, ...],
                 times[dev] = estimate_node_time(node, dev, catalog, precision)
         out.append(replace(node, time_s=MappingProxyType(times)))
     return tuple(out)
+
+
+UPDATE_BYTES_PER_PARAM_BYTE: Mapping[str, int] = {"sgd": 5, "adam": 9}
+"""Memory traffic of one optimizer step per parameter byte, with the gradient averaging before it:
+the division reads and writes the gradient (2); plain SGD then reads parameter and gradient and writes
+the parameter (3); Adam reads parameter, gradient and both moments and writes parameter and moments (7)."""
+
+
+def estimate_update_s_per_param_byte(optimizer: str, spec: DeviceSpec) -> float:
+    """Roofline estimate of an optimizer step's seconds per parameter byte on ``spec``: a bandwidth-bound
+    element-wise sweep (:data:`UPDATE_BYTES_PER_PARAM_BYTE` bytes at the element-wise bandwidth fraction)."""
+    _, memory_eff = EFFICIENCY["elementwise"]
+    return UPDATE_BYTES_PER_PARAM_BYTE[optimizer] / (spec.memory_bandwidth_Bps * memory_eff)

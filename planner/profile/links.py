@@ -9,6 +9,8 @@ squares on relative residuals. Pairs on the same host give ``links.intra_host`` 
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime
 import os
 import socket
@@ -158,6 +160,9 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
                           "assumed: no intra-host pair was measured; copied from inter_host")
     samples = [{"a": f"rank{f.a}", "b": f"rank{f.b}", "bytes": [s for s, _ in f.samples],
                 "one_way_s": [t for _, t in f.samples]} for f in fits]
+    if all(i["type"] == "cpu" for i in infos):  # gloo between CPU processes: the ranks copy the bytes
+        intra_link, inter_link = (dataclasses.replace(link, host_copy=True) for link in (intra_link, inter_link))
+        pairs = {key: dataclasses.replace(link, host_copy=True) for key, link in pairs.items()}
     return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
                    pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}))
 

@@ -10,6 +10,15 @@
    grad, after an untimed forward. FLOPs come from ``FlopCounterMode`` around one extra call of each.
 3. The whole model's forward and backward are timed the same way, so the profile can report the
    sum of the per-op times next to the whole (a check on the per-op method).
+4. One *training* micro-batch of the whole model is timed as training runs it: forward, then
+   ``torch.autograd.backward`` accumulating into the parameters' ``.grad`` (the second and later
+   micro-batches of a step add into existing gradients). The cost model scales the per-op times so
+   that they sum to it (docs/cost-model.md, "Calibration"): isolated ops run with warm caches and
+   without the gradient accumulation, the Python dispatch between ops and the allocator traffic of a
+   real step, so their sum falls 2-20 % short of a real micro-batch on CPU.
+5. One optimizer step over all parameters (the gradients divided by the micro-batch count, then
+   ``step()``), for each optimizer ``plan run`` offers, with a learning rate of 0 so that the
+   parameters stay as they were. The cost model charges each stage its share by parameter bytes.
 """
 
 from __future__ import annotations
@@ -17,8 +26,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import fx, nn
@@ -60,10 +69,23 @@ class WholeModel:
     bwd_s: float
     sum_ops_fwd_s: float
     sum_ops_bwd_s: float
+    train_s: float = 0.0
+    """One training micro-batch of the whole model: forward + backward accumulating into ``.grad``
+    (0 when the model has no trainable parameter)."""
+    update_s: Mapping[str, float] = field(default_factory=dict)
+    """Optimizer name -> seconds of one step over every trainable parameter (empty without any)."""
+    update_param_bytes: int = 0
+    """Bytes of the parameters that step updated."""
 
-    def to_dict(self) -> dict[str, float]:
-        return {"fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "sum_ops_fwd_s": self.sum_ops_fwd_s,
-                "sum_ops_bwd_s": self.sum_ops_bwd_s}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "sum_ops_fwd_s": self.sum_ops_fwd_s,
+                               "sum_ops_bwd_s": self.sum_ops_bwd_s}
+        if self.train_s > 0:
+            out["train_s"] = self.train_s
+        if self.update_s:
+            out["update_s"] = dict(self.update_s)
+            out["update_param_bytes"] = self.update_param_bytes
+        return out
 
 
 @dataclass(frozen=True)
@@ -98,9 +120,12 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         if progress:
             progress(total - 1, total, "whole model")
         whole = _measure_whole(module, inputs, timer)
+        train_s = _measure_training(module, inputs, timer)
+        update_s = _measure_update(module, timer)
         if progress:
             progress(total, total, "done")
-    summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results))
+    summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
+                        update_s, sum(_nbytes(p) for p in module.parameters() if p.requires_grad))
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)
 
 
@@ -242,6 +267,70 @@ def _measure_whole(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> tu
         bwd_s = timer.time(lambda outs: torch.autograd.grad(outs, params, grads_out, allow_unused=True),
                            lambda: _differentiable(module(*inputs)))
     return fwd_s, bwd_s
+
+
+def _measure_training(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> float:
+    """Seconds of one training micro-batch: forward, then backward into the parameters' ``.grad``.
+
+    Gradients accumulate across the repeats, as over the micro-batches of a step; the parameters'
+    ``.grad`` are restored afterwards (the model is left as it was given)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    before = [p.grad for p in params]
+    with torch.enable_grad():
+        probe = _differentiable(module(*inputs))
+        if not probe:
+            return 0.0
+        grads_out = [torch.randn_like(t) for t in probe]
+        del probe
+
+        def step(_: Any) -> None:
+            outs = _differentiable(module(*inputs))
+            torch.autograd.backward(outs, grads_out[: len(outs)])
+
+        try:
+            return timer.time(step)
+        finally:
+            for p, grad in zip(params, before):
+                p.grad = grad
+
+
+UPDATE_OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.0),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.0),
+}
+"""The optimizers ``plan run`` offers, built as it builds them (torch defaults) but with lr 0."""
+
+
+def _measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> dict[str, float]:
+    """Seconds of one optimizer step over every trainable parameter, per optimizer, as ``plan run``
+    takes it: gradients divided by the micro-batch count, then ``step()`` (lr 0: parameters unchanged).
+
+    Gradients are random stand-ins and the optimizer state is made by the warm-up steps; the
+    parameters' own ``.grad`` are restored afterwards."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return {}
+    before = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = torch.randn_like(p)
+        out = {}
+        for name, make in UPDATE_OPTIMIZERS.items():
+            optimizer = make(params)
+
+            def step(_: Any, optimizer: torch.optim.Optimizer = optimizer) -> None:
+                for p in params:
+                    p.grad.div_(microbatches)
+                optimizer.step()
+
+            out[name] = timer.time(step)
+            del optimizer
+        return out
+    finally:
+        for p, grad in zip(params, before):
+            p.grad = grad
 
 
 def _cpu_sdpa_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:

@@ -70,6 +70,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(f"whole model on {summary['device_type']}: forward {_ms(whole['fwd_s'])}, backward "
                       f"{_ms(whole['bwd_s'])}; sum of ops / whole = {whole['ratio_fwd']:.2f} (fwd), "
                       f"{whole['ratio_bwd']:.2f} (bwd), {whole['ratio_total']:.2f} (total)")
+    if whole.get("train_s"):
+        total = whole["sum_ops_fwd_s"] + whole["sum_ops_bwd_s"]
+        console.print(f"one training micro-batch: {_ms(whole['train_s'])}; the cost model scales the measured op "
+                      f"times by {whole['train_s'] / total:.3f} to match it" if total > 0 else
+                      f"one training micro-batch: {_ms(whole['train_s'])}")
+    for name, seconds in sorted((whole.get("update_s") or {}).items()):
+        console.print(f"optimizer step ({name}) over all parameters: {_ms(seconds)}")
     top = Table(title=f"Top {len(summary['top_ops'])} ops by {summary['device_type']} time")
     for col in ("node", "op", "module", "fwd", "bwd", "GFLOP", "output"):
         top.add_column(col, justify="right" if col in ("fwd", "bwd", "GFLOP", "output") else "left")

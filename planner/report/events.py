@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
 
-KINDS = ("fwd", "bwd", "send_fwd", "send_bwd")
-_SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB"}
+KINDS = ("fwd", "bwd", "send_fwd", "send_bwd", "update")
+_SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB", "update": "U"}
 
 
 class TimedEvent(Protocol):
@@ -31,7 +31,10 @@ class TimedEvent(Protocol):
 
 
 def event_label(ev: TimedEvent) -> str:
-    """Short name: ``F3`` (forward of micro-batch 3), ``B3``, ``sF3``/``sB3`` (sends); stage in brackets."""
+    """Short name: ``F3`` (forward of micro-batch 3), ``B3``, ``sF3``/``sB3`` (sends), ``U`` (the optimizer
+    step, once per step); stage in brackets."""
+    if ev.kind == "update":
+        return f"U [s{ev.stage}]"
     return f"{_SHORT.get(ev.kind, ev.kind)}{ev.microbatch} [s{ev.stage}]"
 
 

@@ -1,9 +1,10 @@
 """Re-simulate a saved plan from what it carries: per-stage simulator figures and the embedded cluster.
 
 Every field of ``planner.partition.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
-``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``) is stored on each
-stage of a plan by ``build_plan``; reading them back by the dataclass's own field list keeps this
-module in step with the simulator.
+``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``) is stored
+on each stage of a plan by ``build_plan``; reading them back by the dataclass's own field list keeps
+this module in step with the simulator. A field with a default (``update_s``) may be missing from plans
+written before it existed; the default is used.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def sim_stage(stage: Stage, what: str = "plan") -> SimStage:
         if f.name == "device":
             continue
         raw = stage.extra.get(f.name)
+        if raw is None and f.default is not dataclasses.MISSING:
+            continue
         if not isinstance(raw, (int, float)) or isinstance(raw, bool) or raw < 0:
             raise InputFileError(
                 f"{what}: stage {stage.index} has no usable {f.name!r} (found {raw!r}); the plan cannot be "

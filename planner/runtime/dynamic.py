@@ -172,8 +172,10 @@ class DynamicHooks(RunHooks):
                 instrument_stage(stage, self.timer)
                 stage._planner_timed = True
         self.timer.begin_round()
+        self._update_mark = run.update_s
 
     def on_round(self, run: RankRun, stats: RoundEnd) -> None:
+        self.timer.add_update(run.update_s - self._update_mark)
         mine = self.timer.end_round()
         _test_faults(run.rank, run.step, self.opt["checkpoint_dir"])
         _monitored_barrier(self.config.timeout_s)

@@ -44,6 +44,10 @@ class DeviceRound:
     """Time not computing: blocked on receives plus idle in the schedule."""
     recv_s: float = 0.0
     """The part of ``wait_s`` spent blocked on point-to-point receives and sends."""
+    post_s: float = 0.0
+    """The part of ``wait_s`` spent posting point-to-point sends and receives."""
+    update_s: float = 0.0
+    """The part of ``wait_s`` spent in the optimizer step."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 A rank's round splits into *compute* (its stages' forward and backward passes, the emulated
 slowdown included) and *wait* (everything else: blocked on point-to-point receives and sends, and
-idle in the schedule). Compute is timed by wrapping the pipeline stage's ``forward_one_chunk``,
+idle in the schedule). Two parts of the wait are broken out for diagnosis: ``post_s``, time spent
+posting sends and receives (``schedules._batch_p2p``; on CPU, gloo copies the bytes here, on the
+rank's own core), and ``update_s``, the optimizer step with the gradient averaging before it. Compute is timed by wrapping the pipeline stage's ``forward_one_chunk``,
 ``backward_one_chunk`` and ``backward_weight_one_chunk``; time blocked on communication by wrapping
 ``torch.distributed.pipelining.schedules._wait_batch_p2p``, the one place the schedules wait on
 their batched sends and receives (a private name: if a torch release drops it, ``recv_s`` reads 0
@@ -37,6 +39,10 @@ class RankRound:
     recv_s: float
     emulated_s: float = 0.0
     """The part of ``compute_s`` slept by ``--emulate-slowdown``."""
+    post_s: float = 0.0
+    """Time spent posting point-to-point sends and receives (part of the wait)."""
+    update_s: float = 0.0
+    """Time spent in the optimizer step and the gradient averaging before it (part of the wait)."""
 
     @property
     def wait_s(self) -> float:
@@ -56,11 +62,12 @@ class RankTimer:
 
     def begin_round(self) -> None:
         self._start = self._clock()
-        self.compute_s = self.recv_s = self.emulated_s = 0.0
+        self.compute_s = self.recv_s = self.emulated_s = self.post_s = self.update_s = 0.0
 
     def end_round(self) -> RankRound:
         wall = self._clock() - self._start
-        return RankRound(self.rank, self.device, wall, self.compute_s, self.recv_s, self.emulated_s)
+        return RankRound(self.rank, self.device, wall, self.compute_s, self.recv_s, self.emulated_s,
+                         self.post_s, self.update_s)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -85,6 +92,19 @@ class RankTimer:
             yield
         finally:
             self.recv_s += self._clock() - start
+
+    @contextlib.contextmanager
+    def posting(self) -> Iterator[None]:
+        """Time an interval spent posting sends and receives."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self.post_s += self._clock() - start
+
+    def add_update(self, seconds: float) -> None:
+        """Count ``seconds`` of optimizer step (measured by the training loop)."""
+        self.update_s += seconds
 
 
 def instrument_stage(stage: Any, timer: RankTimer) -> Callable[[], None]:
@@ -116,24 +136,28 @@ def _timed(method: Callable[..., Any], timer: RankTimer) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def timed_p2p(timer: RankTimer) -> Iterator[None]:
-    """While active, time spent in the schedules' p2p waits counts as ``timer.recv_s``."""
+    """While active, time in the schedules' p2p waits counts as ``timer.recv_s`` and time posting
+    them as ``timer.post_s`` (each skipped if a torch release renames its private function)."""
     from torch.distributed.pipelining import schedules
 
-    original = getattr(schedules, "_wait_batch_p2p", None)
-    if original is None:
-        yield
-        return
-
-    @functools.wraps(original)
-    def wait(*args: Any, **kwargs: Any) -> Any:
-        with timer.blocked():
-            return original(*args, **kwargs)
-
-    schedules._wait_batch_p2p = wait
+    wrappers = {"_wait_batch_p2p": timer.blocked, "_batch_p2p": timer.posting}
+    originals = {name: getattr(schedules, name) for name in wrappers if hasattr(schedules, name)}
+    for name, original in originals.items():
+        setattr(schedules, name, _wrapped(original, wrappers[name]))
     try:
         yield
     finally:
-        schedules._wait_batch_p2p = original
+        for name, original in originals.items():
+            setattr(schedules, name, original)
+
+
+def _wrapped(original: Callable[..., Any], context: Callable[[], Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with context():
+            return original(*args, **kwargs)
+
+    return call
 
 
 def stats_from(rounds: list[RankRound], *, round_index: int, first_step: int, steps: int) -> RoundStats:
@@ -141,7 +165,8 @@ def stats_from(rounds: list[RankRound], *, round_index: int, first_step: int, st
     time is the slowest rank's, and each rank's wait is measured against that wall)."""
     rounds = sorted(rounds, key=lambda r: r.rank)
     wall = max((r.wall_s for r in rounds), default=0.0)
-    devices = tuple(DeviceRound(r.device, r.compute_s, max(wall - r.compute_s, 0.0), r.recv_s) for r in rounds)
+    devices = tuple(DeviceRound(r.device, r.compute_s, max(wall - r.compute_s, 0.0), r.recv_s, r.post_s, r.update_s)
+                    for r in rounds)
     return RoundStats(round=round_index, first_step=first_step, steps=steps, wall_s=wall, devices=devices)
 
 

@@ -123,6 +123,8 @@ class RankRun:
         self.rank = rank
         self.device = device
         self.step = 0
+        self.update_s = 0.0
+        """Seconds spent in optimizer steps (with gradient averaging) so far; hooks read differences."""
         self.losses: list[float] = []
         self.rounds: list[RoundEnd] = []
         self.stages: RankStages
@@ -157,9 +159,11 @@ class RankRun:
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if self.stages.has_last else {}
         self.schedule.step(*(inputs if self.stages.has_first else ()), **kwargs)
+        start = time.perf_counter()
         average_grads(self.stages.params, self.plan.microbatches)
         sync_tied_grads(self.stages)
         self.optimizer.step()
+        self.update_s += time.perf_counter() - start
         self.step += 1
         return float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
 
