@@ -33,8 +33,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
 
     ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
     them; ``speed_factors`` (device id -> multiplier on its compute times) come from measurements.
-    ``refine=True`` runs the offline S4-S6 loop (``planner.partition.refine``) and records its rounds
-    under ``refine``. ``granularity`` (``op``, ``layer``, ``depth:N``, ``count:N``; default ``op``) sets
+    ``refine=True`` runs the offline S4-S6 loop (``planner.partition.refine``; one round for a placer that
+    ignores weights) and then the boundary polish against the simulator (``planner.partition.polish``),
+    recording both under ``refine``. ``granularity`` (``op``, ``layer``, ``depth:N``, ``count:N``; default ``op``) sets
     the blocks placers never split (``planner.partition.granularity``); ``estimate_precision`` (``fp32``,
     ``tf32``, ``bf16``; default: the profiled dtype) is what roofline estimates of device types assume
     (``build_problem``), recorded in the plan as ``estimate_precision``; placers may attach plan fields

@@ -18,6 +18,11 @@
 The best partition seen (smallest simulated step time; the earlier round on ties) is returned with
 the weights that produced it and the record of every round. The same loop runs at training time
 from measured waits in ``planner.runtime.rebalance``.
+
+A placer that ignores weights (``dp``, ``ilp``, the baselines) gets one round: its plan, simulated.
+Then the best partition goes through the boundary polish (``planner.partition.polish``: local search of
+the cuts, stage count and devices against the simulator, taking only moves that lower the simulated
+step time and fit in memory), recorded under ``polish``; ``RefineConfig(polish=None)`` leaves it out.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.errors import PlannerError
-from planner.partition.methods import call, names, takes_weights
+from planner.partition.methods import Placed, call, facts_of, takes_weights
+from planner.partition.polish import PolishConfig, polish
 from planner.partition.cost import evaluate
 from planner.partition.problem import Partition, Problem
 
@@ -49,6 +55,8 @@ class RefineConfig:
     """Hard stop, whatever the balance."""
     max_step: float = 4.0
     """Largest factor by which one round may multiply (or divide) a weight."""
+    polish: PolishConfig | None = PolishConfig()
+    """The boundary polish run on the best partition (``None``: none)."""
 
     def __post_init__(self) -> None:
         if not (self.threshold >= 0 and self.gain > 0 and 0 < self.decay <= 1 and self.max_step > 1):
@@ -66,7 +74,7 @@ class RefineResult:
     weights: dict[str, float]
     """The weights that produced ``partition``."""
     record: dict[str, Any]
-    """``{"rounds": [{round, weights, waits, step_time_s, balanced, changed}], "converged", "stop", ...}``."""
+    """``{"rounds": [{round, weights, waits, step_time_s, balanced, changed}], "converged", "stop", ..., "polish"}``."""
 
 
 def normalise_weights(weights: Mapping[str, float], device_ids: tuple[str, ...]) -> dict[str, float]:
@@ -84,24 +92,21 @@ def normalise_weights(weights: Mapping[str, float], device_ids: tuple[str, ...])
 
 def refine(problem: Problem, method: str, weights: Mapping[str, float], options: Mapping[str, Any],
            config: RefineConfig = RefineConfig()) -> RefineResult:
-    """Run the S3-S6 loop with placer ``method`` against the simulator."""
-    if not takes_weights(method):
-        weighted = ", ".join(n for n in names() if takes_weights(n))
-        raise PlannerError(f"--refine needs a method that takes device weights ({weighted}); method {method!r} "
-                           f"ignores them, so refining it would change nothing")
+    """Run the S3-S6 loop with placer ``method`` against the simulator (one round if it ignores weights), then polish."""
     current = normalise_weights(weights, problem.cluster.device_ids)
-    rounds: list[dict[str, Any]] = []
+    rounds = config.max_rounds if takes_weights(method) else 1
+    history: list[dict[str, Any]] = []
     best: tuple[float, Partition, dict[str, float]] | None = None
     previous: Partition | None = None
     seen: set[Partition] = set()
     stale, stop = 0, "max_rounds"
-    for number in range(config.max_rounds):
+    for number in range(rounds):
         partition = call(method, problem, current, options)
         result = evaluate(problem, partition, record_events=False)
         waits = {d: s.idle_s for d, s in result.devices.items()}
         balanced = _balanced(waits, config.threshold)
         changed = partition != previous
-        rounds.append({"round": number, "weights": dict(current), "waits": waits, "step_time_s": result.step_time_s,
+        history.append({"round": number, "weights": dict(current), "waits": waits, "step_time_s": result.step_time_s,
                        "balanced": balanced, "changed": changed, "stages": len(partition)})
         if best is None or result.step_time_s < best[0]:
             best = (result.step_time_s, partition, dict(current))
@@ -113,10 +118,19 @@ def refine(problem: Problem, method: str, weights: Mapping[str, float], options:
         current = _move_weights(current, waits, config.gain * config.decay**number, config.max_step)
         previous = partition
     assert best is not None
-    record = {"rounds": rounds, "converged": stop != "max_rounds", "stop": stop,
-              "threshold": config.threshold, "gain": config.gain, "decay": config.decay, "patience": config.patience,
-              "best_round": next(r["round"] for r in rounds if r["step_time_s"] == best[0])}
-    return RefineResult(best[1], best[2], record)
+    if not takes_weights(method):
+        stop = "method ignores weights"
+    record: dict[str, Any] = {
+        "rounds": history, "converged": stop != "max_rounds", "stop": stop,
+        "threshold": config.threshold, "gain": config.gain, "decay": config.decay, "patience": config.patience,
+        "best_round": next(r["round"] for r in history if r["step_time_s"] == best[0])}
+    chosen = best[1]
+    if config.polish is not None:
+        polished = polish(problem, chosen, config.polish)
+        record["polish"] = polished.record
+        if polished.partition != tuple(chosen):
+            chosen = Placed(polished.partition, facts_of(chosen)) if facts_of(chosen) else polished.partition
+    return RefineResult(chosen, best[2], record)
 
 
 def _balanced(waits: Mapping[str, float], threshold: float) -> bool:
