@@ -56,6 +56,33 @@ def test_cpu_ranks_copy_their_own_bytes_gpus_do_not():
     assert not gpus.intra_host.host_copy and not gpus.link("rank0", "rank1").host_copy
 
 
+def test_pass_overhead_is_what_makes_the_simulator_match_the_measured_step():
+    from planner.formats.cluster import Link
+    from planner.runtime.probe import TinyRun, fit_pass_overhead
+
+    link = Link(4e9, 50e-6, host_copy=True)
+    base = TinyRun(step_s=0.0, compute_s=(0.0016, 0.0016), message_bytes=256)
+    assert fit_pass_overhead(base, link) == 0.0  # measured no slower than simulated: nothing to add
+    # a run measured exactly as the simulator predicts with 0.2 ms per pass is fitted back to 0.2 ms
+    from planner.formats.cluster import Cluster, Device
+    from planner.partition.simulate import SimStage, simulate
+
+    stages = [SimStage("a", 1e-4, 1e-4, 256, 0, 0, 0), SimStage("b", 1e-4, 1e-4, 0, 256, 0, 0)]
+    cluster = Cluster("p", (Device("a", "x", "h", 1), Device("b", "x", "h", 1)), link, link, pass_overhead_s=2e-4)
+    measured = simulate(stages, cluster, "1f1b", 8, record_events=False).step_time_s
+    fitted = fit_pass_overhead(TinyRun(measured, (1e-4 * 16, 1e-4 * 16), 256), link)
+    assert fitted == pytest.approx(2e-4, rel=1e-6)
+
+
+def test_runtime_overhead_round_trips_through_the_cluster_file():
+    from planner.formats.cluster import cluster_from_dict
+
+    cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)], pass_overhead_s=1e-4)
+    assert cluster.to_dict()["runtime"]["pass_overhead_s"] == 1e-4 and cluster.pass_overhead_source
+    assert cluster_from_dict(cluster.to_dict()) == cluster
+    assert "runtime" not in build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]).to_dict()
+
+
 def test_single_host_marks_inter_host_as_assumed():
     cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)])
     assert cluster.inter_host.source.startswith("assumed")
@@ -85,3 +112,4 @@ def test_two_gloo_ranks_write_a_valid_cluster(tmp_path):
     assert pair.bandwidth_Bps > 0 and pair.latency_s >= 0
     assert cluster.intra_host == type(cluster.intra_host)(pair.bandwidth_Bps, pair.latency_s, cluster.intra_host.source,
                                                           host_copy=True)
+    assert cluster.pass_overhead_s >= 0 and "measured" in cluster.pass_overhead_source  # the runtime probe ran

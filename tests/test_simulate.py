@@ -93,6 +93,16 @@ def test_host_copy_link_charges_both_passes_and_adds_only_latency() -> None:
     assert simulate(stages, net, "gpipe", 1).step_time_s == pytest.approx(15.0)
 
 
+def test_runtime_pass_overhead_lengthens_every_pass() -> None:
+    stages = [SimStage("d0", 1.0, 2.0, 0, 0, 0, 0), SimStage("d1", 1.0, 2.0, 0, 0, 0, 0)]
+    net = cluster(2, bandwidth_Bps=FREE)
+    slow = cluster_from_dict({**net.to_dict(), "runtime": {"pass_overhead_s": 0.25}})
+    base, result = simulate(stages, net, "gpipe", 3), simulate(stages, slow, "gpipe", 3)
+    assert result.devices["d0"].busy_s == pytest.approx(base.devices["d0"].busy_s + 6 * 0.25)
+    # GPipe, 2 stages, 3 micro-batches: (3 + 1) forwards and (3 + 1) backwards on the critical path
+    assert result.step_time_s == pytest.approx(base.step_time_s + 8 * 0.25)
+
+
 def test_optimizer_update_runs_after_each_devices_last_pass() -> None:
     stages = [SimStage("d0", 1.0, 1.0, 0, 0, 0, 0, update_s=0.5), SimStage("d1", 1.0, 1.0, 0, 0, 0, 0, update_s=4.0)]
     base = simulate([SimStage(*(getattr(st, f) for f in ("device", "fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes",

@@ -73,6 +73,11 @@ class Cluster:
     pairs: Mapping[tuple[str, str], Link] = field(default_factory=dict)
     """Measured or declared links for specific pairs, keyed by sorted (a, b)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    pass_overhead_s: float = 0.0
+    """``runtime.pass_overhead_s``: what the pipeline runtime adds to every forward and backward pass beyond
+    the stage's ops and its transfers (the schedule's Python, posting and completing its point-to-point
+    operations); probed by ``plan profile --probe-links``. 0 when the file gives none."""
+    pass_overhead_source: str = ""
 
     def device(self, device_id: str) -> Device:
         for dev in self.devices:
@@ -105,6 +110,10 @@ class Cluster:
         data.update(self.extra)
         data["devices"] = [d.to_dict() for d in self.devices]
         data["links"] = links
+        if self.pass_overhead_s or self.pass_overhead_source:
+            data["runtime"] = {"pass_overhead_s": self.pass_overhead_s}
+            if self.pass_overhead_source:
+                data["runtime"]["source"] = self.pass_overhead_source
         return data
 
 
@@ -146,7 +155,10 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
             if end not in ids:
                 check.fail(where, f"a pair of known device ids ({', '.join(ids)})", end)
         pairs[(a, b) if a < b else (b, a)] = _link(raw, where, check)
-    extra = {k: v for k, v in data.items() if k not in ("schema_version", "name", "devices", "links")}
+    extra = {k: v for k, v in data.items() if k not in ("schema_version", "name", "devices", "links", "runtime")}
+    runtime = check.opt(data, "runtime", dict, {})
+    overhead = float(check.opt(runtime, "pass_overhead_s", (int, float), 0.0, "runtime.pass_overhead_s"))
+    check.non_negative(overhead, "runtime.pass_overhead_s")
     return Cluster(
         name=name,
         devices=tuple(devices),
@@ -154,6 +166,8 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         inter_host=_link(check.get(links, "inter_host", dict, "links.inter_host"), "links.inter_host", check),
         pairs=MappingProxyType(pairs),
         extra=MappingProxyType(extra),
+        pass_overhead_s=overhead,
+        pass_overhead_source=str(runtime.get("source", "")),
     )
 
 

@@ -10,7 +10,8 @@ do with asynchronous point-to-point sends on separate streams. The heap holds pa
 resource decision is made at a completion time, so requests reach each link in time order.
 On links marked ``host_copy`` (gloo between CPU processes) the endpoints' processors move the bytes,
 so a transfer lengthens the sending and the receiving pass instead of overlapping them. After its last
-pass each device steps its optimizer (``SimStage.update_s``).
+pass each device steps its optimizer (``SimStage.update_s``). Every pass also pays the runtime's own
+per-pass cost, ``Cluster.pass_overhead_s`` (0 unless the cluster file gives one).
 
 See docs/simulator.md for the model and what it leaves out.
 """
@@ -106,6 +107,8 @@ class _State:
     """Per stage: the same for its backward pass (gradients out to the previous stage, in from the next)."""
     link_free: dict[tuple[int, int], float]
     heap: list[tuple[float, int, int]]
+    pass_overhead_s: float
+    """Added to every pass: the runtime's own cost per pass (``Cluster.pass_overhead_s``)."""
     events: list[Event] | None
     seq: int = 0
 
@@ -120,6 +123,7 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
         cluster.device(dev)  # raises a clear error for an unknown device
     _check_stages(stages)
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
+    state.pass_overhead_s = cluster.pass_overhead_s
     _transfer_times(state, stages, cluster)
     for rank in range(len(ranks)):
         _try_start(state, stages, ranks, rank, 0.0)
@@ -157,7 +161,7 @@ def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: i
         position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,
         live_bytes=[0] * p, peak_bytes=[0] * p, live_mb=[0] * n, peak_mb=[0] * n,
         send_fwd_s=[0.0] * n, send_bwd_s=[0.0] * n, copy_fwd_s=[0.0] * n, copy_bwd_s=[0.0] * n,
-        link_free={}, heap=[], events=[] if record_events else None,
+        link_free={}, heap=[], pass_overhead_s=0.0, events=[] if record_events else None,
     )
 
 
@@ -192,7 +196,8 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
         return
     start = max(now, ready, state.free_at[rank])
     stage = stages[s]
-    duration = stage.fwd_s + state.copy_fwd_s[s] if kind == FWD else stage.bwd_s + state.copy_bwd_s[s]
+    duration = state.pass_overhead_s + (stage.fwd_s + state.copy_fwd_s[s] if kind == FWD
+                                        else stage.bwd_s + state.copy_bwd_s[s])
     if kind == FWD:
         state.live_bytes[rank] += stage.activation_bytes
         state.peak_bytes[rank] = max(state.peak_bytes[rank], state.live_bytes[rank])

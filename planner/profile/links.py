@@ -111,11 +111,21 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
                 dist.barrier()
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, fits)
+        all_fits = sorted((f for part in gathered for f in part), key=lambda f: (f.a, f.b))
+        overhead = _pass_overhead(rank, device, infos, all_fits)
     finally:
         if started:
             dist.destroy_process_group()
-    all_fits = sorted((f for part in gathered for f in part), key=lambda f: (f.a, f.b))
-    return build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits)
+    return build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits, pass_overhead_s=overhead)
+
+
+def _pass_overhead(rank: int, device: torch.device, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit]) -> float:
+    """The runtime's per-pass overhead, probed on ranks 0 and 1 over their fitted link (collective)."""
+    from planner.runtime.probe import probe_pass_overhead
+
+    first = next(f for f in fits if (f.a, f.b) == (0, 1))
+    host_copy = all(i["type"] == "cpu" for i in infos)
+    return probe_pass_overhead(rank, device, Link(first.bandwidth_Bps, first.latency_s, host_copy=host_copy))
 
 
 def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], repeats: int,
@@ -141,8 +151,14 @@ def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], 
     return samples
 
 
-def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit]) -> Cluster:
-    """Cluster from per-rank device facts and fitted pairs (pure: no torch.distributed here)."""
+PASS_OVERHEAD_SOURCE = ("measured: a 2-stage 1F1B pipeline of a 4-layer, 16-wide MLP on ranks 0 and 1, "
+                        "8 micro-batches, median of 15 steps, fitted with the simulator (planner/runtime/probe.py)")
+
+
+def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit],
+                  pass_overhead_s: float | None = None) -> Cluster:
+    """Cluster from per-rank device facts, fitted pairs and the probed per-pass overhead (pure: no
+    torch.distributed here)."""
     devices = tuple(Device(f"rank{i['rank']}", i["type"], i["host"], int(i["memory_bytes"]),
                            MappingProxyType({"rank": i["rank"]})) for i in infos)
     host = {i["rank"]: i["host"] for i in infos}
@@ -164,7 +180,9 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
         intra_link, inter_link = (dataclasses.replace(link, host_copy=True) for link in (intra_link, inter_link))
         pairs = {key: dataclasses.replace(link, host_copy=True) for key, link in pairs.items()}
     return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
-                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}))
+                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}),
+                   pass_overhead_s=pass_overhead_s or 0.0,
+                   pass_overhead_source=PASS_OVERHEAD_SOURCE if pass_overhead_s is not None else "")
 
 
 def _median_link(fits: Sequence[PairFit], kind: str) -> Link | None:
