@@ -4,7 +4,9 @@ Methods. Peers: ``uniform`` (Megatron-LM/DeepSpeed layers per stage), ``params``
 balance), and ``torchgpipe``: the partition of torchgpipe's ``balance_by_time``, computed by the real
 package (``torchgpipe.balance.blockpartition.solve``, installed with ``pip install torchgpipe --no-deps``)
 on our per-layer forward + backward times on the first device's type, stages on devices in rank order.
-Ours: ``greedy``, ``greedy --refine``, ``dp`` and ``ilp`` (60 s limit, warm-started from greedy).
+Ours: ``greedy``, ``greedy --refine``, ``dp``, ``dp --refine`` and ``ilp`` (60 s limit, warm-started from greedy).
+``--refine`` ends with the boundary polish against the simulator (``planner.partition.polish``); for ``dp``,
+which takes no weights, it is the polish alone.
 Every method sees the same blocks (``--granularity layer``), schedule 1F1B, Adam.
 
 Reported per case: the simulated step time of each plan (``plan.predicted``; a dagger marks a plan
@@ -54,8 +56,8 @@ CLUSTERS = ("a100-4", "dgx-h100-8", "a100-2x8-ib", "mixed-a100-v100-pcie", "mixe
 MIXED = ("mixed-a100-v100-pcie", "mixed-3type-2host")
 TWO_HOSTS = ("a100-2x8-ib", "mixed-3type-2host")
 MICROBATCHES = (8, 32)
-METHODS = ("uniform", "params", "torchgpipe", "greedy", "greedy+refine", "dp", "ilp")
-OURS = ("greedy", "greedy+refine", "dp", "ilp")
+METHODS = ("uniform", "params", "torchgpipe", "greedy", "greedy+refine", "dp", "dp+refine", "ilp")
+OURS = ("greedy", "greedy+refine", "dp", "dp+refine", "ilp")
 FINE = ("greedy@op", "greedy+refine@op", "dp@op")
 """Ours again with op-granularity blocks (the peers can only cut between layers); models up to FINE_MAX_OPS."""
 FINE_MAX_OPS = 400
