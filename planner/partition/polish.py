@@ -16,13 +16,16 @@ The moves, generated in a fixed order for the current partition:
    device taking the second half, the first half, or the end of the pipeline (the stages after the split
    sliding one device along, which keeps host boundaries in place), and *merge* two adjacent stages
    (the merged stage on either device, or the pipeline sliding back and freeing its last device);
-4. *devices*: swap the devices of two stages, or move a stage to an unused device of another kind
-   (type, host and speed; one representative each).
+4. *devices*: swap the devices of two stages of different kinds (type, host and speed; devices of one
+   kind are interchangeable unless the cluster file declares pair links, which this skips), or move a
+   stage to an unused device of another kind (one representative each).
 
-Moves 3 and 4 need one stage per device; under ``interleaved-1f1b`` only 1 and 2 are tried. The search is
-first-improvement with a cyclic scan (Hansen and Mladenović's variable neighbourhood descent keeps the
-same order; here the scan resumes after the move it accepted instead of restarting): a move is taken only
-when the simulated step time drops by more than ``epsilon`` (relative) and every device's peak memory
+Moves 3 and 4 need one stage per device; when a device holds several stages (``interleaved-1f1b``) only 1
+and 2 are tried. The search is first-improvement local search with a cyclic scan: the moves are tried in
+their order, and after a move is taken the scan goes on at the same position of the new plan's list
+instead of starting over (so the early moves are not re-tried first every time). A schedule-aware lower
+bound on the step time (``_lower_bound_s``) skips moves that cannot win without simulating them. A move
+is taken only when the simulated step time drops by more than ``epsilon`` (relative) and every device's peak memory
 fits (``cost.check_fits``); the search stops when a full scan finds no such move or after
 ``max_evaluations`` simulations. Optionally it starts again from the time-balanced split
 (``baselines.time_balance``) and keeps the better result (the placer's on ties). Everything is
@@ -68,7 +71,11 @@ class PolishConfig:
 class PolishResult:
     partition: Partition
     record: dict[str, Any]
-    """``{"start_step_time_s", "step_time_s", "moves": [{kind, ..., step_time_s}], "evaluations", "start"}``."""
+    """``{"start_step_time_s", "step_time_s", "moves": [{kind, ..., step_time_s}], "evaluations", "stop", "start"}``.
+
+    ``start`` is ``placer`` (the moves apply to the plan given) or ``time-balance`` (the restart won: the
+    moves apply to the time-balanced split, and ``placer`` holds what the given plan reached);
+    ``restart`` summarises the other descent when the placer's plan won."""
 
 
 Move = tuple[dict[str, Any], list[int], list[str]]
