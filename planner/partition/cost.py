@@ -48,6 +48,8 @@ class CostTables:
     capacity_bytes: Mapping[str, int]
     links: Mapping[tuple[str, str], Link]
     """Every ordered pair of distinct devices -> the link between them."""
+    update_rate: Mapping[str, float]
+    """Per device id: optimizer-step seconds per parameter byte (``Problem.update_s_per_param_byte``)."""
 
     @classmethod
     def build(cls, problem: Problem) -> CostTables:
@@ -65,6 +67,7 @@ class CostTables:
             static_per_param_byte=2 + OPTIMIZER_STATES[problem.optimizer],
             capacity_bytes=MappingProxyType({d.id: d.memory_bytes for d in devices}),
             links=MappingProxyType(_links(problem)),
+            update_rate=MappingProxyType({d.id: problem.update_s_per_param_byte.get(d.type, 0.0) for d in devices}),
         )
 
 
@@ -264,8 +267,10 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
 
 def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> float:
     """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step)."""
-    rate = problem.update_s_per_param_byte.get(problem.cluster.device(device).type, 0.0)
-    return rate * (problem.tables.param_prefix[stop] - problem.tables.param_prefix[start])
+    tables = problem.tables
+    if device not in tables.update_rate:
+        problem.cluster.device(device)  # raises naming the known devices
+    return tables.update_rate[device] * (tables.param_prefix[stop] - tables.param_prefix[start])
 
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:

@@ -255,10 +255,12 @@ def calibration_factors(profile: Profile) -> dict[str, float]:
     whole = profile.extra.get("whole_model") or {}
     device_type = str(profile.extra.get("device_type", ""))
     train_s = float(whole.get("train_s", 0.0) or 0.0)
+    if train_s <= 0:
+        return {}
     measured = [n.time_s[device_type] for n in profile.nodes
                 if device_type in n.time_s and n.time_s[device_type].source == "measured"]
     total = sum(t.fwd + t.bwd for t in measured)
-    if train_s <= 0 or total <= 0:
+    if total <= 0:
         return {}
     factor = train_s / total
     low, high = CALIBRATION_RANGE
