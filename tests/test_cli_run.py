@@ -117,3 +117,23 @@ def test_torchrun_with_the_wrong_world_size_ends_with_the_message(case):
     done = subprocess.run(cmd, cwd=case, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode != 0
     assert "error: the plan places stages on 2 devices but 3 ranks were started" in done.stderr
+
+
+def test_steady_step_time_skips_the_first_round_and_averages_the_last_ones():
+    from planner.runtime.worker import RoundEnd, steady_step_time_s
+
+    rounds = [RoundEnd(i, 2 * i, 2, wall, ()) for i, wall in enumerate((9.0, 4.0, 2.0, 2.2, 1.8))]
+    assert steady_step_time_s(rounds) == pytest.approx((2.0 + 2.2 + 1.8) / 6)
+    assert steady_step_time_s(rounds[:1]) == pytest.approx(4.5)  # only the first: better than nothing
+    assert steady_step_time_s([]) is None
+
+
+def test_the_summary_compares_measured_and_predicted_step_time(capsys):
+    from planner.cli.run_cmd import _render
+
+    result = {"steps": 8, "world_size": 2, "backend": "gloo", "schedule": "1f1b", "microbatches": 8,
+              "microbatch_size": 4, "optimizer": "adam", "lr": 1e-3, "loss": "mse", "losses": [2.0, 1.0],
+              "wall_s": 3.0, "step_time_s": 0.55, "predicted_step_time_s": 0.5}
+    _render(result, as_json=False)
+    out = capsys.readouterr().out
+    assert "step time 0.550 s measured" in out and "0.500 s predicted" in out and "+10%" in out

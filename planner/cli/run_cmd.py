@@ -133,12 +133,17 @@ def _render(result: dict[str, Any], as_json: bool) -> None:
         emit_json({k: v for k, v in result.items() if k != "plan"})
         return
     losses = result["losses"]
-    console.print(f"trained {result['steps']} steps on {result['world_size']} ranks ({result['backend']}, "
+    ranks = f"{result['world_size']} rank{'s' if result['world_size'] != 1 else ''}"
+    console.print(f"trained {result['steps']} steps on {ranks} ({result['backend']}, "
                   f"{result['schedule']}, {result['microbatches']} x {result['microbatch_size']} micro-batches)",
                   soft_wrap=True)
     if losses:
         console.print(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
                       f"{losses[-1]:.6f} in {result['wall_s']:.2f} s", soft_wrap=True)
+    measured, predicted = result.get("step_time_s"), result.get("predicted_step_time_s")
+    if measured and predicted:
+        console.print(f"step time {measured:.3f} s measured (last rounds after the first), {predicted:.3f} s "
+                      f"predicted by the plan in force ({measured / predicted - 1:+.0%})", soft_wrap=True)
 
 
 def _check_counts(steps: int, round_steps: int, max_restarts: int, timeout_s: float) -> None:

@@ -84,23 +84,21 @@ class RankTimer:
                 self.compute_s += real + extra
                 self.emulated_s += extra
 
-    @contextlib.contextmanager
-    def blocked(self) -> Iterator[None]:
+    def blocked(self) -> contextlib.AbstractContextManager[None]:
         """Time an interval spent waiting on communication."""
-        start = self._clock()
-        try:
-            yield
-        finally:
-            self.recv_s += self._clock() - start
+        return self._adding("recv_s")
+
+    def posting(self) -> contextlib.AbstractContextManager[None]:
+        """Time an interval spent posting sends and receives."""
+        return self._adding("post_s")
 
     @contextlib.contextmanager
-    def posting(self) -> Iterator[None]:
-        """Time an interval spent posting sends and receives."""
+    def _adding(self, field: str) -> Iterator[None]:
         start = self._clock()
         try:
             yield
         finally:
-            self.post_s += self._clock() - start
+            setattr(self, field, getattr(self, field) + self._clock() - start)
 
     def add_update(self, seconds: float) -> None:
         """Count ``seconds`` of optimizer step (measured by the training loop)."""

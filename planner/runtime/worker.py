@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -229,10 +229,23 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "microbatch_size": prepared.settings.microbatch_size, "optimizer": prepared.settings.optimizer,
         "lr": prepared.settings.lr, "loss": prepared.spec.loss, "steps": run.step, "losses": run.losses,
         "wall_s": time.perf_counter() - start,
+        "step_time_s": steady_step_time_s(run.rounds),
+        "predicted_step_time_s": run.plan.step_time_s,
         "rounds": [dataclasses.asdict(r) for r in run.rounds],
         "stages": [s.stage_index for s in run.stages.stages],
         "plan": run.plan.to_dict(),
     }
+
+
+STEADY_ROUNDS = 3
+"""Rounds the steady step time is averaged over: the last ones, never the first (its steps pay one-off costs)."""
+
+
+def steady_step_time_s(rounds: Sequence[RoundEnd]) -> float | None:
+    """Mean step time of this rank over the last ``STEADY_ROUNDS`` rounds after the first (``None``: none ran)."""
+    later = list(rounds[1:] or rounds)[-STEADY_ROUNDS:]
+    steps = sum(r.steps for r in later)
+    return sum(r.wall_s for r in later) / steps if steps else None
 
 
 @record
