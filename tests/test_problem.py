@@ -181,3 +181,19 @@ def test_each_stage_pays_the_update_of_its_own_parameters() -> None:
     assert [s.update_s for s in sims] == pytest.approx([0.1, 0.3])
     plain = build_problem(chain(4), cluster(2), microbatches=2, schedule="1f1b")
     assert evaluate(problem, split).step_time_s > evaluate(plain, split).step_time_s
+
+
+def test_the_default_loss_is_paid_by_the_last_block() -> None:
+    from planner.profile.catalog import load_catalog
+    from planner.profile.estimate import estimate_loss_s
+
+    prof = with_whole_model(chain(3), loss={"name": "mse", "fwd_s": 0.25, "bwd_s": 0.5, "output_bytes": 4096})
+    net = cluster(2, types=["cpu", "a100-80g"])
+    problem = build_problem(prof, net, microbatches=2, schedule="1f1b")
+    assert problem.blocks[-1].time_s["cpu"] == pytest.approx((1.25, 2.5))
+    assert problem.blocks[1].time_s["cpu"] == (1.0, 2.0)
+    raw = build_problem(chain(3), net, microbatches=2, schedule="1f1b")
+    extra = estimate_loss_s(4096, load_catalog()["a100-80g"])
+    assert problem.blocks[-1].time_s["a100-80g"] == pytest.approx(
+        tuple(a + b for a, b in zip(raw.blocks[-1].time_s["a100-80g"], extra)))
+    assert raw.loss_s == {}

@@ -90,7 +90,9 @@ def test_uncounted_flops_list_working_ops_without_a_formula(tiny):
 def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     whole = tiny.extra["whole_model"]
     assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
-                          "update_param_bytes"}
+                          "update_param_bytes", "loss"}
+    assert whole["loss"]["name"] in ("lm-cross-entropy", "mse") and whole["loss"]["fwd_s"] >= 0
+    assert whole["loss"]["output_bytes"] > 0
     assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0 and whole["train_s"] > 0
     assert whole["sum_ops_fwd_s"] == pytest.approx(sum(n.time_s["cpu"].fwd for n in tiny.nodes))
     assert set(whole["update_s"]) == {"sgd", "adam"} and all(t > 0 for t in whole["update_s"].values())

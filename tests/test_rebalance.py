@@ -181,6 +181,27 @@ def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
     assert stats.step_time_s == 1.375
 
 
+def test_posting_update_and_the_loss_are_timed_where_they_belong() -> None:
+    from planner.runtime.timing import RankTimer, instrument_schedule
+
+    now = [0.0]
+    timer = RankTimer(1, "cpu1", clock=lambda: now[0])
+
+    class Schedule:
+        def _maybe_compute_loss(self, *args: object) -> None:
+            now[0] += 0.25
+
+    schedule = Schedule()
+    instrument_schedule(schedule, timer)
+    instrument_schedule(schedule, timer)  # idempotent: a second round does not wrap it twice
+    schedule._maybe_compute_loss()
+    with timer.posting():
+        now[0] += 0.5
+    timer.add_update(0.125)
+    mine = timer.end_round()
+    assert (mine.compute_s, mine.post_s, mine.update_s) == (0.25, 0.5, 0.125)
+
+
 def test_round_records_and_the_live_table(tmp_path) -> None:
     import json
 

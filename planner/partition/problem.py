@@ -65,6 +65,9 @@ class Problem:
     The runtime's rebalancer (seed 003 S5) feeds measured speeds back through this."""
     calibration: Mapping[str, float] = field(default_factory=dict)
     """Device type -> the factor its *measured* per-op times were scaled by (``calibration_factors``)."""
+    loss_s: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Device type -> (forward, backward) seconds per micro-batch of the default loss (``loss_times``),
+    included in the last block's times: the last stage computes it."""
     update_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
     """Device type -> seconds of the optimizer step per parameter byte (``update_rates``; 0 when absent).
     Each device pays it for its stages' parameters once per step, after its last backward."""
@@ -187,6 +190,9 @@ def build_problem(
     types = sorted({d.type for d in cluster.devices})
     calibration = {t: f for t, f in calibration_factors(profile).items() if t in types}
     times, estimated = _node_times(profile, cluster, types, estimate_precision, calibration)
+    loss = loss_times(profile, types, estimated)
+    if loss and times:
+        times[-1] = [(f + loss.get(t, (0.0, 0.0))[0], b + loss.get(t, (0.0, 0.0))[1]) for (f, b), t in zip(times[-1], types)]
     fwd_cut, bwd_cut = cut_bytes(profile, names)
     layers: dict[str, str] = {}
     blocks, start = [], 0
@@ -205,8 +211,33 @@ def build_problem(
         estimated_types=tuple(sorted(estimated)),
         speed_factors=MappingProxyType(factors),
         calibration=MappingProxyType(calibration),
+        loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated)),
     )
+
+
+def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str]) -> dict[str, tuple[float, float]]:
+    """Device type -> (forward, backward) seconds of ``plan run``'s default loss per micro-batch.
+
+    The profiled type uses the profile's measurement (``whole_model.loss``); estimated catalog types get a
+    roofline of a bandwidth-bound sweep over the model's output
+    (``planner.profile.estimate.estimate_loss_s``). Profiles without the measurement (older ones, or
+    models whose output the default loss does not apply to) get none.
+    """
+    from planner.profile.catalog import load_catalog
+    from planner.profile.estimate import estimate_loss_s
+
+    measured = (profile.extra.get("whole_model") or {}).get("loss") or {}
+    if not measured:
+        return {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    out = {}
+    for dev_type in types:
+        if dev_type == measured_type and dev_type not in estimated:
+            out[dev_type] = (float(measured["fwd_s"]), float(measured["bwd_s"]))
+        elif dev_type in estimated and dev_type in load_catalog():
+            out[dev_type] = estimate_loss_s(int(measured.get("output_bytes", 0)), load_catalog()[dev_type])
+    return out
 
 
 def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimated: Collection[str]) -> dict[str, float]:

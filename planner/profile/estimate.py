@@ -187,3 +187,17 @@ def estimate_update_s_per_param_byte(optimizer: str, spec: DeviceSpec) -> float:
     element-wise sweep (:data:`UPDATE_BYTES_PER_PARAM_BYTE` bytes at the element-wise bandwidth fraction)."""
     _, memory_eff = EFFICIENCY["elementwise"]
     return UPDATE_BYTES_PER_PARAM_BYTE[optimizer] / (spec.memory_bandwidth_Bps * memory_eff)
+
+
+LOSS_BYTES_PER_OUTPUT_BYTE = 3
+"""Memory traffic of the default loss per byte of the model's output, each way: cross-entropy's forward
+reads the logits twice (max and sum of exponentials) and writes the log-probabilities; its backward reads
+them and the output gradient and writes the logits' gradient. Mean squared error moves less; 3 bounds both."""
+
+
+def estimate_loss_s(output_bytes: int, spec: DeviceSpec) -> tuple[float, float]:
+    """Roofline estimate of the default loss's forward and backward seconds on ``spec``: a bandwidth-bound
+    reduction over the model's output (:data:`LOSS_BYTES_PER_OUTPUT_BYTE`), plus a few kernel launches."""
+    _, memory_eff = EFFICIENCY["reduction"]
+    sweep = LOSS_BYTES_PER_OUTPUT_BYTE * output_bytes / (spec.memory_bandwidth_Bps * memory_eff)
+    return sweep + 3 * spec.launch_overhead_s, sweep + 3 * spec.launch_overhead_s

@@ -16,6 +16,9 @@
    that they sum to it (docs/cost-model.md, "Calibration"): isolated ops run with warm caches and
    without the gradient accumulation, the Python dispatch between ops and the allocator traffic of a
    real step, so their sum falls 2-20 % short of a real micro-batch on CPU.
+6. The default loss of ``plan run`` (``planner.runtime.data``: next-token cross-entropy for a language
+   model, mean squared error otherwise) on the model's output, forward and backward to the output: the
+   last stage pays it. Models whose output ``plan run`` cannot train on by default get none.
 5. One optimizer step over all parameters (the gradients divided by the micro-batch count, then
    ``step()``), for each optimizer ``plan run`` offers, with a learning rate of 0 so that the
    parameters stay as they were. The cost model charges each stage its share by parameter bytes.
@@ -76,6 +79,8 @@ class WholeModel:
     """Optimizer name -> seconds of one step over every trainable parameter (empty without any)."""
     update_param_bytes: int = 0
     """Bytes of the parameters that step updated."""
+    loss: Mapping[str, Any] = field(default_factory=dict)
+    """The default loss on the model's output: ``{"name", "fwd_s", "bwd_s", "output_bytes"}`` (empty if none)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "sum_ops_fwd_s": self.sum_ops_fwd_s,
@@ -85,6 +90,8 @@ class WholeModel:
         if self.update_s:
             out["update_s"] = dict(self.update_s)
             out["update_param_bytes"] = self.update_param_bytes
+        if self.loss:
+            out["loss"] = dict(self.loss)
         return out
 
 
@@ -122,10 +129,11 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         whole = _measure_whole(module, inputs, timer)
         train_s = _measure_training(module, inputs, timer)
         update_s = _measure_update(module, timer)
+        loss = _measure_loss(module, inputs, timer)
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
-                        update_s, sum(_nbytes(p) for p in module.parameters() if p.requires_grad))
+                        update_s, sum(_nbytes(p) for p in module.parameters() if p.requires_grad), loss)
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)
 
 
@@ -331,6 +339,27 @@ def _measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> d
     finally:
         for p, grad in zip(params, before):
             p.grad = grad
+
+
+def _measure_loss(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> dict[str, Any]:
+    """Forward and backward seconds of ``plan run``'s default loss on the model's output (see item 6)."""
+    from planner.errors import ModelError
+    from planner.runtime.data import data_spec, default_target, loss_fn
+
+    with torch.no_grad():
+        output = module(*inputs)
+    try:
+        spec = data_spec([x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs], output)
+    except ModelError:
+        return {}
+    cpu_inputs = [x.cpu() for x in inputs]
+    target = default_target(spec, cpu_inputs, torch.Generator().manual_seed(0)).to(output.device)
+    loss = loss_fn(spec)
+    logits = output.detach().requires_grad_(True)
+    with torch.enable_grad():
+        fwd_s = timer.time(lambda _: loss(logits, target))
+        bwd_s = timer.time(lambda value: torch.autograd.grad(value, logits), lambda: loss(logits, target))
+    return {"name": spec.loss, "fwd_s": fwd_s, "bwd_s": bwd_s, "output_bytes": _nbytes(output)}
 
 
 def _cpu_sdpa_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:

@@ -44,7 +44,7 @@ from planner.runtime.rebalance import RebalanceConfig, RebalanceState, decide, i
 from planner.runtime.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method
 from planner.runtime.roundlog import RoundLog, round_record
 from planner.runtime.slowdown import Slowdown, parse_slowdowns
-from planner.runtime.timing import RankTimer, gather_round, instrument_stage, timed_p2p
+from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
 from planner.runtime.training import make_optimizer
 from planner.runtime.worker import RankRun, RoundEnd, RunConfig, RunHooks
 
@@ -171,6 +171,7 @@ class DynamicHooks(RunHooks):
             if not getattr(stage, "_planner_timed", False):  # new stages after a switch or resume
                 instrument_stage(stage, self.timer)
                 stage._planner_timed = True
+        instrument_schedule(run.schedule, self.timer)
         self.timer.begin_round()
         self._update_mark = run.update_s
 

@@ -1,7 +1,7 @@
 """Per-rank compute and wait time over a round, and gathering them on every rank.
 
 A rank's round splits into *compute* (its stages' forward and backward passes, the emulated
-slowdown included) and *wait* (everything else: blocked on point-to-point receives and sends, and
+slowdown included, and the last stage's loss) and *wait* (everything else: blocked on point-to-point receives and sends, and
 idle in the schedule). Two parts of the wait are broken out for diagnosis: ``post_s``, time spent
 posting sends and receives (``schedules._batch_p2p``; on CPU, gloo copies the bytes here, on the
 rank's own core), and ``update_s``, the optimizer step with the gradient averaging before it. Compute is timed by wrapping the pipeline stage's ``forward_one_chunk``,
@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 from planner.runtime.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankRound", "RankTimer", "instrument_stage", "timed_p2p", "gather_round", "stats_from"]
+__all__ = ["RankRound", "RankTimer", "instrument_stage", "instrument_schedule", "timed_p2p", "gather_round",
+           "stats_from"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
@@ -121,6 +122,15 @@ def instrument_stage(stage: Any, timer: RankTimer) -> Callable[[], None]:
                 delattr(stage, name)  # the instance attribute shadows the class method
 
     return undo
+
+
+def instrument_schedule(schedule: Any, timer: RankTimer) -> None:
+    """Count the schedule's loss computation (``_maybe_compute_loss``, private: skipped if a torch release
+    drops it) as compute: the cost model charges the default loss to the last stage's passes."""
+    method = getattr(schedule, "_maybe_compute_loss", None)
+    if method is not None and not getattr(schedule, "_planner_timed", False):
+        schedule._maybe_compute_loss = _timed(method, timer)
+        schedule._planner_timed = True
 
 
 def _timed(method: Callable[..., Any], timer: RankTimer) -> Callable[..., Any]:
