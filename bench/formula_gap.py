@@ -24,8 +24,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The script's folder holds bench/profile.py, which would shadow the standard library's `profile`
+# (cProfile, imported by torch._dynamo, then fails): keep it off the front of sys.path, reachable last.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.append(str(REPO / "bench"))
 
 from suite import OPTIMIZER, SCHEDULE, cached_profile, torchgpipe_partition  # noqa: E402
 

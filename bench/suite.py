@@ -34,8 +34,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
+# The script's folder holds bench/profile.py, which would shadow the standard library's `profile`
+# (cProfile, imported by torch._dynamo, then fails): keep it off the front of sys.path, reachable last.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.append(str(REPO / "bench"))
 
 from planner.examples import BUNDLED  # noqa: E402
 from planner.clusters import bundled_clusters, load_cluster_spec  # noqa: E402
