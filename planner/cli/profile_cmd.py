@@ -36,7 +36,8 @@ def profile_cmd(
                                   "half-precision tensor cores, half the bytes). Default: the profiled dtype.",
                                   show_default=False)] = None,
     probe_links: Annotated[bool, typer.Option("--probe-links", help="Under torchrun (>= 2 ranks): time transfers "
-                           "between every pair of ranks and write a cluster file.")] = False,
+                           "between every pair of ranks and the pipeline runtime's own cost per pass, and write a "
+                           "cluster file.")] = False,
     cluster_out: Annotated[Optional[Path], typer.Option("--cluster-out", help="Cluster JSON to write when probing "
                            "links together with a MODEL.", show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Ops listed in the summary.")] = 10,
@@ -46,7 +47,8 @@ def profile_cmd(
 
     Times are per micro-batch on the local device (marked "measured"); --estimate adds roofline
     estimates for other device types (marked "estimated"). Under torchrun, --probe-links times the
-    links between ranks and writes a cluster file (rank 0 writes; rank 0 also profiles MODEL).
+    links between ranks and the pipeline runtime's cost per pass, and writes a cluster file (rank 0
+    writes; rank 0 also profiles MODEL).
 
     Examples:
 
