@@ -176,3 +176,19 @@ def test_single_threaded_cpu_timing_uses_the_thread_clock(tiny):
     assert measurement["threads"] == 1 and measurement["clock"] == "thread_cpu"
     assert measurement["repeats"] == 2 and measurement["warmup"] == 1
     assert default_clock(torch.device("cuda")) == "cuda_events"
+
+
+def test_tensors_without_readable_storage_get_key_zero_and_are_never_aliases():
+    from planner.profile.measure import _aliases, _storage_key
+
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(NotImplementedError):  # torch refuses: the except branch of _storage_key
+        sparse.untyped_storage()
+    meta = torch.empty(3, device="meta")
+    assert meta.untyped_storage().data_ptr() == 0  # torch answers 0 itself
+    dense = torch.ones(3)
+    assert _storage_key(sparse) == 0 and _storage_key(meta) == 0
+    assert _storage_key(dense) != 0 and _storage_key(dense.view(3, 1)) == _storage_key(dense)
+    assert _aliases(dense.view(3, 1), (dense,), [])
+    assert not _aliases(torch.empty(3, device="meta"), (meta,), [])  # both key 0: unknown, not shared
+    assert not _aliases(torch.eye(3).to_sparse(), (sparse,), [])
