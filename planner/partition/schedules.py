@@ -16,6 +16,7 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
@@ -59,8 +60,13 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
     return ranks, len(devices) // p
 
 
+@lru_cache(maxsize=256)
 def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: int) -> tuple[tuple[Op, ...], ...]:
-    """The order of passes on each device rank (stage ``c * num_devices + r`` is chunk ``c`` of rank ``r``)."""
+    """The order of passes on each device rank (stage ``c * num_devices + r`` is chunk ``c`` of rank ``r``).
+
+    Cached: every simulation and memory check asks for it, and the polish asks thousands of times for
+    the same few layouts; the result is immutable.
+    """
     p, v, m = num_devices, chunks, microbatches
     if schedule == "gpipe":
         if v != 1:
