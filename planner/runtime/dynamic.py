@@ -39,11 +39,13 @@ from planner.errors import DistributedError, PlannerError
 from planner.formats.cluster import cluster_from_dict
 from planner.formats.plan import Plan, plan_from_dict, save_plan
 from planner.runtime import checkpoint as ckpt
+from planner.runtime.graph_split import canonical_param_names
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
 from planner.runtime.rebalance import RebalanceConfig, RebalanceState, decide, initial_state, settle
 from planner.runtime.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method
 from planner.runtime.roundlog import RoundLog, round_record
 from planner.runtime.slowdown import Slowdown, parse_slowdowns
+from planner.runtime.stages import RankStages
 from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
 from planner.runtime.training import make_optimizer
 from planner.runtime.worker import RankRun, RoundEnd, RunConfig, RunHooks
@@ -243,11 +245,11 @@ class DynamicHooks(RunHooks):
         """Every rank: build the new stages, move what changed owner, continue from the same step."""
         module = run.prepared.module
         tensors = _named_tensors(module)
-        name_of = {id(p): n for n, p in module.named_parameters()}
-        before = _owned(run)
+        name_of = canonical_param_names(module)
+        before = _owned(run.stages)
         state = optimizer_state_by_name([run.optimizer], name_of)
         stages = run.build(plan)
-        after = set(stages.params) | {n for st in stages.stages for n, _ in st.submod.named_buffers()}
+        after = _owned(stages)
         new_state, report = migrate(run.rank, tensors, before, after, state)
         settings = run.prepared.settings
         optimizer = make_optimizer(stages.params, settings.optimizer, settings.lr)
@@ -260,8 +262,8 @@ class DynamicHooks(RunHooks):
     def _save(self, run: RankRun) -> None:
         module = run.prepared.module
         tensors = _named_tensors(module)
-        owned = _owned(run)
-        name_of = {id(p): n for n, p in module.named_parameters()}
+        owned = _owned(run.stages)
+        name_of = canonical_param_names(module)
         plan = dict(run.plan.to_dict(), **{DEVICE_RANKS: list(self.ranks)})
         ckpt.save_checkpoint(self.opt["checkpoint_dir"], step=run.step, rank=run.rank, world_size=dist.get_world_size(),
                              tensors={n: tensors[n] for n in owned},
@@ -281,12 +283,12 @@ class DynamicHooks(RunHooks):
                                    f"0..{len(device_order(plan)) - 1}, this job {list(self.ranks)}; resume with the "
                                    f"plan the checkpoint was made from, or pass another --checkpoint-dir")
         run.install(run.build(plan))
-        tensors, optim = ckpt.load_owned(info, _owned(run))
+        tensors, optim = ckpt.load_owned(info, _owned(run.stages))
         live = _named_tensors(run.prepared.module)
         with torch.no_grad():
             for name, value in tensors.items():
                 live[name].copy_(value)
-        name_of = {id(p): n for n, p in run.prepared.module.named_parameters()}
+        name_of = canonical_param_names(run.prepared.module)
         load_optimizer_state([run.optimizer], optim, name_of)
         run.step = self.saved_step = info.step
         run.losses[:] = [float(x) for x in info.extra.get("losses", [])][: info.step]
@@ -303,9 +305,9 @@ def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _owned(run: RankRun) -> set[str]:
+def _owned(stages: RankStages) -> set[str]:
     """Names of the parameters and buffers this rank's stages hold (what its values are current for)."""
-    return set(run.stages.params) | {n for st in run.stages.stages for n, _ in st.submod.named_buffers()}
+    return set(stages.params) | {n for st in stages.stages for n, _ in st.submod.named_buffers()}
 
 
 class RankUnresponsive(RuntimeError):

@@ -23,7 +23,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from planner.errors import PlanMismatchError
 from planner.formats.plan import Plan
 from planner.profile.capture import Captured
-from planner.runtime.graph_split import StageGraph, assign_nodes, split_graph
+from planner.runtime.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
 __all__ = ["ContiguousStage", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
@@ -141,7 +141,7 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
     stages = tuple(ContiguousStage(g.module, g.index, num, device, group=group) for g in local)
     for st in stages:  # a fixed device order (device_ranks) may put stage i on a rank other than i
         st.stage_index_to_group_rank = dict(enumerate(layout))
-    canonical = {id(p): n for n, p in module.named_parameters()}
+    canonical = canonical_param_names(module)
     params = {canonical[id(p)]: p for g in local for p in g.module.parameters()}
     return RankStages(plan, rank, layout, graphs, stages, dict(sorted(params.items())),
                       _make_tied(graphs, layout, rank))
