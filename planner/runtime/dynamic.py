@@ -169,10 +169,8 @@ class DynamicHooks(RunHooks):
 
     def before_round(self, run: RankRun) -> None:
         _test_hang(run.rank, run.step, "PLANNER_TEST_HANG_BEFORE_STEP")
-        for stage in run.stages.stages:
-            if not getattr(stage, "_planner_timed", False):  # new stages after a switch or resume
-                instrument_stage(stage, self.timer)
-                stage._planner_timed = True
+        for stage in run.stages.stages:  # new stages after a switch or resume get timed; the others already are
+            instrument_stage(stage, self.timer)
         instrument_schedule(run.schedule, self.timer)
         self.timer.begin_round()
         self._update_mark = run.update_s

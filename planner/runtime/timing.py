@@ -106,22 +106,16 @@ class RankTimer:
         self.update_s += seconds
 
 
-def instrument_stage(stage: Any, timer: RankTimer) -> Callable[[], None]:
-    """Wrap the stage's compute methods so that they run under ``timer.compute()``; returns an undo."""
-    wrapped = []
+def instrument_stage(stage: Any, timer: RankTimer) -> None:
+    """Wrap the stage's compute methods so that they run under ``timer.compute()`` (once per stage:
+    calling it again, e.g. every round, leaves a stage already timed as it is)."""
+    if getattr(stage, "_planner_timed", False):
+        return
     for name in _COMPUTE_METHODS:
         method = getattr(stage, name, None)
-        if method is None:
-            continue
-        setattr(stage, name, _timed(method, timer))
-        wrapped.append(name)
-
-    def undo() -> None:
-        for name in wrapped:
-            with contextlib.suppress(AttributeError):
-                delattr(stage, name)  # the instance attribute shadows the class method
-
-    return undo
+        if method is not None:
+            setattr(stage, name, _timed(method, timer))
+    stage._planner_timed = True
 
 
 def instrument_schedule(schedule: Any, timer: RankTimer) -> None:
