@@ -100,14 +100,16 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
 
 
 def test_training_and_update_measurements_leave_the_model_as_it_was():
-    from planner.profile.measure import _measure_training, _measure_update
+    from planner.profile.measure import _measure_training, _measure_update, _probe
     from planner.profile.timer import Timer
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     timer = Timer(torch.device("cpu"), repeats=3, warmup=1)
-    assert _measure_training(model, (torch.randn(4, 8),), timer) > 0
+    inputs = (torch.randn(4, 8),)
+    _, grads_out = _probe(model, inputs)
+    assert _measure_training(model, inputs, grads_out, timer) > 0
     assert set(_measure_update(model, timer)) == {"sgd", "adam"}
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -16,12 +16,12 @@
    that they sum to it (docs/cost-model.md, "Calibration"): isolated ops run with warm caches and
    without the gradient accumulation, the Python dispatch between ops and the allocator traffic of a
    real step, so their sum falls 2-20 % short of a real micro-batch on CPU.
-6. The default loss of ``plan run`` (``planner.runtime.data``: next-token cross-entropy for a language
-   model, mean squared error otherwise) on the model's output, forward and backward to the output: the
-   last stage pays it. Models whose output ``plan run`` cannot train on by default get none.
 5. One optimizer step over all parameters (the gradients divided by the micro-batch count, then
    ``step()``), for each optimizer ``plan run`` offers, with a learning rate of 0 so that the
    parameters stay as they were. The cost model charges each stage its share by parameter bytes.
+6. The default loss of ``plan run`` (``planner.runtime.data``: next-token cross-entropy for a language
+   model, mean squared error otherwise) on the model's output, forward and backward to the output: the
+   last stage pays it. Models whose output ``plan run`` cannot train on by default get none.
 """
 
 from __future__ import annotations
@@ -126,10 +126,11 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
             results.append(_measure_op(captured, op, run, timer, params, grad_overhead_s))
         if progress:
             progress(total - 1, total, "whole model")
-        whole = _measure_whole(module, inputs, timer)
-        train_s = _measure_training(module, inputs, timer)
+        output, grads_out = _probe(module, inputs)
+        whole = _measure_whole(module, inputs, grads_out, timer)
+        train_s = _measure_training(module, inputs, grads_out, timer)
         update_s = _measure_update(module, timer)
-        loss = _measure_loss(module, inputs, timer)
+        loss = _measure_loss(inputs, output, timer)
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
@@ -263,35 +264,38 @@ def _grad_call_overhead(timer: Timer, device: torch.device) -> float:
     return timer.time(lambda out: torch.autograd.grad(out, leaf, grad), lambda: leaf.view(1))
 
 
-def _measure_whole(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> tuple[float, float]:
-    """Forward and backward seconds of the whole model, timed like the ops."""
+def _probe(module: nn.Module, inputs: Sequence[Any]) -> tuple[Any, list[torch.Tensor]]:
+    """One untimed forward of the whole model with gradients on: its output (detached, so the graph is
+    freed) and random output gradients for its differentiable outputs (empty if none)."""
+    with torch.enable_grad():
+        output = module(*inputs)
+    grads_out = [torch.randn_like(t) for t in _differentiable(output)]
+    return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, output), grads_out
+
+
+def _measure_whole(module: nn.Module, inputs: Sequence[Any], grads_out: list[torch.Tensor],
+                   timer: Timer) -> tuple[float, float]:
+    """Forward and backward seconds of the whole model, timed like the ops (``grads_out`` from :func:`_probe`)."""
     params = [p for p in module.parameters() if p.requires_grad]
     with torch.enable_grad():
         fwd_s = timer.time(lambda _: module(*inputs))
-        probe = _differentiable(module(*inputs))
-        if not probe or not params:
+        if not grads_out or not params:
             return fwd_s, 0.0
-        grads_out = [torch.randn_like(t) for t in probe]
         bwd_s = timer.time(lambda outs: torch.autograd.grad(outs, params, grads_out, allow_unused=True),
                            lambda: _differentiable(module(*inputs)))
     return fwd_s, bwd_s
 
 
-def _measure_training(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> float:
+def _measure_training(module: nn.Module, inputs: Sequence[Any], grads_out: list[torch.Tensor], timer: Timer) -> float:
     """Seconds of one training micro-batch: forward, then backward into the parameters' ``.grad``.
 
     Gradients accumulate across the repeats, as over the micro-batches of a step; the parameters'
     ``.grad`` are restored afterwards (the model is left as it was given)."""
     params = [p for p in module.parameters() if p.requires_grad]
-    if not params:
+    if not params or not grads_out:
         return 0.0
     before = [p.grad for p in params]
     with torch.enable_grad():
-        probe = _differentiable(module(*inputs))
-        if not probe:
-            return 0.0
-        grads_out = [torch.randn_like(t) for t in probe]
-        del probe
 
         def step(_: Any) -> None:
             outs = _differentiable(module(*inputs))
@@ -341,13 +345,11 @@ def _measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> d
             p.grad = grad
 
 
-def _measure_loss(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> dict[str, Any]:
-    """Forward and backward seconds of ``plan run``'s default loss on the model's output (see item 6)."""
+def _measure_loss(inputs: Sequence[Any], output: Any, timer: Timer) -> dict[str, Any]:
+    """Forward and backward seconds of ``plan run``'s default loss on the model's ``output`` (see item 6)."""
     from planner.errors import ModelError
     from planner.runtime.data import data_spec, default_target, loss_fn
 
-    with torch.no_grad():
-        output = module(*inputs)
     try:
         spec = data_spec([x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs], output)
     except ModelError:
