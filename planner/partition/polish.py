@@ -197,7 +197,9 @@ def _moves(problem: Problem, partition: Partition, max_shift: int) -> list[Move]
     devices = [st.device for st in partition]
     out = list(_shifts(bounds, devices, max_shift)) + list(_transfers(bounds, devices))
     if len(set(devices)) == len(devices):
-        out += list(_resizes(problem, bounds, devices)) + list(_device_moves(problem, bounds, devices))
+        kind = _kinds(problem)
+        unused = _unused(problem, devices, kind)
+        out += list(_resizes(problem, bounds, devices, unused)) + list(_device_moves(bounds, devices, kind, unused))
     return out
 
 
@@ -228,24 +230,28 @@ def _transfers(bounds: list[int], devices: list[str]) -> Iterator[Move]:
             yield {"kind": "transfer", "from": a, "to": b}, new, devices
 
 
-def _unused(problem: Problem, devices: list[str]) -> list[str]:
-    """One unused device per (type, host, speed factor), first in cluster order."""
-    used, kinds, out = set(devices), set(), []
+def _kinds(problem: Problem) -> dict[str, tuple[str, str, float]]:
+    """Device id -> its kind: (type, host, speed factor)."""
+    return {d.id: (d.type, d.host, problem.speed_factors.get(d.id, 1.0)) for d in problem.cluster.devices}
+
+
+def _unused(problem: Problem, devices: list[str], kind: dict[str, tuple[str, str, float]]) -> list[str]:
+    """One unused device per kind, first in cluster order."""
+    used, seen, out = set(devices), set(), []
     for d in problem.cluster.devices:
-        kind = (d.type, d.host, problem.speed_factors.get(d.id, 1.0))
-        if d.id not in used and kind not in kinds:
-            kinds.add(kind)
+        if d.id not in used and kind[d.id] not in seen:
+            seen.add(kind[d.id])
             out.append(d.id)
     return out
 
 
-def _resizes(problem: Problem, bounds: list[int], devices: list[str]) -> Iterator[Move]:
+def _resizes(problem: Problem, bounds: list[int], devices: list[str], unused: list[str]) -> Iterator[Move]:
     """Splits onto an unused device, then merges of adjacent stages."""
     p = len(devices)
     for i in range(p):
         for cut in _split_cuts(problem, bounds[i], bounds[i + 1], devices[i]):
             new = [*bounds[:i + 1], cut, *bounds[i + 1:]]
-            for u in _unused(problem, devices):
+            for u in unused:
                 for where, devs in (("after", [*devices[:i + 1], u, *devices[i + 1:]]),
                                     ("before", [*devices[:i], u, *devices[i:]]),
                                     ("end", [*devices, u])):
@@ -275,10 +281,10 @@ def _split_cuts(problem: Problem, start: int, stop: int, device: str) -> list[in
     return [c for c in (best, best - 1, best + 1) if start < c < stop]
 
 
-def _device_moves(problem: Problem, bounds: list[int], devices: list[str]) -> Iterator[Move]:
+def _device_moves(bounds: list[int], devices: list[str], kind: dict[str, tuple[str, str, float]],
+                  unused: list[str]) -> Iterator[Move]:
     """Swaps of two stages' devices, then moves of one stage to an unused device of another kind."""
     p = len(devices)
-    kind = {d.id: (d.type, d.host, problem.speed_factors.get(d.id, 1.0)) for d in problem.cluster.devices}
     for i in range(p):
         for j in range(i + 1, p):
             if kind[devices[i]] != kind[devices[j]]:
@@ -286,6 +292,6 @@ def _device_moves(problem: Problem, bounds: list[int], devices: list[str]) -> It
                 devs[i], devs[j] = devs[j], devs[i]
                 yield {"kind": "swap", "stages": [i, j]}, bounds, devs
     for i in range(p):
-        for u in _unused(problem, devices):
+        for u in unused:
             if kind[u] != kind[devices[i]]:
                 yield {"kind": "device", "stage": i, "device": u}, bounds, [*devices[:i], u, *devices[i + 1:]]
