@@ -86,8 +86,7 @@ def run_options(**given: Any) -> dict[str, Any]:
         raise UsageError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
     options = {**OPTIONS, **{k: v for k, v in given.items() if v is not None}}
     parse_slowdowns(options["emulate_slowdown"])
-    RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
-                    patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
+    _rebalance_config(options)
     if int(options["checkpoint_every"]) < 0:
         raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")
     if int(options["checkpoint_every"]) > 0 and not options["checkpoint_dir"]:
@@ -105,6 +104,12 @@ def run_options(**given: Any) -> dict[str, Any]:
     return options
 
 
+def _rebalance_config(options: Mapping[str, Any]) -> RebalanceConfig:
+    """The rebalancer's knobs from run options (``RebalanceConfig`` validates them)."""
+    return RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
+                           patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
+
+
 def make_hooks(config: RunConfig) -> "DynamicHooks":
     unknown = sorted(set(config.options) - set(OPTIONS))
     if unknown:
@@ -115,9 +120,7 @@ def make_hooks(config: RunConfig) -> "DynamicHooks":
 class DynamicHooks(RunHooks):
     def __init__(self, config: RunConfig, options: Mapping[str, Any]) -> None:
         self.config, self.opt = config, options
-        self.rebalance = RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
-                                         patience=int(options["patience"]),
-                                         min_improvement=float(options["min_improvement"]))
+        self.rebalance = _rebalance_config(options)
         self.round_index = 0
         self.saved_step = 0
         self.warm_up = True
