@@ -59,11 +59,13 @@ def world_size_of(plan: Plan) -> int:
     return max(rank_of_stages(plan)) + 1
 
 
-def prepare(config: "RunConfig", world_size: int, device: torch.device) -> Prepared:
-    """Everything a rank needs that does not talk to other ranks; raises ``PlannerError`` on a mismatch."""
+def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -> Prepared:
+    """Everything a rank needs that does not talk to other ranks; raises ``PlannerError`` on a mismatch.
+
+    ``world_size``: the ranks started, which must be the plan's device count (``None``: not checked)."""
     plan, profile, where = load_checked_plan(config.plan, config.profile)
     need = world_size_of(plan)
-    if world_size != need:
+    if world_size is not None and world_size != need:
         raise DistributedError(f"the plan places stages on {need} devices but {world_size} ranks were started; "
                                f"start {need} ranks (--nproc-per-node {need}) or re-partition for {world_size}")
     mbs = config.microbatch_size or int(profile.model.get("microbatch_size", 0)) or None
@@ -83,10 +85,7 @@ def prepare(config: "RunConfig", world_size: int, device: torch.device) -> Prepa
 
 def preflight(config: "RunConfig") -> int:
     """Every check ``prepare`` makes, in this process on CPU, before ranks start; returns the world size."""
-    plan, _, _ = load_checked_plan(config.plan, config.profile)
-    world = world_size_of(plan)
-    prepare(config, world, torch.device("cpu"))
-    return world
+    return world_size_of(prepare(config, None, torch.device("cpu")).plan)
 
 
 def make_batch_fn(spec: data_mod.DataSpec, settings: TrainSettings, data: str | None) -> BatchFn:
