@@ -112,7 +112,8 @@ def check_graph(captured: Captured, profile: Profile, microbatch_size: int, wher
     ops = {op.name: op for op in captured.ops}
     names = [n.name for n in profile.nodes]
     missing = [n for n in names if n not in ops]
-    extra = [n for n in ops if n not in set(names)]
+    known = set(names)
+    extra = [n for n in ops if n not in known]
     if missing or extra:
         first = f"the profile's {missing[0]!r} is not in the graph" if missing else f"the graph's {extra[0]!r} is not in the profile"
         raise PlanMismatchError(
@@ -140,7 +141,8 @@ def check_plan_nodes(plan: Plan, profile: Profile, where: str) -> None:
                                         f"re-partition")
             seen[name] = stage.index
     missing = [n.name for n in profile.nodes if n.name not in seen]
-    unknown = [n for n in seen if n not in {p.name for p in profile.nodes}]
+    known = {p.name for p in profile.nodes}
+    unknown = [n for n in seen if n not in known]
     if missing or unknown:
         what = f"{missing[0]!r} is on no stage" if missing else f"{unknown[0]!r} is not in the profile"
         raise PlanMismatchError(f"the plan does not match {where}: {what}; partition this profile again")
