@@ -20,15 +20,8 @@ the ILP's linear model can carry it as is.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-# The script's folder holds bench/profile.py, which would shadow the standard library's `profile`
-# (cProfile, imported by torch._dynamo, then fails): keep it off the front of sys.path, reachable last.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
-sys.path.insert(0, str(REPO))
-sys.path.append(str(REPO / "bench"))
+import _paths  # noqa: F401  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
 from suite import OPTIMIZER, SCHEDULE, cached_profile, torchgpipe_partition  # noqa: E402
 

@@ -30,11 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-# bench/profile.py shadows the standard library's ``profile`` module (which torch's profiler imports):
-# take this script's directory off the path before anything imports torch.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
+from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
 from planner.examples import BUNDLED  # noqa: E402
 from planner.clusters import bundled_clusters, load_cluster_spec  # noqa: E402

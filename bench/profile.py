@@ -21,11 +21,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-# This file is named like the standard library's ``profile`` module, which torch imports: take the
-# script's own directory off the path so ``import profile`` finds the standard library.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-sys.path.insert(0, str(REPO))
+from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
 import torch  # noqa: E402
 

@@ -31,14 +31,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-# The script's folder holds bench/profile.py, which would shadow the standard library's `profile`
-# (cProfile, imported by torch._dynamo, then fails): keep it off the front of sys.path, reachable last.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
-sys.path.insert(0, str(REPO))
-sys.path.append(str(REPO / "bench"))
+from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
 from planner.examples import BUNDLED  # noqa: E402
 from planner.clusters import bundled_clusters, load_cluster_spec  # noqa: E402
