@@ -115,6 +115,9 @@ def test_host_copy_links_round_trip_and_charge_their_endpoints() -> None:
         (lambda d: d["links"]["intra_host"].update(bandwidth_Bps=0), "positive"),
         (lambda d: d["links"]["intra_host"].update(host_copy="yes"), "host_copy.*true or false"),
         (lambda d: d["links"].update(pairs=[{"a": "d0", "b": "zz", "bandwidth_Bps": 1, "latency_s": 0}]), "known device"),
+        (lambda d: d.update(runtime={"pass_overhead_s": -1e-4}), "runtime.pass_overhead_s"),
+        (lambda d: d.update(runtime={"pass_byte_overhead_s": -1e-10}), "runtime.pass_byte_overhead_s"),
+        (lambda d: d.update(runtime={"pass_byte_overhead_s": "fast"}), "runtime.pass_byte_overhead_s"),
     ],
 )
 def test_cluster_errors(mutate, message) -> None:

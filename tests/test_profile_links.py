@@ -74,11 +74,30 @@ def test_pass_overhead_is_what_makes_the_simulator_match_the_measured_step():
     assert fitted == pytest.approx(2e-4, rel=1e-6)
 
 
+def test_byte_overhead_is_what_makes_the_simulator_match_a_large_message_step():
+    from planner.formats.cluster import Cluster, Device, Link
+    from planner.partition.simulate import SimStage, simulate
+    from planner.runtime.probe import TinyRun, fit_byte_overhead
+
+    link, mib = Link(5e9, 50e-6, host_copy=True), 1 << 20
+    stages = [SimStage("a", 1e-3, 1e-3, mib, 0, 0, 0), SimStage("b", 1e-3, 1e-3, 0, mib, 0, 0)]
+    cluster = Cluster("p", (Device("a", "x", "h", 1), Device("b", "x", "h", 1)), link, link, pass_overhead_s=1e-4,
+                      pass_byte_overhead_s=3e-10)
+    measured = simulate(stages, cluster, "1f1b", 8, record_events=False).step_time_s
+    run = TinyRun(measured, (1e-3 * 16, 1e-3 * 16), mib)
+    assert fit_byte_overhead(run, link, 1e-4) == pytest.approx(3e-10, rel=1e-6)
+    # the per-pass overhead is fixed first: a larger one leaves less for the bytes to explain
+    assert fit_byte_overhead(run, link, 2e-4) < 3e-10
+    assert fit_byte_overhead(TinyRun(measured, (1e-3 * 16, 1e-3 * 16), 0), link, 1e-4) == 0.0  # no bytes, no figure
+
+
 def test_runtime_overhead_round_trips_through_the_cluster_file():
     from planner.formats.cluster import cluster_from_dict
 
-    cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)], pass_overhead_s=1e-4)
+    cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)], pass_overhead_s=1e-4,
+                            pass_byte_overhead_s=3e-10)
     assert cluster.to_dict()["runtime"]["pass_overhead_s"] == 1e-4 and cluster.pass_overhead_source
+    assert cluster.to_dict()["runtime"]["pass_byte_overhead_s"] == 3e-10
     assert cluster_from_dict(cluster.to_dict()) == cluster
     assert "runtime" not in build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]).to_dict()
 
@@ -113,3 +132,4 @@ def test_two_gloo_ranks_write_a_valid_cluster(tmp_path):
     assert cluster.intra_host == type(cluster.intra_host)(pair.bandwidth_Bps, pair.latency_s, cluster.intra_host.source,
                                                           host_copy=True)
     assert cluster.pass_overhead_s >= 0 and "measured" in cluster.pass_overhead_source  # the runtime probe ran
+    assert cluster.pass_byte_overhead_s >= 0

@@ -103,6 +103,18 @@ def test_runtime_pass_overhead_lengthens_every_pass() -> None:
     assert result.step_time_s == pytest.approx(base.step_time_s + 8 * 0.25)
 
 
+def test_runtime_byte_overhead_lengthens_the_sending_and_the_receiving_pass() -> None:
+    # d0 sends 1000 bytes forward, d1 sends 400 bytes back; 1 ms per 1000 bytes on top of a free link
+    stages = [SimStage("d0", 1.0, 2.0, 1000, 0, 0, 0), SimStage("d1", 1.0, 2.0, 0, 400, 0, 0)]
+    net = cluster(2, bandwidth_Bps=FREE)
+    slow = cluster_from_dict({**net.to_dict(), "runtime": {"pass_byte_overhead_s": 1e-6}})
+    assert slow.pass_byte_overhead_s == 1e-6 and slow.to_dict()["runtime"]["pass_byte_overhead_s"] == 1e-6
+    base, result = simulate(stages, net, "gpipe", 3), simulate(stages, slow, "gpipe", 3)
+    for dev in ("d0", "d1"):  # each micro-batch: 1 ms in the forward pair, 0.4 ms in the backward pair
+        assert result.devices[dev].busy_s == pytest.approx(base.devices[dev].busy_s + 3 * (1e-3 + 0.4e-3))
+    # GPipe, critical path: F0(d0), then 3 forwards and 3 backwards on d1, then B2(d0)
+    assert result.step_time_s == pytest.approx(base.step_time_s + 4 * 1e-3 + 4 * 0.4e-3)
+
 def test_optimizer_update_runs_after_each_devices_last_pass() -> None:
     stages = [SimStage("d0", 1.0, 1.0, 0, 0, 0, 0, update_s=0.5), SimStage("d1", 1.0, 1.0, 0, 0, 0, 0, update_s=4.0)]
     base = simulate([SimStage(*(getattr(st, f) for f in ("device", "fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes",

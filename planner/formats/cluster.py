@@ -78,6 +78,12 @@ class Cluster:
     the stage's ops and its transfers (the schedule's Python, posting and completing its point-to-point
     operations); probed by ``plan profile --probe-links``. 0 when the file gives none."""
     pass_overhead_source: str = ""
+    pass_byte_overhead_s: float = 0.0
+    """``runtime.pass_byte_overhead_s``: seconds per byte that a pass sends or receives across devices, paid by
+    the sending and the receiving pass on top of the link's own figures. A ping-pong between idle ranks
+    (the links' figures) misses what moving activations costs inside a running pipeline (on CPU ranks,
+    gloo's copies through the kernel compete with the compute for the same cores); probed by
+    ``plan profile --probe-links`` with large messages. 0 when the file gives none."""
 
     def device(self, device_id: str) -> Device:
         for dev in self.devices:
@@ -110,8 +116,10 @@ class Cluster:
         data.update(self.extra)
         data["devices"] = [d.to_dict() for d in self.devices]
         data["links"] = links
-        if self.pass_overhead_s or self.pass_overhead_source:
+        if self.pass_overhead_s or self.pass_overhead_source or self.pass_byte_overhead_s:
             data["runtime"] = {"pass_overhead_s": self.pass_overhead_s}
+            if self.pass_byte_overhead_s:
+                data["runtime"]["pass_byte_overhead_s"] = self.pass_byte_overhead_s
             if self.pass_overhead_source:
                 data["runtime"]["source"] = self.pass_overhead_source
         return data
@@ -159,6 +167,8 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     runtime = check.opt(data, "runtime", dict, {})
     overhead = float(check.opt(runtime, "pass_overhead_s", (int, float), 0.0, "runtime.pass_overhead_s"))
     check.non_negative(overhead, "runtime.pass_overhead_s")
+    per_byte = float(check.opt(runtime, "pass_byte_overhead_s", (int, float), 0.0, "runtime.pass_byte_overhead_s"))
+    check.non_negative(per_byte, "runtime.pass_byte_overhead_s")
     return Cluster(
         name=name,
         devices=tuple(devices),
@@ -168,6 +178,7 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         extra=MappingProxyType(extra),
         pass_overhead_s=overhead,
         pass_overhead_source=str(runtime.get("source", "")),
+        pass_byte_overhead_s=per_byte,
     )
 
 

@@ -11,7 +11,8 @@ resource decision is made at a completion time, so requests reach each link in t
 On links marked ``host_copy`` (gloo between CPU processes) the endpoints' processors move the bytes,
 so a transfer lengthens the sending and the receiving pass instead of overlapping them. After its last
 pass each device steps its optimizer (``SimStage.update_s``). Every pass also pays the runtime's own
-per-pass cost, ``Cluster.pass_overhead_s`` (0 unless the cluster file gives one).
+per-pass cost, ``Cluster.pass_overhead_s``, and per byte it sends or receives across devices,
+``Cluster.pass_byte_overhead_s`` (each 0 unless the cluster file gives one).
 
 See docs/simulator.md for the model and what it leaves out.
 """
@@ -169,21 +170,23 @@ def _transfer_times(state: _State, stages: Sequence[SimStage], cluster: Cluster)
     """Each stage's send durations on its actual links, looked up once (not per micro-batch).
 
     On a ``host_copy`` link the endpoints move the bytes themselves: the sender's pass and the
-    receiver's pass each take ``bytes / bandwidth`` longer, and the link only adds its latency.
+    receiver's pass each take ``bytes / bandwidth`` longer, and the link only adds its latency. On any
+    link, both passes also pay the runtime's probed cost per byte (``Cluster.pass_byte_overhead_s``).
     """
+    per_byte = cluster.pass_byte_overhead_s
     for s, stage in enumerate(stages):
         if s + 1 < len(stages) and stage.device != stages[s + 1].device:
             link = cluster.link(stage.device, stages[s + 1].device)
             copy = link.copy_s(stage.send_fwd_bytes)
             state.send_fwd_s[s] = link.latency_s if copy else link.transfer_s(stage.send_fwd_bytes)
-            state.copy_fwd_s[s] += copy
-            state.copy_fwd_s[s + 1] += copy
+            state.copy_fwd_s[s] += copy + per_byte * stage.send_fwd_bytes
+            state.copy_fwd_s[s + 1] += copy + per_byte * stage.send_fwd_bytes
         if s > 0 and stage.device != stages[s - 1].device:
             link = cluster.link(stage.device, stages[s - 1].device)
             copy = link.copy_s(stage.send_bwd_bytes)
             state.send_bwd_s[s] = link.latency_s if copy else link.transfer_s(stage.send_bwd_bytes)
-            state.copy_bwd_s[s] += copy
-            state.copy_bwd_s[s - 1] += copy
+            state.copy_bwd_s[s] += copy + per_byte * stage.send_bwd_bytes
+            state.copy_bwd_s[s - 1] += copy + per_byte * stage.send_bwd_bytes
 
 
 def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:

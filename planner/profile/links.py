@@ -18,13 +18,16 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from planner.errors import DistributedError
 from planner.formats.cluster import Cluster, Device, Link
 from planner.profile.catalog import detect_device_type, device_memory_bytes
+
+if TYPE_CHECKING:
+    from planner.runtime.probe import RuntimeProbe
 
 DEFAULT_SIZES = tuple(2 ** k for k in range(10, 25, 2))
 """Message sizes of the sweep: 1 KiB to 16 MiB, every factor of 4."""
@@ -112,20 +115,22 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, fits)
         all_fits = sorted((f for part in gathered for f in part), key=lambda f: (f.a, f.b))
-        overhead = _pass_overhead(rank, device, infos, all_fits)
+        runtime = _probe_runtime(rank, device, infos, all_fits)
     finally:
         if started:
             dist.destroy_process_group()
-    return build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits, pass_overhead_s=overhead)
+    return build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits, pass_overhead_s=runtime.pass_overhead_s,
+                         pass_byte_overhead_s=runtime.pass_byte_overhead_s)
 
 
-def _pass_overhead(rank: int, device: torch.device, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit]) -> float:
-    """The runtime's per-pass overhead, probed on ranks 0 and 1 over their fitted link (collective)."""
-    from planner.runtime.probe import probe_pass_overhead
+def _probe_runtime(rank: int, device: torch.device, infos: Sequence[dict[str, Any]],
+                   fits: Sequence[PairFit]) -> "RuntimeProbe":
+    """The runtime's per-pass and per-byte overheads, probed on ranks 0 and 1 over their fitted link (collective)."""
+    from planner.runtime.probe import probe_runtime
 
     first = next(f for f in fits if (f.a, f.b) == (0, 1))
     host_copy = all(i["type"] == "cpu" for i in infos)
-    return probe_pass_overhead(rank, device, Link(first.bandwidth_Bps, first.latency_s, host_copy=host_copy))
+    return probe_runtime(rank, device, Link(first.bandwidth_Bps, first.latency_s, host_copy=host_copy))
 
 
 def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], repeats: int,
@@ -151,12 +156,13 @@ def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], 
     return samples
 
 
-PASS_OVERHEAD_SOURCE = ("measured: a 2-stage 1F1B pipeline of a 4-layer, 16-wide MLP on ranks 0 and 1, "
-                        "8 micro-batches, median of 15 steps, fitted with the simulator (planner/runtime/probe.py)")
+PASS_OVERHEAD_SOURCE = ("measured on ranks 0 and 1, 2-stage 1F1B pipelines of 8 micro-batches, median of 15 steps, "
+                        "fitted with the simulator (planner/runtime/probe.py): pass_overhead_s on a 4-layer, 16-wide "
+                        "MLP; pass_byte_overhead_s on a 4-layer elementwise model with 1 and 4 MiB activations")
 
 
 def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit],
-                  pass_overhead_s: float | None = None) -> Cluster:
+                  pass_overhead_s: float | None = None, pass_byte_overhead_s: float = 0.0) -> Cluster:
     """Cluster from per-rank device facts, fitted pairs and the probed per-pass overhead (pure: no
     torch.distributed here)."""
     devices = tuple(Device(f"rank{i['rank']}", i["type"], i["host"], int(i["memory_bytes"]),
@@ -182,7 +188,8 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
     return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
                    pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}),
                    pass_overhead_s=pass_overhead_s or 0.0,
-                   pass_overhead_source=PASS_OVERHEAD_SOURCE if pass_overhead_s is not None else "")
+                   pass_overhead_source=PASS_OVERHEAD_SOURCE if pass_overhead_s is not None else "",
+                   pass_byte_overhead_s=pass_byte_overhead_s)
 
 
 def _median_link(fits: Sequence[PairFit], kind: str) -> Link | None:

@@ -1,16 +1,27 @@
-"""Probe what the pipeline runtime itself adds to every pass: ``Cluster.pass_overhead_s``.
+"""Probe what the pipeline runtime itself adds to every pass: ``Cluster.pass_overhead_s`` and
+``Cluster.pass_byte_overhead_s``.
 
 Each forward or backward pass of a stage under ``torch.distributed.pipelining`` costs more than its
 ops and its bytes: the schedule's Python, preparing the stage's inputs and outputs, posting the
 point-to-point operations and completing them. On GPUs most of it hides behind kernels; on CPU ranks
-it is on the critical path, and for a step of a few tenths of a second it is several percent.
+it is on the critical path, and for a step of a few tenths of a second it is several percent. Moving
+large activations inside a running pipeline also costs more than a ping-pong between idle ranks says
+(the links' figures): on CPU ranks gloo's copies through the kernel's socket buffers compete with the
+compute for the same cores, and a message that arrives before its receive is posted waits in the
+socket buffer.
 
-The probe runs this very runtime (``planner.runtime.stages``) on ranks 0 and 1: a 2-stage 1F1B
-pipeline of a 4-layer, 16-wide MLP (negligible compute and bytes), ``PROBE_MICROBATCHES``
-micro-batches, the median of ``PROBE_STEPS`` steps after a warm-up. The overhead is the per-pass
-figure ``o`` that makes the simulator (``planner.partition.simulate``), fed with the ranks' measured
-compute and the probed link, predict the measured step: found by bisection, as the simulated step
-grows monotonically with ``o``. Every rank of the job must call :func:`probe_pass_overhead`.
+The probe runs this very runtime (``planner.runtime.stages``) on ranks 0 and 1, a 2-stage 1F1B
+pipeline with ``PROBE_MICROBATCHES`` micro-batches, the median of ``PROBE_STEPS`` steps after a
+warm-up, twice over:
+
+1. a 4-layer, 16-wide MLP (negligible compute and bytes): the per-pass figure ``o`` that makes the
+   simulator (``planner.partition.simulate``), fed with the ranks' measured compute and the probed
+   link, predict the measured step;
+2. a 4-layer elementwise model whose activations are ``BYTE_PROBE_SIZES`` large: with ``o`` fixed,
+   the per-byte figure that makes the simulator predict each measured step; the mean over the sizes.
+
+Both are found by bisection, as the simulated step grows monotonically with either figure. Every rank
+of the job must call :func:`probe_runtime`.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -27,13 +38,17 @@ from planner.formats.cluster import Cluster, Device, Link
 from planner.formats.plan import Plan, Stage
 from planner.partition.simulate import SimStage, simulate
 
-__all__ = ["PROBE_MICROBATCHES", "PROBE_STEPS", "TinyRun", "fit_pass_overhead", "probe_pass_overhead"]
+__all__ = ["PROBE_MICROBATCHES", "PROBE_STEPS", "BYTE_PROBE_SIZES", "TinyRun", "RuntimeProbe", "fit_pass_overhead",
+           "fit_byte_overhead", "probe_runtime"]
 
 PROBE_MICROBATCHES = 8
 PROBE_STEPS = 15
 WARMUP_STEPS = 3
 WIDTH = 16
 ROWS = 4
+BYTE_PROBE_SIZES = (1 << 20, 1 << 22)
+"""Activation bytes per micro-batch of the large-message runs (1 and 4 MiB, the size of the bundled models'
+activations between stages)."""
 
 
 @dataclass(frozen=True)
@@ -47,43 +62,90 @@ class TinyRun:
     """Bytes of one activation (and one gradient) between the stages, per micro-batch."""
 
 
+@dataclass(frozen=True)
+class RuntimeProbe:
+    """The fitted figures (``Cluster.pass_overhead_s``, ``Cluster.pass_byte_overhead_s``) and what they came from."""
+
+    pass_overhead_s: float
+    pass_byte_overhead_s: float
+    runs: tuple[TinyRun, ...]
+    """The small-message run, then one run per ``BYTE_PROBE_SIZES``."""
+
+
 def fit_pass_overhead(run: TinyRun, link: Link, microbatches: int = PROBE_MICROBATCHES) -> float:
     """The per-pass overhead that makes the simulated 1F1B step of ``run``'s pipeline equal its measured step.
 
     0 when the simulator already predicts the measured step without one."""
+    return _fit(lambda o: _simulated_step(run, link, microbatches, o, 0.0), run.step_s, run.step_s / (2 * microbatches))
+
+
+def fit_byte_overhead(run: TinyRun, link: Link, pass_overhead_s: float, microbatches: int = PROBE_MICROBATCHES) -> float:
+    """The per-byte overhead that, with ``pass_overhead_s``, makes the simulated step of ``run`` equal its measured
+    step (0 when the simulator already predicts it without one)."""
+    if run.message_bytes <= 0:
+        return 0.0
+    return _fit(lambda b: _simulated_step(run, link, microbatches, pass_overhead_s, b), run.step_s,
+                run.step_s / (2 * microbatches * run.message_bytes))
+
+
+def _simulated_step(run: TinyRun, link: Link, microbatches: int, overhead: float, per_byte: float) -> float:
     per_pass = [c / (2 * microbatches) for c in run.compute_s]
     stages = [SimStage("a", per_pass[0], per_pass[0], run.message_bytes, 0, 0, 0),
               SimStage("b", per_pass[1], per_pass[1], 0, run.message_bytes, 0, 0)]
+    cluster = Cluster("probe", (Device("a", "probe", "h", 1), Device("b", "probe", "h", 1)), link, link,
+                      pass_overhead_s=overhead, pass_byte_overhead_s=per_byte)
+    return simulate(stages, cluster, "1f1b", microbatches, record_events=False).step_time_s
 
-    def step(overhead: float) -> float:
-        cluster = Cluster("probe", (Device("a", "probe", "h", 1), Device("b", "probe", "h", 1)), link, link,
-                          pass_overhead_s=overhead)
-        return simulate(stages, cluster, "1f1b", microbatches, record_events=False).step_time_s
 
-    low, high = 0.0, run.step_s / (2 * microbatches)
-    if step(low) >= run.step_s:
+def _fit(step: Callable[[float], float], measured: float, high: float) -> float:
+    """The ``x`` in ``[0, high]`` with ``step(x) == measured`` (``step`` increasing); 0 if ``step(0) >= measured``."""
+    low = 0.0
+    if step(low) >= measured:
         return 0.0
     for _ in range(50):
         mid = (low + high) / 2
-        low, high = (mid, high) if step(mid) < run.step_s else (low, mid)
+        low, high = (mid, high) if step(mid) < measured else (low, mid)
     return (low + high) / 2
 
 
-def probe_pass_overhead(rank: int, device: torch.device, link: Link) -> float:
-    """Run the tiny pipeline on ranks 0 and 1 and return the fitted overhead (the same on every rank)."""
+def probe_runtime(rank: int, device: torch.device, link: Link) -> RuntimeProbe:
+    """Run the probe pipelines on ranks 0 and 1 and fit both figures (the same result on every rank)."""
     import torch.distributed as dist
 
     group = dist.new_group([0, 1])  # every rank takes part in creating it
-    mine = _run_tiny(rank, device, group) if rank in (0, 1) else None
+    runs = [_gathered(rank, device, group, None)]
+    runs += [_gathered(rank, device, group, size) for size in BYTE_PROBE_SIZES]
+    overhead = fit_pass_overhead(runs[0], link)
+    per_byte = statistics.fmean(fit_byte_overhead(run, link, overhead) for run in runs[1:])
+    return RuntimeProbe(overhead, per_byte, tuple(runs))
+
+
+def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | None) -> TinyRun:
+    import torch.distributed as dist
+
+    mine = _run_tiny(rank, device, group, message_bytes) if rank in (0, 1) else None
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     (step0, compute0, nbytes), (step1, compute1, _) = gathered[0], gathered[1]
-    run = TinyRun(max(step0, step1), (compute0, compute1), nbytes)
-    return fit_pass_overhead(run, link)
+    return TinyRun(max(step0, step1), (compute0, compute1), nbytes)
 
 
-def _run_tiny(rank: int, device: torch.device, group: Any) -> tuple[float, float, int]:
-    """This rank's half of the tiny pipeline: (median step seconds, compute seconds per step, message bytes)."""
+class _Elementwise(nn.Module):
+    """``tanh(x * w + b)``: a layer whose compute is small next to the bytes it passes on."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(width))
+        self.b = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.w + self.b)
+
+
+def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | None) -> tuple[float, float, int]:
+    """This rank's half of a probe pipeline: (median step seconds, compute seconds per step, message bytes).
+
+    ``message_bytes`` None: the small MLP; else the elementwise model with activations of that size."""
     import torch.distributed as dist
 
     from planner.profile.capture import capture
@@ -91,8 +153,10 @@ def _run_tiny(rank: int, device: torch.device, group: Any) -> tuple[float, float
     from planner.runtime.timing import RankTimer, instrument_stage
 
     torch.manual_seed(0)
-    module = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(4))).to(device)
-    example = torch.randn(ROWS, WIDTH, device=device)
+    width = WIDTH if message_bytes is None else max(message_bytes // (ROWS * 4), 1)
+    layers = [nn.Linear(WIDTH, WIDTH) if message_bytes is None else _Elementwise(width) for _ in range(4)]
+    module = nn.Sequential(*layers).to(device)
+    example = torch.randn(ROWS, width, device=device)
     captured = capture(module, (example,), "auto")
     names = [op.name for op in captured.ops]
     half = len(names) // 2
@@ -101,8 +165,8 @@ def _run_tiny(rank: int, device: torch.device, group: Any) -> tuple[float, float
                 {"step_time_s": 0.0}, {"device_ranks": ["rank0", "rank1"]})
     stages = build_rank_stages(captured, module, plan, rank, device, group)
     schedule = build_schedule(stages, lambda out, target: ((out - target) ** 2).mean())
-    batch = torch.randn(ROWS * PROBE_MICROBATCHES, WIDTH, device=device)
-    target = torch.randn(ROWS * PROBE_MICROBATCHES, WIDTH, device=device)
+    batch = torch.randn(ROWS * PROBE_MICROBATCHES, width, device=device)
+    target = torch.randn(ROWS * PROBE_MICROBATCHES, width, device=device)
     timer = RankTimer(rank, f"rank{rank}")
     for stage in stages.stages:
         instrument_stage(stage, timer)
@@ -120,4 +184,4 @@ def _run_tiny(rank: int, device: torch.device, group: Any) -> tuple[float, float
         if i >= WARMUP_STEPS:
             steps.append(time.perf_counter() - start)
             computes.append(timer.end_round().compute_s)
-    return statistics.median(steps), statistics.median(computes), ROWS * WIDTH * example.element_size()
+    return statistics.median(steps), statistics.median(computes), ROWS * width * example.element_size()
