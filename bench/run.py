@@ -38,8 +38,11 @@ from planner.planning import profile_ref  # noqa: E402
 
 MODELS = {name: BUNDLED[name] for name in ("gpt_small", "resnet_small", "unet_small", "gpt2_small")}
 CACHE = REPO / "bench" / ".cache" / "run"
+HISTORY = REPO / "bench" / "run-history.jsonl"
+"""One line per full run (all three experiments), newest last: the spread between runs on this machine."""
 CLUSTER = REPO / "profiles" / "clusters" / "cpu-2.json"
 MICROBATCHES = 8
+DEFAULT_OUTPUT = str(REPO / "docs" / "bench-run.md")
 
 
 def load1() -> float:
@@ -285,6 +288,21 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             plan = "changed" if x["plan_changed"] else ("converged" if x["converged"] else "kept")
             lines.append(f"| {x['round']} | {x['step_time_s']:.3f} | {x['imbalance']:.1%} | {plan} | {x['reason']} |")
         lines.append("")
+    history = _history()
+    if history:
+        lines += ["## Spread across runs", "",
+                  f"Every full run of this benchmark on this machine (`{HISTORY.relative_to(REPO)}`, newest last). The "
+                  f"runs are minutes apart on a shared VM whose speed drifts, so each figure moves by a few points "
+                  f"between runs.", "",
+                  "| finished | pipelining | fidelity, median of 3 trials (all trials) | rebalancing vs static, vs oracle, "
+                  "converged in round |", "|---|---:|---|---|"]
+        for h in history:
+            fid = "; ".join(f"{m} {f['median']:+.1%} ({', '.join(f'{e:+.1%}' for e in f['errors'])})"
+                            for m, f in h["fidelity"].items())
+            rb = h["rebalance"]
+            lines.append(f"| {h['finished']} | {h['pipelining_gain']:.2f}x | {fid} | {rb['speedup_vs_static']:.2f}x, "
+                         f"{rb['fraction_of_oracle']:.0%}, {rb['converged_round']} |")
+        lines.append("")
     lines += ["## Reading the numbers", "",
               "- **Pipelining** needs two cores free for the two ranks. This machine has 2 vCPUs shared with other "
               "jobs; the capacity probe above says how many it really had. With one core's worth of throughput, "
@@ -309,6 +327,22 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def history_entry(results: dict[str, Any]) -> dict[str, Any]:
+    """The line a full run adds to ``HISTORY``."""
+    rb = results["rebalance"]
+    return {"finished": results["finished"], "command": results["command"],
+            "pipelining_gain": results["pipelining"]["gain"],
+            "fidelity": {f["model"]: {"median": f["error"], "errors": f.get("errors", [f["error"]])}
+                         for f in results["fidelity"]},
+            "rebalance": {k: rb[k] for k in ("speedup_vs_static", "fraction_of_oracle", "converged_round")}}
+
+
+def _history() -> list[dict[str, Any]]:
+    if not HISTORY.is_file():
+        return []
+    return [json.loads(line) for line in HISTORY.read_text().splitlines() if line.strip()]
+
+
 def _loads(part: Any) -> list[float]:
     if isinstance(part, list):
         return [v for item in part for v in _loads(item)]
@@ -329,7 +363,7 @@ def main() -> None:
     parser.add_argument("--factor", type=float, default=2.0)
     parser.add_argument("--reprofile", action="store_true", help="Profile again (fidelity always does, per trial).")
     parser.add_argument("--trials", type=int, default=3, help="Fidelity: profile-plan-run trials per model.")
-    parser.add_argument("--output", default=str(REPO / "docs" / "bench-run.md"))
+    parser.add_argument("--output", default=DEFAULT_OUTPUT)
     parser.add_argument("--render-only", action="store_true", help="Re-render the last results (no runs).")
     args = parser.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -345,6 +379,9 @@ def main() -> None:
         results[name] = {"pipelining": pipelining, "fidelity": fidelity, "rebalance": rebalance}[name](args)
         print(json.dumps({name: results[name]}, indent=1), flush=True)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if not args.only and args.output == DEFAULT_OUTPUT:  # a full run of the documented command: keep its summary
+        with HISTORY.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(history_entry(results)) + "\n")
     Path(args.output).write_text(render(results, args), encoding="utf-8")
     (CACHE / "last.json").write_text(json.dumps(results, indent=1))
     print(f"wrote {args.output}")
