@@ -197,3 +197,11 @@ def test_the_default_loss_is_paid_by_the_last_block() -> None:
     assert problem.blocks[-1].time_s["a100-80g"] == pytest.approx(
         tuple(a + b for a, b in zip(raw.blocks[-1].time_s["a100-80g"], extra)))
     assert raw.loss_s == {}
+
+
+@pytest.mark.parametrize("train_s, factor", [(10.8, 1.2), (90.0, None)])
+def test_profile_summary_reports_the_factor_the_cost_model_applies(train_s, factor) -> None:
+    from planner.profile.summary import profile_summary
+
+    whole = profile_summary(with_whole_model(chain(3), train_s=train_s, sum_ops_fwd_s=3.0, sum_ops_bwd_s=6.0))
+    assert whole["whole_model"].get("calibration") == (pytest.approx(factor) if factor else None)

@@ -27,6 +27,11 @@ def profile_summary(profile: Profile, top: int = 10) -> dict[str, Any]:
     ranked = sorted((n for n in profile.nodes if local in n.time_s),
                     key=lambda n: -(n.time_s[local].fwd + n.time_s[local].bwd))[:top]
     whole = dict(profile.extra.get("whole_model", {}))
+    from planner.partition.problem import calibration_factors  # local: planner.partition imports planner.profile
+
+    calibration = calibration_factors(profile).get(local)
+    if calibration is not None:
+        whole["calibration"] = calibration  # the factor the cost model applies (None: out of range, not applied)
     if whole.get("fwd_s") and whole.get("bwd_s"):
         whole["ratio_fwd"] = whole["sum_ops_fwd_s"] / whole["fwd_s"]
         whole["ratio_bwd"] = whole["sum_ops_bwd_s"] / whole["bwd_s"]
@@ -71,10 +76,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                       f"{_ms(whole['bwd_s'])}; sum of ops / whole = {whole['ratio_fwd']:.2f} (fwd), "
                       f"{whole['ratio_bwd']:.2f} (bwd), {whole['ratio_total']:.2f} (total)")
     if whole.get("train_s"):
-        total = whole["sum_ops_fwd_s"] + whole["sum_ops_bwd_s"]
         console.print(f"one training micro-batch: {_ms(whole['train_s'])}; the cost model scales the measured op "
-                      f"times by {whole['train_s'] / total:.3f} to match it" if total > 0 else
-                      f"one training micro-batch: {_ms(whole['train_s'])}")
+                      f"times by {whole['calibration']:.3f} to match it" if "calibration" in whole else
+                      f"one training micro-batch: {_ms(whole['train_s'])}; outside the calibration range, the cost "
+                      f"model uses the measured op times as they are")
     for name, seconds in sorted((whole.get("update_s") or {}).items()):
         console.print(f"optimizer step ({name}) over all parameters: {_ms(seconds)}")
     top = Table(title=f"Top {len(summary['top_ops'])} ops by {summary['device_type']} time")
