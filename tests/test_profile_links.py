@@ -92,10 +92,16 @@ def test_byte_overhead_is_what_makes_the_simulator_match_a_large_message_step():
 
 
 def test_runtime_overhead_round_trips_through_the_cluster_file():
-    from planner.formats.cluster import cluster_from_dict
+    import dataclasses
 
-    cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)], pass_overhead_s=1e-4,
-                            pass_byte_overhead_s=3e-10)
+    from planner.formats.cluster import cluster_from_dict
+    from planner.runtime.probe import RuntimeProbe
+
+    probe = RuntimeProbe(1e-4, 3e-10)  # what probe_links adds to the built cluster
+    cluster = dataclasses.replace(build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]),
+                                  pass_overhead_s=probe.pass_overhead_s, pass_overhead_source=probe.source,
+                                  pass_byte_overhead_s=probe.pass_byte_overhead_s)
+    assert "8 micro-batches" in probe.source and "1 MiB and 4 MiB" in probe.source
     assert cluster.to_dict()["runtime"]["pass_overhead_s"] == 1e-4 and cluster.pass_overhead_source
     assert cluster.to_dict()["runtime"]["pass_byte_overhead_s"] == 3e-10
     assert cluster_from_dict(cluster.to_dict()) == cluster

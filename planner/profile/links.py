@@ -18,16 +18,13 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from planner.errors import DistributedError
 from planner.formats.cluster import Cluster, Device, Link
 from planner.profile.catalog import detect_device_type, device_memory_bytes
-
-if TYPE_CHECKING:
-    from planner.runtime.probe import RuntimeProbe
 
 DEFAULT_SIZES = tuple(2 ** k for k in range(10, 25, 2))
 """Message sizes of the sweep: 1 KiB to 16 MiB, every factor of 4."""
@@ -86,6 +83,8 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
     """Probe every pair of ranks and return the cluster (the same object on every rank)."""
     import torch.distributed as dist
 
+    from planner.runtime.probe import probe_runtime  # local: planner.runtime builds on planner.profile
+
     rank, world = world_from_env()
     started = not dist.is_initialized()
     cuda = torch.cuda.is_available()
@@ -115,22 +114,13 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, fits)
         all_fits = sorted((f for part in gathered for f in part), key=lambda f: (f.a, f.b))
-        runtime = _probe_runtime(rank, device, infos, all_fits)
+        cluster = build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits)
+        runtime = probe_runtime(rank, device, cluster.link("rank0", "rank1"))  # collective: ranks 0 and 1 run it
     finally:
         if started:
             dist.destroy_process_group()
-    return build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits, pass_overhead_s=runtime.pass_overhead_s,
-                         pass_byte_overhead_s=runtime.pass_byte_overhead_s)
-
-
-def _probe_runtime(rank: int, device: torch.device, infos: Sequence[dict[str, Any]],
-                   fits: Sequence[PairFit]) -> "RuntimeProbe":
-    """The runtime's per-pass and per-byte overheads, probed on ranks 0 and 1 over their fitted link (collective)."""
-    from planner.runtime.probe import probe_runtime
-
-    first = next(f for f in fits if (f.a, f.b) == (0, 1))
-    host_copy = all(i["type"] == "cpu" for i in infos)
-    return probe_runtime(rank, device, Link(first.bandwidth_Bps, first.latency_s, host_copy=host_copy))
+    return dataclasses.replace(cluster, pass_overhead_s=runtime.pass_overhead_s, pass_overhead_source=runtime.source,
+                               pass_byte_overhead_s=runtime.pass_byte_overhead_s)
 
 
 def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], repeats: int,
@@ -156,15 +146,9 @@ def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], 
     return samples
 
 
-PASS_OVERHEAD_SOURCE = ("measured on ranks 0 and 1, 2-stage 1F1B pipelines of 8 micro-batches, median of 15 steps, "
-                        "fitted with the simulator (planner/runtime/probe.py): pass_overhead_s on a 4-layer, 16-wide "
-                        "MLP; pass_byte_overhead_s on a 4-layer elementwise model with 1 and 4 MiB activations")
-
-
-def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit],
-                  pass_overhead_s: float | None = None, pass_byte_overhead_s: float = 0.0) -> Cluster:
-    """Cluster from per-rank device facts, fitted pairs and the probed per-pass overhead (pure: no
-    torch.distributed here)."""
+def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit]) -> Cluster:
+    """Cluster from per-rank device facts and fitted pairs (pure: no torch.distributed here); the runtime
+    figures are added by ``probe_links``."""
     devices = tuple(Device(f"rank{i['rank']}", i["type"], i["host"], int(i["memory_bytes"]),
                            MappingProxyType({"rank": i["rank"]})) for i in infos)
     host = {i["rank"]: i["host"] for i in infos}
@@ -186,10 +170,7 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
         intra_link, inter_link = (dataclasses.replace(link, host_copy=True) for link in (intra_link, inter_link))
         pairs = {key: dataclasses.replace(link, host_copy=True) for key, link in pairs.items()}
     return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
-                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}),
-                   pass_overhead_s=pass_overhead_s or 0.0,
-                   pass_overhead_source=PASS_OVERHEAD_SOURCE if pass_overhead_s is not None else "",
-                   pass_byte_overhead_s=pass_byte_overhead_s)
+                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}))
 
 
 def _median_link(fits: Sequence[PairFit], kind: str) -> Link | None:

@@ -64,12 +64,19 @@ class TinyRun:
 
 @dataclass(frozen=True)
 class RuntimeProbe:
-    """The fitted figures (``Cluster.pass_overhead_s``, ``Cluster.pass_byte_overhead_s``) and what they came from."""
+    """The fitted figures (``Cluster.pass_overhead_s``, ``Cluster.pass_byte_overhead_s``)."""
 
     pass_overhead_s: float
     pass_byte_overhead_s: float
-    runs: tuple[TinyRun, ...]
-    """The small-message run, then one run per ``BYTE_PROBE_SIZES``."""
+
+    @property
+    def source(self) -> str:
+        """How they were measured (``runtime.source`` of the cluster file)."""
+        sizes = " and ".join(f"{size / 2**20:g} MiB" for size in BYTE_PROBE_SIZES)
+        return (f"measured on ranks 0 and 1, 2-stage 1F1B pipelines of {PROBE_MICROBATCHES} micro-batches, median of "
+                f"{PROBE_STEPS} steps, fitted with the simulator (planner/runtime/probe.py): pass_overhead_s on a "
+                f"4-layer, {WIDTH}-wide MLP; pass_byte_overhead_s on a 4-layer elementwise model with {sizes} "
+                f"activations")
 
 
 def fit_pass_overhead(run: TinyRun, link: Link, microbatches: int = PROBE_MICROBATCHES) -> float:
@@ -117,7 +124,7 @@ def probe_runtime(rank: int, device: torch.device, link: Link) -> RuntimeProbe:
     runs += [_gathered(rank, device, group, size) for size in BYTE_PROBE_SIZES]
     overhead = fit_pass_overhead(runs[0], link)
     per_byte = statistics.fmean(fit_byte_overhead(run, link, overhead) for run in runs[1:])
-    return RuntimeProbe(overhead, per_byte, tuple(runs))
+    return RuntimeProbe(overhead, per_byte)
 
 
 def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | None) -> TinyRun:
