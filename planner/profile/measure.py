@@ -350,11 +350,11 @@ def _measure_loss(inputs: Sequence[Any], output: Any, timer: Timer) -> dict[str,
     from planner.errors import ModelError
     from planner.runtime.data import data_spec, default_target, loss_fn
 
+    cpu_inputs = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
     try:
-        spec = data_spec([x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs], output)
+        spec = data_spec(cpu_inputs, output)  # raises unless every input is a tensor
     except ModelError:
         return {}
-    cpu_inputs = [x.cpu() for x in inputs]
     target = default_target(spec, cpu_inputs, torch.Generator().manual_seed(0)).to(output.device)
     loss = loss_fn(spec)
     logits = output.detach().requires_grad_(True)
