@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/versions.sh
 .venv/bin/python -m pytest -q "$@"
 bash scripts/check_golden.sh

@@ -123,3 +123,17 @@ def test_cli_time_limit_and_granularity(tmp_path) -> None:
     assert bad.exit_code == 2 and "--time-limit must be positive" in bad.output
     wrong = CliRunner().invoke(app, ["partition", str(profile), "--cluster", "cpu-2", "--granularity", "depth:x"])
     assert wrong.exit_code == 2 and "depth:N needs a positive integer" in wrong.output
+
+
+def test_optimal_means_within_the_tolerances_highs_stopped_by() -> None:
+    """A gap_rel below what HiGHS resolves (1e-9) still yields "optimal" when HiGHS proved its optimum:
+    the classification uses the tolerances read back from the solver, which the record names."""
+    profile = random_profile(4, num_nodes=9, skip_prob=0.4)
+    problem = build_problem(profile, random_cluster(4, 4, mem_range=(40, 300)), microbatches=6,
+                            schedule="gpipe", optimizer="sgd")
+    solved = solve_ilp(problem, gap_rel=1e-9)
+    tolerances = solved.solver["tolerances"]
+    assert set(tolerances) == {"mip_rel_gap", "mip_abs_gap", "mip_feasibility_tolerance", "abs_gap_s"}
+    assert tolerances["mip_rel_gap"] == 1e-9
+    assert solved.status == "optimal"
+    assert solved.objective_s - solved.bound_s <= tolerances["abs_gap_s"] or solved.gap <= 1e-9

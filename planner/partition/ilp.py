@@ -44,7 +44,8 @@ class IlpResult:
     objective_s: float
     """The shared objective of ``partition``."""
     status: str
-    """``optimal`` (the bound proves the returned plan within ``gap_rel``), ``feasible`` (stopped with a
+    """``optimal`` (HiGHS proved its optimum and the returned plan is within the tolerances it stopped by:
+    ``solver["tolerances"]``, see ``_tolerances``), ``feasible`` (stopped with a
     gap) or ``warm-start`` (the solver found nothing better than the warm start, which is returned, and
     did not prove it). ``solver["returned"]`` says whose plan it is."""
     bound_s: float
@@ -284,7 +285,25 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
         record["ilp_objective_s"] = float(info.objective_function_value) * model.scale_s
     bound = float(info.mip_dual_bound) * model.scale_s if np.isfinite(info.mip_dual_bound) else 0.0
     proven = status == "Optimal" and np.isfinite(info.mip_dual_bound)
+    record["tolerances"] = _tolerances(highs, model.scale_s)
     return _choose(problem, found, start, max(bound, 0.0), proven, record)
+
+
+def _tolerances(highs: Any, scale_s: float) -> dict[str, float]:
+    """The tolerances HiGHS really stopped by, read back from the solver instance.
+
+    HiGHS declares a MIP ``Optimal`` when its relative gap is within ``mip_rel_gap`` *or* its absolute
+    gap is within ``mip_abs_gap`` (objective units; default 1e-6). Its objective may also sit below the
+    returned plan's true value by up to ``mip_feasibility_tolerance`` per unit of a constraint's slack
+    (default 1e-6): a stage-time variable may undercut its lower bound by that much. We re-evaluate the
+    returned plan with the exact formula, so the gap we compute includes that rounding. ``abs_gap_s``
+    converts both absolute tolerances to seconds (the model is in units of ``scale_s``).
+    """
+    rel = float(highs.getOptionValue("mip_rel_gap")[1])
+    abs_gap = float(highs.getOptionValue("mip_abs_gap")[1])
+    feasibility = float(highs.getOptionValue("mip_feasibility_tolerance")[1])
+    return {"mip_rel_gap": rel, "mip_abs_gap": abs_gap, "mip_feasibility_tolerance": feasibility,
+            "abs_gap_s": (abs_gap + feasibility) * scale_s}
 
 
 def _feasible(problem: Problem, partition: Partition | None) -> Partition | None:
@@ -315,8 +334,9 @@ def _choose(problem: Problem, found: Partition | None, start: Partition | None, 
                     "returning the warm start", record["status"])
     bound_s = min(bound_s, value)
     gap = (value - bound_s) / value if value > 0 else 0.0
-    if proven and gap <= record["gap_rel"] + 1e-12:
-        status = "optimal"  # the solver's bound proves the returned plan (its own or the warm start)
+    tolerances = record["tolerances"]
+    if proven and (gap <= tolerances["mip_rel_gap"] + 1e-12 or value - bound_s <= tolerances["abs_gap_s"]):
+        status = "optimal"  # the solver's bound proves the returned plan (its own or the warm start), by its own rule
     else:
         status = "feasible" if returned == "solver" else "warm-start"
     record["returned"] = returned
