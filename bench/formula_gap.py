@@ -26,11 +26,11 @@ import _paths  # noqa: F401  # first: the repository on sys.path, bench/ last (s
 from suite import OPTIMIZER, SCHEDULE, cached_profile, torchgpipe_partition  # noqa: E402
 
 from planner.clusters import load_cluster_spec  # noqa: E402
-from planner.partition.cost import evaluate, stage_compute_s, transfer_s  # noqa: E402
-from planner.partition.dp import solve_dp  # noqa: E402
-from planner.partition.granularity import groups_for  # noqa: E402
-from planner.partition.objective import stage_latencies_s, step_time_formula_s  # noqa: E402
-from planner.partition.problem import Partition, Problem, build_problem  # noqa: E402
+from planner.partition.model.cost import evaluate, stage_compute_s, transfer_s  # noqa: E402
+from planner.partition.placers.dp import solve_dp  # noqa: E402
+from planner.partition.model.granularity import groups_for  # noqa: E402
+from planner.partition.model.objective import stage_latencies_s, step_time_formula_s  # noqa: E402
+from planner.partition.model.problem import Partition, Problem, build_problem  # noqa: E402
 
 
 def one_f_one_b_estimate_s(problem: Problem, partition: Partition) -> float:

@@ -34,7 +34,7 @@ from planner.formats.cluster import load_cluster  # noqa: E402
 from planner.formats.plan import Plan, load_plan, save_plan  # noqa: E402
 from planner.formats.profile import load_profile, save_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
-from planner.planning import profile_ref  # noqa: E402
+from planner.app.partition import profile_ref  # noqa: E402
 
 MODELS = {name: BUNDLED[name] for name in ("gpt_small", "resnet_small", "unet_small", "gpt2_small")}
 CACHE = REPO / "bench" / ".cache" / "run"
@@ -100,15 +100,14 @@ def with_extra(plan: Plan, microbatches: int | None = None, **extra: Any) -> Pla
 
 def run_job(plan: Path, model: str, steps: int, round_steps: int, options: dict[str, Any],
             microbatch_size: int | None = None, tag: str = "job") -> dict[str, Any]:
-    """Launch 2 local ranks with the dynamic hooks; return the round records and the load around the run."""
-    from planner.runtime.dynamic import HOOK
-    from planner.runtime.launch import LaunchOptions, launch
-    from planner.runtime.worker import RunConfig
+    """Launch 2 local ranks (rebalancing and checkpoint hooks built in); return the round records and the load around the run."""
+    from planner.runtime.launch.elastic import LaunchOptions, launch
+    from planner.runtime.launch.config import RunConfig
 
     log = CACHE / f"rounds-{tag}.jsonl"
     log.unlink(missing_ok=True)
     config = RunConfig(plan=str(plan), model=model, steps=steps, round_steps=round_steps, timeout_s=600,
-                       microbatch_size=microbatch_size, hooks=(HOOK,), options={**options, "log": str(log)})
+                       microbatch_size=microbatch_size, options={**options, "log": str(log)})
     before = load1()
     start = time.perf_counter()
     launch(config, LaunchOptions(nproc_per_node=2))

@@ -5,7 +5,7 @@ balance), and ``torchgpipe``: the partition of torchgpipe's ``balance_by_time``,
 package (``torchgpipe.balance.blockpartition.solve``, installed with ``pip install torchgpipe --no-deps``)
 on our per-layer forward + backward times on the first device's type, stages on devices in rank order.
 Ours: ``greedy``, ``greedy --refine``, ``dp``, ``dp --refine`` and ``ilp`` (60 s limit, warm-started from greedy).
-``--refine`` ends with the boundary polish against the simulator (``planner.partition.polish``); for ``dp``,
+``--refine`` ends with the boundary polish against the simulator (``planner.partition.search.polish``); for ``dp``,
 which takes no weights, it is the polish alone.
 Every method sees the same blocks (``--granularity layer``), schedule 1F1B, Adam.
 
@@ -40,13 +40,14 @@ from planner.clusters import bundled_clusters, load_cluster_spec  # noqa: E402
 from planner.errors import InfeasibleError, PlannerError  # noqa: E402
 from planner.formats.profile import Profile, load_profile, save_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
-from planner.partition.baselines import layer_units  # noqa: E402
-from planner.partition.cost import check_fits, evaluate  # noqa: E402
-from planner.partition.granularity import groups_for  # noqa: E402
-from planner.partition.ilp import lp_bound_s  # noqa: E402
-from planner.partition.mapping import id_order, map_stages  # noqa: E402
-from planner.partition.objective import step_time_formula_s  # noqa: E402
-from planner.partition.problem import Partition, Problem, StageSpec, build_problem  # noqa: E402
+from planner.partition.placers.baselines import layer_units  # noqa: E402
+from planner.partition.model.cost import evaluate  # noqa: E402
+from planner.partition.model.feasibility import check_fits  # noqa: E402
+from planner.partition.model.granularity import groups_for  # noqa: E402
+from planner.partition.placers.ilp import lp_bound_s  # noqa: E402
+from planner.partition.placers.mapping import id_order, map_stages  # noqa: E402
+from planner.partition.model.objective import step_time_formula_s  # noqa: E402
+from planner.partition.model.problem import Partition, Problem, StageSpec, build_problem  # noqa: E402
 
 CACHE = REPO / "bench" / ".cache"
 MODELS = {**BUNDLED, "gpt3_96": "synth:gpt_medium:96"}
@@ -93,7 +94,7 @@ def with_precision(profile: Profile, precision: str) -> Profile:
     """``profile`` with every estimated device type estimated again assuming ``precision`` (measured kept)."""
     from dataclasses import replace
 
-    from planner.profile.estimate import add_estimates
+    from planner.roofline import add_estimates
 
     estimated = tuple(sorted({t for node in profile.nodes for t, op in node.time_s.items() if op.source == "estimated"}))
     return replace(profile, nodes=add_estimates(profile.nodes, estimated, precision=precision),

@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from planner.errors import PlannerError
 from planner.formats.profile import Node, Profile, load_profile, save_profile
-from planner.partition.problem import layer_of
+from planner.partition.model.problem import layer_of
 
 _INDEXED = re.compile(r"^(.*)\.(\d+)$")
 

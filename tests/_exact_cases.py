@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from planner.formats.cluster import Cluster, Device, Link
-from planner.partition.problem import Block, Problem
+from planner.partition.model.problem import Block, Problem
 
 FAST, SLOW = "fast", "slow"
 """Device types: ``slow`` takes three times as long as ``fast`` on every block."""

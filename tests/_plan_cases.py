@@ -12,9 +12,9 @@ from _partition_cases import chain, cluster
 from planner.formats.cluster import Cluster, save_cluster
 from planner.formats.plan import Plan, save_plan
 from planner.formats.profile import Profile, save_profile
-from planner.partition.plan_build import build_plan
-from planner.partition.problem import StageSpec, build_problem
-from planner.planning import profile_ref
+from planner.partition.model.convert import build_plan
+from planner.partition.model.problem import StageSpec, build_problem
+from planner.app.partition import profile_ref
 
 MEMORY_BYTES = 10**6
 

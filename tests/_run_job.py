@@ -1,4 +1,4 @@
-"""Launch ``plan run``'s worker on 2 local gloo ranks with the dynamic hooks; print the summary as JSON.
+"""Launch ``plan run``'s worker on 2 local gloo ranks with the built-in hooks and the fault-injection plugin; print the summary as JSON.
 
 Used by the multi-process runtime tests through ``subprocess`` (with a hard timeout):
 ``python tests/_run_job.py PLAN MODEL STEPS ROUND_STEPS TIMEOUT_S MAX_RESTARTS OPTIONS_JSON``.
@@ -11,16 +11,15 @@ import sys
 
 if __name__ == "__main__":
     from planner.errors import PlannerError
-    from planner.runtime.dynamic import HOOK
-    from planner.runtime.launch import LaunchOptions, launch
-    from planner.runtime.worker import RunConfig
+    from planner.runtime.launch.elastic import LaunchOptions, launch
+    from planner.runtime.launch.config import RunConfig
 
     plan, model, steps, k, timeout_s, restarts, options = sys.argv[1:8]
     import os
 
-    extra_hooks = tuple(h for h in os.environ.get("PLANNER_TEST_HOOKS", "").split(",") if h)
+    plugins = ("tests._faults:hooks", *(h for h in os.environ.get("PLANNER_TEST_HOOKS", "").split(",") if h))
     config = RunConfig(plan=plan, model=model, steps=int(steps), round_steps=int(k), timeout_s=float(timeout_s),
-                       hooks=(*extra_hooks, HOOK), options=json.loads(options))
+                       plugins=plugins, options=json.loads(options))
     try:
         results = launch(config, LaunchOptions(nproc_per_node=2, max_restarts=int(restarts)))
     except PlannerError as exc:

@@ -21,9 +21,9 @@ def make_plans(root: Path) -> dict[str, Any]:
     from planner.formats.cluster import load_cluster
     from planner.formats.plan import save_plan
     from planner.formats.profile import save_profile
-    from planner.partition.plan_build import build_plan
-    from planner.partition.problem import StageSpec, build_problem
-    from planner.planning import profile_ref
+    from planner.partition.model.convert import build_plan
+    from planner.partition.model.problem import StageSpec, build_problem
+    from planner.app.partition import profile_ref
     from planner.profile import profile_model
 
     torch.set_num_threads(1)
@@ -57,9 +57,9 @@ def reference_losses(plan: Path, steps: int) -> list[float]:
     """The same training in one process (the pipeline's parity baseline)."""
     import torch
 
-    from planner.runtime.setup import prepare
-    from planner.runtime.training import train_reference
-    from planner.runtime.worker import RunConfig
+    from planner.runtime.launch.prepare import prepare
+    from planner.runtime.pipeline.training import train_reference
+    from planner.runtime.launch.config import RunConfig
 
     config = RunConfig(plan=str(plan), model=MODEL, steps=steps)
     prepared = prepare(config, 2, torch.device("cpu"))

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from planner.partition.methods import register
-from planner.partition.problem import Partition, Problem, StageSpec
-from planner.runtime.worker import RunConfig, RunHooks
+from planner.partition.placers.registry import register
+from planner.partition.model.problem import Partition, Problem, StageSpec
+from planner.runtime.launch.config import RunConfig, RunHooks
 
 
 def shift(problem: Problem, *, weights: Any = None, **options: Any) -> Partition:

@@ -10,8 +10,8 @@ import pytest
 from _placer_cases import GIB, devices, free_cluster, layered, mixed_cluster, ops, sizes
 from planner.errors import InfeasibleError, UsageError
 from planner.partition import partition
-from planner.partition.baselines import layer_units, min_max_split
-from planner.partition.problem import build_problem
+from planner.partition.placers.baselines import layer_units, min_max_split
+from planner.partition.model.problem import build_problem
 from planner.partition.validate import assert_valid_plan
 
 

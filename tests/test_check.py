@@ -1,4 +1,4 @@
-"""``planner.check``: validity against profile and cluster, regressions against a baseline, plan diffs."""
+"""``planner.app.check``: validity against profile and cluster, regressions against a baseline, plan diffs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from _plan_cases import edit_plan, make_plan, toy_cluster, toy_profile, write_case
 
-from planner.check import Metric, check_files, check_plan, compare, diff_plans, parse_tolerance
+from planner.app.check import Metric, check_files, check_plan, compare, diff_plans, parse_tolerance
 from planner.errors import InputFileError, UsageError
 from planner.formats.plan import load_plan
 

@@ -17,8 +17,8 @@ from planner.cli import app
 from planner.errors import DistributedError, PlanMismatchError
 from planner.formats.profile import save_profile
 from planner.profile.profiler import profile_model
-from planner.runtime.setup import prepare
-from planner.runtime.worker import RunConfig
+from planner.runtime.launch.prepare import prepare
+from planner.runtime.launch.config import RunConfig
 
 GPT = "planner.examples.gpt:gpt_tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,8 @@ def test_torchrun_with_the_wrong_world_size_ends_with_the_message(case):
 
 
 def test_steady_step_time_skips_the_first_round_and_averages_the_last_ones():
-    from planner.runtime.worker import RoundEnd, steady_step_time_s
+    from planner.runtime.launch.config import RoundEnd
+    from planner.runtime.launch.worker import steady_step_time_s
 
     rounds = [RoundEnd(i, 2 * i, 2, wall, ()) for i, wall in enumerate((9.0, 4.0, 2.0, 2.2, 1.8))]
     assert steady_step_time_s(rounds) == pytest.approx((2.0 + 2.2 + 1.8) / 6)

@@ -9,7 +9,7 @@ import pytest
 
 from planner.errors import InputFileError
 from planner.formats.cluster import load_cluster
-from planner.profile.catalog import load_catalog
+from planner.formats.catalog import load_catalog
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "profiles" / "clusters"
 EXPECTED = {"cpu-2", "dgx-h100-8", "a100-2x8-ib", "mixed-a100-v100-pcie", "t4-4-pcie", "mixed-3type-2host",

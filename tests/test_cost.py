@@ -7,7 +7,7 @@ import pytest
 from _partition_cases import FREE, GIB, chain, cluster
 from planner.errors import InfeasibleError, PlannerError
 from planner.formats.plan import plan_from_dict
-from planner.partition.cost import (
+from planner.partition.model.cost import (
     check_fits,
     device_memory_bytes,
     evaluate,
@@ -22,8 +22,8 @@ from planner.partition.cost import (
     stage_static_bytes,
     transfer_s,
 )
-from planner.partition.plan_build import build_plan
-from planner.partition.problem import StageSpec, build_problem
+from planner.partition.model.convert import build_plan
+from planner.partition.model.problem import StageSpec, build_problem
 
 
 def even(n_blocks: int, devices: list[str]) -> tuple[StageSpec, ...]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import InfeasibleError
-from planner.partition import methods
-from planner.partition.bruteforce import brute_force, random_cluster, random_profile
-from planner.partition.dp import solve_dp
-from planner.partition.ilp import solve_ilp
-from planner.partition.mapping import map_stages
-from planner.partition.objective import step_time_formula_s
-from planner.partition.plan_build import build_plan
-from planner.partition.problem import build_problem
+from planner.partition.placers import registry as methods
+from tests._bruteforce import brute_force, random_cluster, random_profile
+from planner.partition.placers.dp import solve_dp
+from planner.partition.placers.ilp import solve_ilp
+from planner.partition.placers.mapping import map_stages
+from planner.partition.model.objective import step_time_formula_s
+from planner.partition.model.convert import build_plan
+from planner.partition.model.problem import build_problem
 from planner.partition.validate import validate_plan
 
 CASES = [(seed, skip, devices) for seed in range(10) for skip, devices in ((0.0, 3), (0.4, 4))]

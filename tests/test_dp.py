@@ -6,10 +6,10 @@ import pytest
 
 from _exact_cases import fast_and_slow, identical_two, memory_bound, problem, cluster, small_device_last, FAST, BIG
 from planner.errors import InfeasibleError, PlannerError
-from planner.partition import dp
-from planner.partition.dp import dp_placer, solve_dp
-from planner.partition.methods import facts_of
-from planner.partition.objective import stage_latencies_s, step_time_formula_s
+from planner.partition.placers import dp
+from planner.partition.placers.dp import dp_placer, solve_dp
+from planner.partition.placers.registry import facts_of
+from planner.partition.model.objective import stage_latencies_s, step_time_formula_s
 
 
 def _split(result: dp.DPResult) -> list[tuple[int, int, str]]:

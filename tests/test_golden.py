@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.check import check_files
+from planner.app.check import check_files
 from planner.formats.plan import load_plan
 
 GOLDEN = Path(__file__).parent / "golden"

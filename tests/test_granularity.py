@@ -8,7 +8,7 @@ import pytest
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.profile import Node, OpTime, Profile
-from planner.partition.granularity import groups_for, parse_granularity
+from planner.partition.model.granularity import groups_for, parse_granularity
 
 _T = {"cpu": OpTime(1e-3, 2e-3, "measured")}
 
@@ -100,7 +100,7 @@ def test_every_grouping_is_a_valid_op_level_plan(granularity: str, seed: int) ->
 
 
 def test_groups_are_accepted_by_build_problem() -> None:
-    build_problem = pytest.importorskip("planner.partition.problem").build_problem
+    build_problem = pytest.importorskip("planner.partition.model.problem").build_problem
     from planner.formats.cluster import Cluster, Device, Link
 
     profile = _random_dag(0)

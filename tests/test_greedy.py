@@ -7,8 +7,8 @@ import pytest
 from _placer_cases import GIB, devices, free_cluster, mixed_cluster, ops, sizes
 from planner.errors import InfeasibleError, UsageError
 from planner.partition import partition
-from planner.partition.greedy import place
-from planner.partition.problem import build_problem
+from planner.partition.placers.greedy import place
+from planner.partition.model.problem import build_problem
 from planner.partition.validate import assert_valid_plan
 
 
@@ -123,8 +123,8 @@ def test_infeasible_when_blocks_fit_alone_but_not_on_the_devices_together() -> N
 
 
 def _greedy_step_s(problem, monkeypatch, mapped: bool) -> float:
-    from planner.partition import greedy
-    from planner.partition.cost import evaluate
+    from planner.partition.placers import greedy
+    from planner.partition.model.cost import evaluate
 
     monkeypatch.setattr(greedy, "MAP_STAGES", mapped)
     return evaluate(problem, greedy.place(problem), record_events=False).step_time_s
@@ -132,7 +132,7 @@ def _greedy_step_s(problem, monkeypatch, mapped: bool) -> float:
 
 def test_remapping_the_candidates_never_hurts_and_sometimes_helps(monkeypatch) -> None:
     from planner.errors import InfeasibleError as NoFit
-    from planner.partition.bruteforce import random_cluster, random_profile
+    from tests._bruteforce import random_cluster, random_profile
 
     gains = 0
     for seed in range(40):

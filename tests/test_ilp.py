@@ -6,12 +6,13 @@ import pytest
 
 from _exact_cases import cluster, fast_and_slow, identical_two, memory_bound, problem, small_device_last, FAST
 from planner.errors import InfeasibleError, PlannerError
-from planner.partition import ilp, partition
-from planner.partition.bruteforce import random_cluster, random_profile
-from planner.partition.ilp import ilp_placer, lp_bound_s, solve_ilp
-from planner.partition.methods import facts_of
-from planner.partition.objective import step_time_formula_s
-from planner.partition.problem import StageSpec, build_problem
+from planner.partition import partition
+from planner.partition.placers import ilp
+from tests._bruteforce import random_cluster, random_profile
+from planner.partition.placers.ilp import ilp_placer, lp_bound_s, solve_ilp
+from planner.partition.placers.registry import facts_of
+from planner.partition.model.objective import step_time_formula_s
+from planner.partition.model.problem import StageSpec, build_problem
 from planner.partition.validate import validate_plan
 
 

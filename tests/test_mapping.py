@@ -9,12 +9,12 @@ import pytest
 
 from planner.errors import InfeasibleError
 from planner.formats.cluster import Cluster, Device, Link
-from planner.partition import dp
-from planner.partition.bruteforce import random_cluster, random_profile
-from planner.partition.cost import check_fits
-from planner.partition.mapping import id_order, map_stages
-from planner.partition.objective import step_time_formula_s
-from planner.partition.problem import Block, Partition, Problem, StageSpec, build_problem
+from planner.partition.placers import dp
+from tests._bruteforce import random_cluster, random_profile
+from planner.partition.model.feasibility import check_fits
+from planner.partition.placers.mapping import id_order, map_stages
+from planner.partition.model.objective import step_time_formula_s
+from planner.partition.model.problem import Block, Partition, Problem, StageSpec, build_problem
 
 GiB = 2**30
 

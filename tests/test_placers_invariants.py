@@ -11,10 +11,11 @@ from functools import lru_cache
 import pytest
 
 from planner.clusters import bundled_clusters, load_cluster_spec
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerError
 from planner.formats.profile import Profile
-from planner.partition import methods, partition
-from planner.partition.synthetic import transformer_like
+from planner.partition import partition
+from planner.partition.placers import registry as methods
+from bench.synthetic import transformer_like
 from planner.partition.validate import validate_plan
 
 CLUSTERS = bundled_clusters()
@@ -99,10 +100,10 @@ def test_infeasible_everywhere_is_reported_for_every_method() -> None:
 
 
 def test_registry_lists_and_registers_methods() -> None:
-    from planner.partition.methods import METHODS, get, register, takes_weights
-    from planner.partition.problem import StageSpec
+    from planner.partition.placers.registry import METHODS, get, register, takes_weights
+    from planner.partition.model.problem import StageSpec
 
-    assert {"greedy", "uniform", "params", "time-balance"} <= set(METHODS)
+    assert set(METHODS) == {"greedy", "uniform", "params", "time-balance", "ilp", "dp"}
     assert takes_weights("greedy") and not takes_weights("uniform")
     assert METHODS["greedy"] is get("greedy").fn
 
@@ -115,6 +116,8 @@ def test_registry_lists_and_registers_methods() -> None:
                          schedule="1f1b")
         assert [s.device for s in plan.stages] == ["cpu1"] and "weights" not in plan.extra
     finally:
-        from planner.partition import methods as registry
+        from planner.partition.placers import registry
 
-        registry._registry.pop("test-last-device")
+        registry._extra.pop("test-last-device")
+    with pytest.raises(PlannerError, match="built in"):
+        register("dp", everything_on_the_last_device)

@@ -9,13 +9,14 @@ import pytest
 from _placer_cases import GIB, free_cluster, mixed_cluster, ops
 from planner.errors import PlannerError
 from planner.partition import RefineConfig, partition
-from planner.partition.cost import check_fits, evaluate, stage_compute_s
-from planner.partition.dp import solve_dp
-from planner.partition.methods import call
-from planner.partition.objective import step_time_formula_s
-from planner.partition.polish import PolishConfig, _lower_bound_s, polish
-from planner.partition.problem import Partition, Problem, StageSpec, build_problem
-from planner.partition.synthetic import synthetic_cluster, transformer_like
+from planner.partition.model.cost import evaluate, stage_compute_s
+from planner.partition.model.feasibility import check_fits
+from planner.partition.placers.dp import solve_dp
+from planner.partition.placers.registry import call
+from planner.partition.model.objective import step_time_formula_s
+from planner.partition.search.polish import PolishConfig, _lower_bound_s, polish
+from planner.partition.model.problem import Partition, Problem, StageSpec, build_problem
+from bench.synthetic import synthetic_cluster, transformer_like
 from planner.partition.validate import assert_valid_plan
 
 

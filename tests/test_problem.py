@@ -6,7 +6,19 @@ import pytest
 
 from _partition_cases import chain, cluster, node, profile
 from planner.errors import PlannerError
-from planner.partition.problem import build_problem, cut_bytes
+from planner.partition.model.problem import build_problem as build_problem_without_catalog, cut_bytes
+from planner.formats.catalog import load_catalog
+from planner.roofline import estimate_node_time
+
+
+def build_problem(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """``build_problem`` with the bundled catalog, as the CLI calls it."""
+    return build_problem_without_catalog(*args, **{"catalog": load_catalog(), **kwargs})
+
+
+def _estimate_node_time(node, device_type, precision=None):  # type: ignore[no-untyped-def]
+    """The roofline with the bundled catalog (the core takes the catalog as an argument)."""
+    return estimate_node_time(node, device_type, load_catalog(), precision)
 
 
 def skip_profile():
@@ -102,7 +114,6 @@ def test_tables_are_per_type_not_per_copy() -> None:
 
 
 def test_only_nodes_missing_a_type_are_estimated() -> None:
-    from planner.profile.estimate import estimate_node_time
 
     prof = profile(
         node("x", op="input", times={"cpu": (0.0, 0.0), "t4": (0.0, 0.0)}),
@@ -112,7 +123,7 @@ def test_only_nodes_missing_a_type_are_estimated() -> None:
     problem = build_problem(prof, cluster(2, types=["cpu", "t4"]), microbatches=1, schedule="gpipe")
     assert problem.estimated_types == ("t4",)
     assert problem.blocks[1].time_s["t4"] == (0.5, 0.75)
-    guess = estimate_node_time(prof.nodes[2], "t4")
+    guess = _estimate_node_time(prof.nodes[2], "t4")
     assert problem.blocks[2].time_s["t4"] == (guess.fwd, guess.bwd)
 
 
@@ -138,7 +149,7 @@ def test_measured_times_are_calibrated_to_a_training_micro_batch() -> None:
     # chain(3): ops sum to 3 x (1 + 2) = 9 s; one training micro-batch of the whole model took 10.8 s.
     prof = with_whole_model(chain(3), train_s=10.8)
     net = cluster(2, types=["cpu", "a100-80g"])
-    problem = build_problem(prof, net, microbatches=2, schedule="1f1b")
+    problem = build_problem(prof, net, catalog=load_catalog(), microbatches=2, schedule="1f1b")
     assert problem.calibration == pytest.approx({"cpu": 1.2})
     assert problem.blocks[1].time_s["cpu"] == pytest.approx((1.2, 2.4))
     raw = build_problem(chain(3), net, microbatches=2, schedule="1f1b")
@@ -154,13 +165,13 @@ def test_calibration_is_skipped_without_a_usable_training_time(whole) -> None:
 
 
 def test_optimizer_update_rate_is_measured_on_the_profiled_type_and_estimated_elsewhere() -> None:
-    from planner.profile.catalog import load_catalog
-    from planner.profile.estimate import estimate_update_s_per_param_byte
+    from planner.formats.catalog import load_catalog
+    from planner.roofline import estimate_update_s_per_param_byte
 
     prof = with_whole_model(chain(3), update_s={"adam": 0.3, "sgd": 0.1}, update_param_bytes=30)
     net = cluster(2, types=["cpu", "a100-80g"])
-    adam = build_problem(prof, net, microbatches=2, schedule="1f1b", optimizer="adam")
-    sgd = build_problem(prof, net, microbatches=2, schedule="1f1b", optimizer="sgd")
+    adam = build_problem(prof, net, catalog=load_catalog(), microbatches=2, schedule="1f1b", optimizer="adam")
+    sgd = build_problem(prof, net, catalog=load_catalog(), microbatches=2, schedule="1f1b", optimizer="sgd")
     assert adam.update_s_per_param_byte["cpu"] == pytest.approx(0.01)
     assert sgd.update_s_per_param_byte["cpu"] == pytest.approx(0.1 / 30)
     a100 = load_catalog()["a100-80g"]
@@ -171,8 +182,8 @@ def test_optimizer_update_rate_is_measured_on_the_profiled_type_and_estimated_el
 
 
 def test_each_stage_pays_the_update_of_its_own_parameters() -> None:
-    from planner.partition.cost import evaluate, stage_sims
-    from planner.partition.problem import StageSpec
+    from planner.partition.model.cost import evaluate, stage_sims
+    from planner.partition.model.problem import StageSpec
 
     prof = with_whole_model(chain(4), update_s={"adam": 0.4, "sgd": 0.1}, update_param_bytes=40)
     problem = build_problem(prof, cluster(2), microbatches=2, schedule="1f1b")
@@ -184,12 +195,12 @@ def test_each_stage_pays_the_update_of_its_own_parameters() -> None:
 
 
 def test_the_default_loss_is_paid_by_the_last_block() -> None:
-    from planner.profile.catalog import load_catalog
-    from planner.profile.estimate import estimate_loss_s
+    from planner.formats.catalog import load_catalog
+    from planner.roofline import estimate_loss_s
 
     prof = with_whole_model(chain(3), loss={"name": "mse", "fwd_s": 0.25, "bwd_s": 0.5, "output_bytes": 4096})
     net = cluster(2, types=["cpu", "a100-80g"])
-    problem = build_problem(prof, net, microbatches=2, schedule="1f1b")
+    problem = build_problem(prof, net, catalog=load_catalog(), microbatches=2, schedule="1f1b")
     assert problem.blocks[-1].time_s["cpu"] == pytest.approx((1.25, 2.5))
     assert problem.blocks[1].time_s["cpu"] == (1.0, 2.0)
     raw = build_problem(chain(3), net, microbatches=2, schedule="1f1b")
@@ -201,7 +212,13 @@ def test_the_default_loss_is_paid_by_the_last_block() -> None:
 
 @pytest.mark.parametrize("train_s, factor", [(10.8, 1.2), (90.0, None)])
 def test_profile_summary_reports_the_factor_the_cost_model_applies(train_s, factor) -> None:
-    from planner.profile.summary import profile_summary
+    from planner.report.profile_summary import profile_summary
 
     whole = profile_summary(with_whole_model(chain(3), train_s=train_s, sum_ops_fwd_s=3.0, sum_ops_bwd_s=6.0))
     assert whole["whole_model"].get("calibration") == (pytest.approx(factor) if factor else None)
+
+
+def test_a_type_the_profile_lacks_needs_the_catalog_passed_in() -> None:
+    """The core reads no file: estimating a type the profile did not time needs the caller's catalog."""
+    with pytest.raises(PlannerError, match="needs the device catalog"):
+        build_problem_without_catalog(chain(2), cluster(2, types=["cpu", "t4"]), microbatches=1, schedule="gpipe")

@@ -11,7 +11,7 @@ import pytest
 
 from planner.errors import DistributedError
 from planner.formats.cluster import load_cluster
-from planner.profile.links import PairFit, build_cluster, fit_latency_bandwidth, world_from_env
+from planner.runtime.links import PairFit, build_cluster, fit_latency_bandwidth, world_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_pass_overhead_is_what_makes_the_simulator_match_the_measured_step():
     assert fit_pass_overhead(base, link) == 0.0  # measured no slower than simulated: nothing to add
     # a run measured exactly as the simulator predicts with 0.2 ms per pass is fitted back to 0.2 ms
     from planner.formats.cluster import Cluster, Device
-    from planner.partition.simulate import SimStage, simulate
+    from planner.partition.sim.simulate import SimStage, simulate
 
     stages = [SimStage("a", 1e-4, 1e-4, 256, 0, 0, 0), SimStage("b", 1e-4, 1e-4, 0, 256, 0, 0)]
     cluster = Cluster("p", (Device("a", "x", "h", 1), Device("b", "x", "h", 1)), link, link, pass_overhead_s=2e-4)
@@ -76,7 +76,7 @@ def test_pass_overhead_is_what_makes_the_simulator_match_the_measured_step():
 
 def test_byte_overhead_is_what_makes_the_simulator_match_a_large_message_step():
     from planner.formats.cluster import Cluster, Device, Link
-    from planner.partition.simulate import SimStage, simulate
+    from planner.partition.sim.simulate import SimStage, simulate
     from planner.runtime.probe import TinyRun, fit_byte_overhead
 
     link, mib = Link(5e9, 50e-6, host_copy=True), 1 << 20

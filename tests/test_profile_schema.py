@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from planner.profile import profile_model
-from planner.profile.links import PairFit, build_cluster
+from planner.runtime.links import PairFit, build_cluster
 
 jsonschema = pytest.importorskip("jsonschema")
 REPO = Path(__file__).resolve().parents[1]

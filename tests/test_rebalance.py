@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import PlannerError
-from planner.runtime.rebalance import (
+from planner.partition.model.convert import partition_of
+from planner.partition.search.rebalance import (
     DeviceRound, RebalanceConfig, RebalanceState, RoundStats, decide, imbalance, initial_state,
     is_balanced, placer_weights, plans_equal, settle, speed_factors_from, update_weights,
 )
@@ -205,7 +206,7 @@ def test_posting_update_and_the_loss_are_timed_where_they_belong() -> None:
 def test_round_records_and_the_live_table(tmp_path) -> None:
     import json
 
-    from planner.runtime.roundlog import RoundLog, round_record, round_table
+    from planner.runtime.rebalancing.roundlog import RoundLog, round_record, round_table
 
     stats = _round({"a": 4.0, "b": 8.0}, wall_s=9.0)
     rec = round_record(stats, initial_state(["a", "b"]), imbalance=0.2, balanced=False, plan_changed=True,
@@ -247,7 +248,7 @@ def test_plan_run_refuses_bad_rebalancing_options_in_one_line(tmp_path, args: li
 
 def _chain_setup(n: int = 12):
     from planner.partition import partition
-    from planner.runtime.replan import RoundModel
+    from planner.runtime.rebalancing.replan import RoundModel
     from tests._partition_cases import FREE, chain, cluster
 
     prof, clus = chain(n), cluster(2, bandwidth_Bps=FREE)
@@ -257,12 +258,12 @@ def _chain_setup(n: int = 12):
 
 def _simulated_round(model, plan, true_factors: dict, steps: int = 2) -> RoundStats:
     """What the devices would measure: the simulator under the true speeds stands in for the cluster."""
-    from planner.partition.cost import evaluate
-    from planner.partition.problem import build_problem
+    from planner.partition.model.cost import evaluate
+    from planner.partition.model.problem import build_problem
 
     problem = build_problem(model.profile, model.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                             optimizer="sgd", speed_factors=true_factors)
-    sim = evaluate(problem, model.partition_of(plan), record_events=False)
+    sim = evaluate(problem, partition_of(problem, plan), record_events=False)
     devices = tuple(DeviceRound(d, s.busy_s * steps, s.idle_s * steps) for d, s in sim.devices.items())
     return RoundStats(0, 0, steps, sim.step_time_s * steps, devices)
 
@@ -275,7 +276,7 @@ def test_round_model_predicts_unscaled_compute_per_device() -> None:
 
 
 def test_propose_adopts_a_faster_plan_and_keeps_the_job_ranks() -> None:
-    from planner.runtime.replan import propose
+    from planner.runtime.rebalancing.replan import propose
 
     _, _, plan, model = _chain_setup()
     state = initial_state(["d0", "d1"])
@@ -297,7 +298,7 @@ def test_the_loop_against_the_simulator_converges_to_the_oracle_plan() -> None:
     """Seed 003 S3-S6 closed over the simulator: d1 is secretly 2x slow; the loop finds the plan made
     with that knowledge within two rounds and then holds it for ``patience`` rounds (S6)."""
     from planner.partition import partition
-    from planner.runtime.replan import propose
+    from planner.runtime.rebalancing.replan import propose
 
     prof, clus, plan, model = _chain_setup()
     truth = {"d1": 2.0}
@@ -325,7 +326,7 @@ def test_replan_method_falls_back_to_dp_for_hand_made_plans() -> None:
     from dataclasses import replace as dc_replace
 
     from planner.errors import UsageError
-    from planner.runtime.replan import replan_method
+    from planner.runtime.rebalancing.replan import replan_method
 
     _, _, plan, _ = _chain_setup()
     assert replan_method(plan, None) == "dp"

@@ -7,8 +7,8 @@ import pytest
 from _placer_cases import GIB, free_cluster, mixed_cluster, ops
 from planner.errors import PlannerError
 from planner.partition import RefineConfig, partition
-from planner.partition.refine import _balanced, _move_weights, normalise_weights, refine
-from planner.partition.problem import build_problem
+from planner.partition.search.refine import _balanced, _move_weights, normalise_weights, refine
+from planner.partition.model.problem import build_problem
 from planner.partition.validate import assert_valid_plan
 
 

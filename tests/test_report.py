@@ -10,7 +10,7 @@ from rich.console import Console
 
 from planner.errors import PlannerError
 from planner.formats.plan import plan_from_dict
-from planner.partition.simulate import Event as Ev
+from planner.partition.sim.simulate import Event as Ev
 from planner.report.events import event_label, split_tracks
 from planner.report.table import compact_layers, fmt_bytes, fmt_time, layer_span, plan_summary, stage_table, summary_text
 from planner.report.timeline import render_timeline, write_timeline

@@ -22,10 +22,10 @@ import torch
 from planner.formats.profile import save_profile
 from planner.profile.loader import load_factory
 from planner.profile.profiler import profile_model
-from planner.runtime.graph_split import assign_nodes, split_graph
-from planner.runtime.setup import prepare
-from planner.runtime.training import train_reference
-from planner.runtime.worker import RunConfig
+from planner.runtime.pipeline.graph_split import assign_nodes, split_graph
+from planner.runtime.launch.prepare import prepare
+from planner.runtime.pipeline.training import train_reference
+from planner.runtime.launch.config import RunConfig
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -173,7 +173,7 @@ def test_gpt_interleaved_two_stages_per_rank(tmp_path, profiles):
 def _tied_sync(rank: int, world: int) -> None:
     import torch.distributed as dist
 
-    from planner.runtime.stages import RankStages, TiedGroup, sync_tied_grads, sync_tied_params
+    from planner.runtime.pipeline.stages import RankStages, TiedGroup, sync_tied_grads, sync_tied_params
 
     weight = torch.nn.Parameter(torch.full((3,), float(rank + 1)))  # a factory that differs per rank
     weight.grad = torch.full((3,), 10.0 * (rank + 1))

@@ -12,10 +12,10 @@ from planner.examples.gpt import gpt_tiny
 from planner.examples.unet import UNet
 from planner.formats.plan import Plan, Stage
 from planner.profile.capture import capture
-from planner.runtime import data as data_mod
-from planner.runtime.graph_split import assign_nodes, split_graph
-from planner.runtime.stages import rank_of_stages, tied_groups
-from planner.runtime.training import TrainSettings, train_reference
+from planner.data import factory as data_mod
+from planner.runtime.pipeline.graph_split import assign_nodes, split_graph
+from planner.runtime.pipeline.stages import rank_of_stages, tied_groups
+from planner.runtime.pipeline.training import TrainSettings, train_reference
 
 
 @pytest.fixture(scope="module")

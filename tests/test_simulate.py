@@ -7,9 +7,9 @@ import pytest
 from _partition_cases import FREE, cluster
 from planner.errors import PlannerError
 from planner.formats.cluster import cluster_from_dict
-from planner.partition.cost import inflight_microbatches
-from planner.partition.schedules import BWD, FWD, device_orders, inflight_counts
-from planner.partition.simulate import SimStage, simulate
+from planner.partition.model.cost import inflight_microbatches
+from planner.partition.sim.schedules import BWD, FWD, device_orders, inflight_counts
+from planner.partition.sim.simulate import SimStage, simulate
 
 TEXTBOOK = [(2, 1, 1.0, 2.0), (2, 4, 1.0, 1.0), (3, 5, 0.3, 0.7), (4, 8, 1.0, 2.0), (5, 2, 1.0, 3.0),
             (8, 8, 0.25, 0.5), (4, 3, 0.1, 0.1), (1, 4, 1.0, 1.0)]

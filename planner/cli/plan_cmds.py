@@ -12,7 +12,7 @@ from rich.text import Text
 from planner.cli.app import command, console, emit_json, err_console
 
 if TYPE_CHECKING:
-    from planner.check import CheckResult, PlanDiff
+    from planner.app.check import CheckResult, PlanDiff
 
 _JSON = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
@@ -54,7 +54,7 @@ def partition_cmd(
 
       plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
     """
-    from planner.planning import partition_file
+    from planner.app.partition import partition_file
     from planner.report import plan_summary, stage_table, summary_text
 
     # A spinner on stderr while the placer works (ilp and --refine can take a while); silent when not a terminal.
@@ -145,7 +145,7 @@ def check_cmd(
 
       plan check new.json --baseline golden.json --tolerance 2%
     """
-    from planner.check import check_files, parse_tolerance
+    from planner.app.check import check_files, parse_tolerance
 
     result = check_files(plan, baseline_path=baseline, profile_path=profile, cluster_spec=cluster,
                          tolerance=parse_tolerance(tolerance),
@@ -172,7 +172,7 @@ def diff_cmd(
 
       plan diff plan-greedy.json plan-dp.json
     """
-    from planner.check import diff_files
+    from planner.app.check import diff_files
 
     result = diff_files(a, b)
     if as_json:

@@ -61,14 +61,14 @@ def profile_cmd(
       torchrun --nproc-per-node 2 --no-python plan profile --probe-links -o cluster.json
     """
     from planner.formats.jsonio import check_writable
-    from planner.profile.catalog import device_spec
+    from planner.formats.catalog import device_spec, load_catalog
 
-    from planner.profile.estimate import check_precision
+    from planner.roofline import check_precision
 
     check_precision(estimate_precision)
     types = tuple(t.strip() for t in estimate.split(",") if t.strip())
     for dev in types:
-        device_spec(dev)
+        device_spec(dev, load_catalog())
     _check_counts(repeats, warmup, threads, top, microbatch_size)
     if model is None and not probe_links:
         raise UsageError("missing MODEL; pass 'package.module:factory' or 'path/to/file.py:factory' (or --probe-links under torchrun)")
@@ -107,7 +107,7 @@ def _profile(model: str, path: Path, input_spec: Optional[str], microbatch_size:
              estimate_precision: Optional[str] = None) -> dict[str, Any]:
     from planner.formats.profile import save_profile
     from planner.profile import profile_model
-    from planner.profile.summary import profile_summary, render_summary
+    from planner.report.profile_summary import profile_summary, render_summary
 
     with _progress(not as_json) as progress:
         profile = profile_model(model, input_spec=input_spec, microbatch_size=microbatch_size, tracer=tracer,
@@ -123,7 +123,7 @@ def _profile(model: str, path: Path, input_spec: Optional[str], microbatch_size:
 
 def _probe(path: Path, rank: int, as_json: bool) -> dict[str, Any]:
     from planner.formats.cluster import save_cluster
-    from planner.profile.links import probe_links
+    from planner.runtime.links import probe_links
 
     cluster = probe_links()
     if rank == 0:

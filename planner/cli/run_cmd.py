@@ -88,8 +88,8 @@ def run_cmd(
 
       torchrun --nproc-per-node 2 -m planner.run plan.json planner.examples.gpt:gpt_small --steps 20
     """
-    from planner.runtime.dynamic import HOOK, run_options
-    from planner.runtime.worker import RunConfig
+    from planner.runtime.rebalancing.hooks import run_options
+    from planner.runtime.launch.config import RunConfig
 
     _check_counts(steps, round_steps, max_restarts, timeout_s)
     options = run_options(rebalance=rebalance, threshold=threshold, patience=patience,
@@ -98,13 +98,13 @@ def run_cmd(
     config = RunConfig(
         plan=str(plan), model=model, steps=steps, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr,
         seed=seed, data=data, profile=str(profile) if profile else None, round_steps=round_steps,
-        timeout_s=timeout_s, params_out=str(params_out) if params_out else None, hooks=(HOOK,), options=options,
+        timeout_s=timeout_s, params_out=str(params_out) if params_out else None, options=options,
     )
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         _run_in_torchrun(config, as_json)
         return
-    from planner.runtime.launch import LaunchOptions, launch, parse_nnodes
-    from planner.runtime.setup import preflight
+    from planner.runtime.launch.elastic import LaunchOptions, launch, parse_nnodes
+    from planner.runtime.launch.prepare import preflight
 
     min_nodes, max_nodes = parse_nnodes(nnodes)
     world = preflight(config)
@@ -121,9 +121,9 @@ def run_cmd(
 
 
 def _run_in_torchrun(config: Any, as_json: bool) -> None:
-    from planner.runtime.worker import run_rank
+    from planner.runtime.launch.main import rank_main
 
-    result = run_rank(config)
+    result = rank_main(config)
     if result["rank"] == 0:
         _render(result, as_json)
 

@@ -66,7 +66,7 @@ class Plan:
 
 
 def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
-    """Validate a plan document's shape (not yet against a profile; see ``planner.check``)."""
+    """Validate a plan document's shape (not yet against a profile; see ``planner.app.check``)."""
     check = Checker(what)
     check.schema_version(data, SCHEMA_VERSION)
     schedule = check.get(data, "schedule", str)

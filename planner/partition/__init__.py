@@ -11,15 +11,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from planner.errors import InfeasibleError
+from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan
 from planner.formats.profile import Profile
-from planner.partition import methods
-from planner.partition.cost import infeasible_reason
-from planner.partition.granularity import groups_for
-from planner.partition.plan_build import build_plan
-from planner.partition.problem import build_problem
-from planner.partition.refine import RefineConfig, normalise_weights, refine as refine_loop
+from planner.partition.placers import registry as methods
+from planner.partition.model.cost import infeasible_reason
+from planner.partition.model.granularity import groups_for
+from planner.partition.model.convert import build_plan
+from planner.partition.model.problem import build_problem
+from planner.partition.search.refine import RefineConfig, normalise_weights, refine as refine_loop
 
 __all__ = ["partition", "methods", "RefineConfig"]
 
@@ -28,15 +29,16 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               optimizer: str = "adam", refine: bool = False, weights: Mapping[str, float] | None = None,
               speed_factors: Mapping[str, float] | None = None, profile_ref: Mapping[str, Any] | None = None,
               refine_config: RefineConfig | None = None, granularity: str | None = None,
-              estimate_precision: str | None = None, **method_options: Any) -> Plan:
+              estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
+              **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
     them; ``speed_factors`` (device id -> multiplier on its compute times) come from measurements.
-    ``refine=True`` runs the offline S4-S6 loop (``planner.partition.refine``; one round for a placer that
-    ignores weights) and then the boundary polish against the simulator (``planner.partition.polish``),
+    ``refine=True`` runs the offline S4-S6 loop (``planner.partition.search.refine``; one round for a placer that
+    ignores weights) and then the boundary polish against the simulator (``planner.partition.search.polish``),
     recording both under ``refine``. ``granularity`` (``op``, ``layer``, ``depth:N``, ``count:N``; default ``op``) sets
-    the blocks placers never split (``planner.partition.granularity``); ``estimate_precision`` (``fp32``,
+    the blocks placers never split (``planner.partition.model.granularity``); ``estimate_precision`` (``fp32``,
     ``tf32``, ``bf16``; default: the profiled dtype) is what roofline estimates of device types assume
     (``build_problem``), recorded in the plan as ``estimate_precision``; placers may attach plan fields
     (``methods.Placed``, e.g. the ILP's ``solver``). Raises ``UsageError`` for an unknown method (listing the methods) and
@@ -45,7 +47,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     entry = methods.get(method)
     groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
-                            speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision)
+                            speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
+                            catalog=catalog)
     reason = infeasible_reason(problem)
     if reason is not None:
         raise InfeasibleError(reason)

@@ -7,28 +7,33 @@ Each violation is one line naming the rule that broke and the offending nodes, s
 3. no edge runs backwards: ``stage(u) <= stage(v)`` for every edge ``u -> v``;
 4. stages are contiguous runs of the profile's node order, in stage order (what the runtime cuts);
 5. every device is in the cluster (the plan's embedded cluster unless one is given);
-6. a device holds several stages only under ``interleaved-1f1b``, round-robin (``schedules.pipeline_layout``);
-7. every device's peak memory fits, recomputed from the profile with the cost model (the plan's own
-   numbers are not trusted).
+6. the feasibility rule (``planner.partition.model.feasibility``): schedule, micro-batch count, stage count,
+   devices per stage, and every device's peak memory, recomputed from the profile with the cost model
+   (the plan's own numbers are not trusted). The placers and the runtime apply the same rule.
 
 ``plan check`` and every placer test call ``validate_plan``; ``assert_valid_plan`` raises instead.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from planner.errors import PlanMismatchError, PlannerError
+from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan
 from planner.formats.profile import Profile
+from planner.partition.model.feasibility import memory_violations, shape_violations
+from planner.partition.model.problem import StageSpec, build_problem
 
 _SHOWN = 5
 """How many names a violation lists before summarising the rest."""
 
 
-def validate_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None) -> list[str]:
-    """All violations of the rules above (empty when the plan is valid)."""
+def validate_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None,
+                  catalog: Mapping[str, DeviceSpec] | None = None) -> list[str]:
+    """All violations of the rules above (empty when the plan is valid); ``catalog`` estimates device types
+    the profile did not time (``planner.formats.catalog.load_catalog``)."""
     violations = _coverage(plan, profile) + _empty_stages(plan)
     violations += _backward_edges(plan, profile)
     contiguous = _contiguity(plan, profile)
@@ -39,13 +44,14 @@ def validate_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None) 
         layout = _devices(plan, resolved)
         violations += layout
         if not violations:
-            violations += _memory(plan, profile, resolved)
+            violations += _memory(plan, profile, resolved, catalog)
     return violations
 
 
-def assert_valid_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None) -> None:
+def assert_valid_plan(plan: Plan, profile: Profile, cluster: Cluster | None = None,
+                      catalog: Mapping[str, DeviceSpec] | None = None) -> None:
     """Raise ``PlanMismatchError`` listing every violation; for tests and callers that must not go on."""
-    violations = validate_plan(plan, profile, cluster)
+    violations = validate_plan(plan, profile, cluster, catalog)
     if violations:
         raise PlanMismatchError(f"plan ({plan.method}) is invalid: " + "; ".join(violations))
 
@@ -125,40 +131,23 @@ def _cluster(plan: Plan, cluster: Cluster | None) -> tuple[Cluster | None, list[
 
 
 def _devices(plan: Plan, cluster: Cluster) -> list[str]:
-    from planner.partition.schedules import pipeline_layout
-
+    """Rule 5, and the shape rules of ``planner.partition.model.feasibility`` (the runtime asks the same)."""
     known = set(cluster.device_ids)
     unknown = sorted({s.device for s in plan.stages} - known)
     if unknown:
         return [f"device(s) not in cluster {cluster.name!r}: {_names(unknown)} "
                 f"(known: {', '.join(cluster.device_ids)})"]
-    try:
-        pipeline_layout([s.device for s in plan.stages], plan.schedule)
-    except PlannerError as exc:
-        return [str(exc)]
-    return []
+    return shape_violations(plan.schedule, plan.microbatches, [s.device for s in plan.stages])
 
 
-def _memory(plan: Plan, profile: Profile, cluster: Cluster) -> list[str]:
+def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str, DeviceSpec] | None) -> list[str]:
     """Recompute each device's peak memory from the profile (one block per stage) with the cost model."""
-    from planner.partition.cost import device_memory_bytes, format_bytes
-    from planner.partition.problem import StageSpec, build_problem
-
     optimizer = str(plan.extra.get("optimizer", "adam"))
     index = profile.node_index()
     groups = [sorted(s.nodes, key=index.__getitem__) for s in plan.stages]
     try:
         problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
-                                optimizer=optimizer, groups=groups)
+                                optimizer=optimizer, groups=groups, catalog=catalog)
     except PlannerError as exc:
         return [f"cannot recompute memory: {exc}"]
-    spec = tuple(StageSpec(i, i + 1, s.device) for i, s in enumerate(plan.stages))
-    out = []
-    for device, need in device_memory_bytes(problem, spec).items():
-        capacity = cluster.device(device).memory_bytes
-        if need > capacity:
-            stages = ", ".join(str(s.index) for s in plan.stages if s.device == device)
-            out.append(f"device {device!r} (stage {stages}) needs {format_bytes(need)} ({need} bytes) at peak under "
-                       f"{plan.schedule} with {plan.microbatches} micro-batches but has {format_bytes(capacity)} "
-                       f"({capacity} bytes)")
-    return out
+    return memory_violations(problem, tuple(StageSpec(i, i + 1, s.device) for i, s in enumerate(plan.stages)))

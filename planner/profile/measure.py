@@ -19,7 +19,7 @@
 5. One optimizer step over all parameters (the gradients divided by the micro-batch count, then
    ``step()``), for each optimizer ``plan run`` offers, with a learning rate of 0 so that the
    parameters stay as they were. The cost model charges each stage its share by parameter bytes.
-6. The default loss of ``plan run`` (``planner.runtime.data``: next-token cross-entropy for a language
+6. The default loss of ``plan run`` (``planner.data.factory``: next-token cross-entropy for a language
    model, mean squared error otherwise) on the model's output, forward and backward to the output: the
    last stage pays it. Models whose output ``plan run`` cannot train on by default get none.
 """
@@ -39,7 +39,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.profile.capture import Captured, CapturedOp
-from planner.profile.estimate import classify
+from planner.roofline import classify
 from planner.profile.timer import Timer, steady_cpu_allocator
 
 log = logging.getLogger(__name__)
@@ -348,7 +348,7 @@ def _measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> d
 def _measure_loss(inputs: Sequence[Any], output: Any, timer: Timer) -> dict[str, Any]:
     """Forward and backward seconds of ``plan run``'s default loss on the model's ``output`` (see item 6)."""
     from planner.errors import ModelError
-    from planner.runtime.data import data_spec, default_target, loss_fn
+    from planner.data.factory import data_spec, default_target, loss_fn
 
     cpu_inputs = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
     try:

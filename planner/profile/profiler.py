@@ -12,8 +12,9 @@ from torch import nn
 from planner.errors import ModelError
 from planner.formats.profile import Node, OpTime, Profile
 from planner.profile.capture import Captured, capture
-from planner.profile.catalog import detect_device_type, device_spec, load_catalog
-from planner.profile.estimate import FREE_CLASSES, add_estimates, check_precision
+from planner.formats.catalog import device_spec, load_catalog
+from planner.profile.device import detect_device_type
+from planner.roofline import FREE_CLASSES, add_estimates, check_precision
 from planner.profile.loader import batch_size, load_factory
 from planner.profile.measure import Measurement, Progress, measure
 
@@ -26,7 +27,7 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
 
     ``estimate`` lists catalog device types to add roofline estimates for, assuming
     ``estimate_precision`` (``None``: the profiled dtype; ``fp32``, ``tf32``, ``bf16``: see
-    ``planner.profile.estimate``), recorded as ``estimate_precision``; ``threads`` pins CPU
+    ``planner.roofline``), recorded as ``estimate_precision``; ``threads`` pins CPU
     intra-op threads while timing (1 by default, so per-op and whole-model times compare fairly).
     """
     check_precision(estimate_precision)

@@ -1,6 +1,6 @@
 """What the report needs from a simulated event, and how tracks (devices, links) are ordered.
 
-The simulator (``planner.partition.simulate``) produces the events; this module only reads their
+The simulator (``planner.partition.sim.simulate``) produces the events; this module only reads their
 ``resource``, ``kind``, ``stage``, ``microbatch``, ``start_s`` and ``end_s`` attributes, so the
 timeline and trace can be tested with hand-made events.
 """

@@ -1,6 +1,6 @@
 """Re-simulate a saved plan from what it carries: per-stage simulator figures and the embedded cluster.
 
-Every field of ``planner.partition.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
+Every field of ``planner.partition.sim.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
 ``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``) is stored
 on each stage of a plan by ``build_plan``; reading them back by the dataclass's own field list keeps
 this module in step with the simulator. A field with a default (``update_s``) may be missing from plans
@@ -15,7 +15,7 @@ from typing import Any
 from planner.clusters import embedded_cluster
 from planner.errors import InputFileError
 from planner.formats.plan import Plan, Stage
-from planner.partition.simulate import SimResult, SimStage, simulate
+from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
 
 def sim_stage(stage: Stage, what: str = "plan") -> SimStage:

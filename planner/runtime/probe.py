@@ -10,12 +10,12 @@ large activations inside a running pipeline also costs more than a ping-pong bet
 compute for the same cores, and a message that arrives before its receive is posted waits in the
 socket buffer.
 
-The probe runs this very runtime (``planner.runtime.stages``) on ranks 0 and 1, a 2-stage 1F1B
+The probe runs this very runtime (``planner.runtime.pipeline.stages``) on ranks 0 and 1, a 2-stage 1F1B
 pipeline with ``PROBE_MICROBATCHES`` micro-batches, the median of ``PROBE_STEPS`` steps after a
 warm-up, twice over:
 
 1. a 4-layer, 16-wide MLP (negligible compute and bytes): the per-pass figure ``o`` that makes the
-   simulator (``planner.partition.simulate``), fed with the ranks' measured compute and the probed
+   simulator (``planner.partition.sim.simulate``), fed with the ranks' measured compute and the probed
    link, predict the measured step;
 2. a 4-layer elementwise model whose activations are ``BYTE_PROBE_SIZES`` large: with ``o`` fixed,
    the per-byte figure that makes the simulator predict each measured step; the mean over the sizes.
@@ -36,7 +36,7 @@ from torch import nn
 
 from planner.formats.cluster import Cluster, Device, Link
 from planner.formats.plan import Plan, Stage
-from planner.partition.simulate import SimStage, simulate
+from planner.partition.sim.simulate import SimStage, simulate
 
 __all__ = ["PROBE_MICROBATCHES", "PROBE_STEPS", "BYTE_PROBE_SIZES", "TinyRun", "RuntimeProbe", "fit_pass_overhead",
            "fit_byte_overhead", "probe_runtime"]
@@ -156,7 +156,7 @@ def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | 
     import torch.distributed as dist
 
     from planner.profile.capture import capture
-    from planner.runtime.stages import build_rank_stages, build_schedule
+    from planner.runtime.pipeline.stages import build_rank_stages, build_schedule
     from planner.runtime.timing import RankTimer, instrument_stage
 
     torch.manual_seed(0)

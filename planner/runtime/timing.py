@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from planner.runtime.rebalance import DeviceRound, RoundStats
+from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
 __all__ = ["RankRound", "RankTimer", "instrument_stage", "instrument_schedule", "timed_p2p", "gather_round",

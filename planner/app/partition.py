@@ -1,0 +1,68 @@
+"""The library side of ``plan partition``: load a profile and a cluster, partition, save the plan.
+
+The placers themselves are ``planner.partition.partition``; this module only does the file work
+around them (the output path is checked before any planning, the plan is written atomically, and
+records the profile it was made from by path and SHA-256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from planner.clusters import load_cluster_spec
+from planner.errors import UsageError
+from planner.formats.catalog import load_catalog
+from planner.formats.jsonio import check_writable
+from planner.formats.plan import Plan, save_plan
+from planner.formats.profile import load_profile
+
+
+def profile_ref(path: str | Path, model_name: str | None) -> dict[str, Any]:
+    """What a plan records about its profile: the path as given, its SHA-256 and the model's name."""
+    return {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "model": model_name}
+
+
+def check_settings(method: str, microbatches: int, schedule: str, optimizer: str) -> None:
+    """Refuse bad option values as usage errors (exit code 2) before any file is read."""
+    from planner.partition.placers.registry import get as get_method
+    from planner.partition.model.problem import validate_settings
+
+    validate_settings(microbatches, schedule, optimizer)
+    get_method(method)
+
+
+def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Path | None, *, method: str,
+                   microbatches: int, schedule: str, optimizer: str = "adam", refine: bool = False,
+                   granularity: str | None = None, time_limit_s: float | None = None,
+                   estimate_precision: str | None = None) -> Plan:
+    """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
+    name) and write the plan to ``output`` (when given). Raises ``PlannerError`` on bad input; on any
+    error nothing is written."""
+    from planner.partition import partition
+
+    check_settings(method, microbatches, schedule, optimizer)
+    if granularity is not None:
+        from planner.partition.model.granularity import parse_granularity
+
+        parse_granularity(granularity)
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise UsageError(f"--time-limit must be positive seconds, found {time_limit_s}")
+    if time_limit_s is not None and method != "ilp":
+        raise UsageError(f"--time-limit applies to --method ilp only, found --method {method}")
+    from planner.roofline import check_precision
+
+    check_precision(estimate_precision)
+    if output is not None:
+        check_writable(output, "plan")
+    profile = load_profile(profile_path)
+    cluster = load_cluster_spec(cluster_spec)
+    options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
+    plan = partition(profile, cluster, method=method, microbatches=microbatches, schedule=schedule,
+                     optimizer=optimizer, refine=refine, granularity=granularity,
+                     estimate_precision=estimate_precision, catalog=load_catalog(),
+                     profile_ref=profile_ref(profile_path, profile.model.get("name")), **options)
+    if output is not None:
+        save_plan(plan, output)
+    return plan

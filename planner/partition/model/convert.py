@@ -1,0 +1,109 @@
+"""The one conversion between a placer's ``Partition`` and a ``Plan``, both ways.
+
+``build_plan``: partition -> plan (the stages' nodes, per-stage costs and the simulated prediction).
+``partition_of``: plan -> partition over a problem's blocks (the runtime's rebalancer and ``plan check``
+judge a plan in force with the same cost model the placers used).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.formats.plan import Plan, Stage
+from planner.partition.model.cost import stage_memory_bytes, stage_sims, transfer_s
+from planner.partition.model.feasibility import check_fits
+from planner.errors import PlanMismatchError
+from planner.partition.model.problem import Partition, Problem, StageSpec
+from planner.partition.sim.simulate import SimResult, SimStage, simulate
+
+
+def build_plan(problem: Problem, partition: Partition, *, method: str,
+               profile_ref: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> Plan:
+    """Check memory, simulate, and assemble the plan (design.md section 5).
+
+    ``profile_ref`` (path, sha256, model name: the caller knows them) is stored as ``profile``; the
+    cluster is embedded so that a plan can be checked without its cluster file. ``extra`` adds
+    top-level fields (solver status, refine rounds, ...). Raises ``InfeasibleError`` when a device's
+    peak memory exceeds its capacity.
+    """
+    check_fits(problem, partition)
+    sims = stage_sims(problem, partition)
+    result = simulate(sims, problem.cluster, problem.schedule, problem.microbatches, record_events=False)
+    stages = tuple(_stage(problem, partition, i, sims[i], result) for i in range(len(partition)))
+    top: dict[str, Any] = {
+        "optimizer": problem.optimizer,
+        "estimated_types": list(problem.estimated_types),
+        "cluster": problem.cluster.to_dict(),
+    }
+    if problem.speed_factors:
+        top["speed_factors"] = dict(problem.speed_factors)
+    if problem.calibration:
+        top["calibration"] = dict(problem.calibration)
+    if profile_ref is not None:
+        top["profile"] = dict(profile_ref)
+    top.update(extra or {})
+    return Plan(
+        method=method,
+        schedule=problem.schedule,
+        microbatches=problem.microbatches,
+        stages=stages,
+        predicted=MappingProxyType(predicted(result)),
+        extra=MappingProxyType(top),
+    )
+
+
+def predicted(result: SimResult) -> dict[str, Any]:
+    """The plan's ``predicted`` field from a simulation."""
+    return {
+        "step_time_s": result.step_time_s,
+        "bubble_fraction": result.bubble_fraction,
+        "devices": {dev: {"busy_s": s.busy_s, "idle_s": s.idle_s, "peak_memory_bytes": s.peak_memory_bytes}
+                    for dev, s in result.devices.items()},
+    }
+
+
+def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result: SimResult) -> Stage:
+    spec = partition[i]
+    blocks = problem.blocks[spec.start:spec.stop]
+    nodes = tuple(name for block in blocks for name in block.nodes)
+    next_device = partition[i + 1].device if i + 1 < len(partition) else spec.device
+    prev_device = partition[i - 1].device if i > 0 else spec.device
+    device = problem.cluster.device(spec.device)
+    fields = {
+        "device_type": device.type,
+        "blocks": [spec.start, spec.stop],
+        "fwd_s": sim.fwd_s,
+        "bwd_s": sim.bwd_s,
+        "compute_s": sim.fwd_s + sim.bwd_s,
+        "send_fwd_bytes": sim.send_fwd_bytes,
+        "send_bwd_bytes": sim.send_bwd_bytes,
+        "transfer_s": transfer_s(problem.tables, spec.device, next_device, sim.send_fwd_bytes),
+        "transfer_bwd_s": transfer_s(problem.tables, spec.device, prev_device, sim.send_bwd_bytes),
+        "static_bytes": sim.static_bytes,
+        "activation_bytes": sim.activation_bytes,
+        "update_s": sim.update_s,
+        "inflight_microbatches": result.stage_inflight[i],
+        "memory_bytes": stage_memory_bytes(problem, partition, i),
+        "capacity_bytes": device.memory_bytes,
+        "idle_s": result.devices[spec.device].idle_s,
+        "layers": sorted({layer for block in blocks for layer in block.layers}),
+    }
+    return Stage(index=i, device=spec.device, nodes=nodes, extra=MappingProxyType(fields))
+
+
+def partition_of(problem: Problem, plan: Plan) -> Partition:
+    """The plan's stages as block ranges of ``problem`` (each stage must start and end on a block boundary
+    and hold a contiguous run of blocks, in order)."""
+    first_block = {block.nodes[0]: b for b, block in enumerate(problem.blocks)}
+    last_block = {block.nodes[-1]: b for b, block in enumerate(problem.blocks)}
+    specs = []
+    for stage in plan.stages:
+        start, stop = first_block.get(stage.nodes[0]) if stage.nodes else None, last_block.get(stage.nodes[-1]) if stage.nodes else None
+        size = sum(len(b.nodes) for b in problem.blocks[start:stop + 1]) if start is not None and stop is not None else -1
+        if start is None or stop is None or stop < start or size != len(stage.nodes):
+            raise PlanMismatchError(f"stage {stage.index} of the plan is not a contiguous run of the problem's blocks "
+                                    f"(it starts at {stage.nodes[0] if stage.nodes else 'nothing'!r}); re-partition "
+                                    f"from this profile")
+        specs.append(StageSpec(start, stop + 1, stage.device))
+    return tuple(specs)

@@ -1,0 +1,196 @@
+"""The cost model: a stage's compute time, transfer time and memory on a device (seed 003 S1).
+
+- Compute: the sum of its blocks' forward and backward times on the device's type (measured, or
+  estimated by the roofline), times the device's speed factor.
+- Transfer: ``latency_s + bytes / bandwidth_Bps`` of the actual link between the two devices, for the
+  bytes crossing the cut (values that skip stages are routed through them; see ``problem.cut_bytes``).
+- Memory: weights + gradients + optimizer state (``OPTIMIZER_STATES``), plus the activations saved per
+  micro-batch times the micro-batches in flight under the schedule (GPipe keeps all ``m``; 1F1B keeps
+  ``min(m, p - s)`` on stage ``s``; interleaved as its order dictates).
+
+``CostTables`` holds prefix sums so that placers get any stage's figures in O(1). See
+docs/cost-model.md for the formulas and what they leave out.
+"""
+
+from __future__ import annotations
+
+
+from planner.errors import PlannerError
+from planner.partition.model.problem import Partition, Problem
+from planner.partition.model.tables import CostTables
+from planner.partition.sim.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
+from planner.partition.sim.simulate import SimResult, SimStage, simulate
+
+# --- O(1) stage figures for placers -------------------------------------------------------------
+
+def stage_fwd_bwd_s(tables: CostTables, device: str, start: int, stop: int) -> tuple[float, float]:
+    """Forward and backward seconds per micro-batch of blocks ``[start, stop)`` on ``device``."""
+    fwd, bwd, factor = tables.fwd_prefix[device], tables.bwd_prefix[device], tables.speed[device]
+    return (fwd[stop] - fwd[start]) * factor, (bwd[stop] - bwd[start]) * factor
+
+
+def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> float:
+    """Forward + backward seconds per micro-batch of blocks ``[start, stop)`` on ``device``."""
+    fwd, bwd = tables.fwd_prefix[device], tables.bwd_prefix[device]
+    return (fwd[stop] - fwd[start] + bwd[stop] - bwd[start]) * tables.speed[device]
+
+
+def stage_static_bytes_t(tables: CostTables, start: int, stop: int) -> int:
+    """Weights + gradients + optimizer state of blocks ``[start, stop)``."""
+    return (tables.param_prefix[stop] - tables.param_prefix[start]) * tables.static_per_param_byte
+
+
+def stage_activation_bytes_t(tables: CostTables, start: int, stop: int) -> int:
+    """Bytes saved for backward per micro-batch by blocks ``[start, stop)``."""
+    return tables.saved_prefix[stop] - tables.saved_prefix[start]
+
+
+def transfer_s(tables: CostTables, src: str, dst: str, nbytes: int) -> float:
+    """Seconds to move ``nbytes`` from ``src`` to ``dst`` (0 on the same device or for no bytes)."""
+    if src == dst or nbytes <= 0:
+        return 0.0
+    return tables.links[(src, dst)].transfer_s(nbytes)
+
+
+def stage_static_bytes(problem: Problem, start: int, stop: int) -> int:
+    """Weights + gradients + optimizer state of blocks ``[start, stop)`` (``stage_static_bytes_t`` by problem)."""
+    return stage_static_bytes_t(problem.tables, start, stop)
+
+
+def stage_activation_bytes(problem: Problem, start: int, stop: int) -> int:
+    """Saved bytes per micro-batch of blocks ``[start, stop)`` (``stage_activation_bytes_t`` by problem)."""
+    return stage_activation_bytes_t(problem.tables, start, stop)
+
+
+# --- Schedules and memory -------------------------------------------------------------------------
+
+def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, microbatches: int,
+                          num_devices: int | None = None) -> int:
+    """Micro-batches whose activations stage ``stage_index`` holds at once at its peak.
+
+    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Interleaved 1F1B over ``num_devices`` devices (default: one
+    stage per device, which is 1F1B): counted by replaying the stage's device order.
+    """
+    devices = num_stages if num_devices is None else num_devices
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "1f1b" or devices == num_stages:
+        return min(microbatches, num_stages - stage_index)
+    if num_stages % devices:
+        raise PlannerError(f"{num_stages} stages cannot be spread round-robin over {devices} devices")
+    orders = device_orders(schedule, devices, num_stages // devices, microbatches)
+    return inflight_counts(orders[stage_index % devices])[stage_index]
+
+
+def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
+    """Stage ``i``'s peak memory: static bytes + saved activations x micro-batches in flight."""
+    ranks, _ = pipeline_layout([st.device for st in partition], problem.schedule)
+    stage = partition[i]
+    inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
+    return (stage_static_bytes(problem, stage.start, stage.stop)
+            + stage_activation_bytes(problem, stage.start, stage.stop) * inflight)
+
+
+def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int]:
+    """Peak memory of every device holding stages: its stages' static bytes + its peak live activations.
+
+    Activations are allocated when a forward starts and freed when its backward ends, in the device's
+    schedule order; the simulator observes the same peaks.
+    """
+    ranks, chunks = pipeline_layout([st.device for st in partition], problem.schedule)
+    orders = device_orders(problem.schedule, len(ranks), chunks, problem.microbatches)
+    activation = {i: stage_activation_bytes(problem, st.start, st.stop) for i, st in enumerate(partition)}
+    out = {}
+    for r, device in enumerate(ranks):
+        static = sum(stage_static_bytes(problem, st.start, st.stop) for st in partition if st.device == device)
+        out[device] = static + peak_activation_bytes(orders[r], activation)
+    return out
+
+
+def infeasible_reason(problem: Problem) -> str | None:
+    """Why no plan can fit in memory, or ``None`` when this quick test finds no reason.
+
+    A block can never be split, so it needs at least its static bytes plus its activations for the
+    fewest micro-batches any stage keeps in flight (``m`` under GPipe, 1 otherwise); and the whole
+    model's static bytes must fit in the devices' memory together.
+    """
+    tables = problem.tables
+    least_inflight = problem.microbatches if problem.schedule == "gpipe" else 1
+    needs = [stage_static_bytes_t(tables, b, b + 1) + stage_activation_bytes_t(tables, b, b + 1) * least_inflight
+             for b in range(len(problem.blocks))]
+    biggest = max(range(len(needs)), key=lambda b: (needs[b], -b))
+    largest = max(problem.cluster.devices, key=lambda d: (d.memory_bytes, d.id))
+    if needs[biggest] > largest.memory_bytes:
+        return (f"no feasible plan (memory): block {problem.blocks[biggest].name!r} alone needs "
+                f"{format_bytes(needs[biggest])} but the largest device, {largest.id!r} ({largest.type}), has "
+                f"{format_bytes(largest.memory_bytes)}; use devices with more memory, a smaller micro-batch, "
+                f"or an optimizer with less state")
+    total = stage_static_bytes_t(tables, 0, len(problem.blocks))
+    capacity = sum(d.memory_bytes for d in problem.cluster.devices)
+    if total > capacity:
+        return (f"no feasible plan (memory): weights, gradients and optimizer state take {format_bytes(total)} but all "
+                f"{len(problem.cluster.devices)} devices together have {format_bytes(capacity)} (the largest single "
+                f"need is block {problem.blocks[biggest].name!r} with {format_bytes(needs[biggest])}; the largest "
+                f"device is {largest.id!r} with {format_bytes(largest.memory_bytes)}); add devices")
+    return None
+
+
+def format_bytes(nbytes: float) -> str:
+    """Human-readable binary size: ``format_bytes(3 * 2**30) == '3.00 GiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} B" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+# --- Whole partitions ---------------------------------------------------------------------------
+
+def validate_partition(problem: Problem, partition: Partition) -> None:
+    """Stages must cover blocks ``0 .. n-1`` contiguously, in order, on devices of the cluster."""
+    if not partition:
+        raise PlannerError("a partition needs at least one stage, found none")
+    expected = 0
+    for i, stage in enumerate(partition):
+        if stage.start != expected or stage.stop <= stage.start:
+            raise PlannerError(f"stage {i} covers blocks [{stage.start}, {stage.stop}) but must start at block "
+                               f"{expected} and hold at least one block; stages must be contiguous and in order")
+        if stage.device not in problem.tables.capacity_bytes:
+            problem.cluster.device(stage.device)  # raises naming the known devices
+        expected = stage.stop
+    if expected != len(problem.blocks):
+        raise PlannerError(f"the stages cover blocks [0, {expected}) of {len(problem.blocks)}; "
+                           f"every block must be in exactly one stage")
+    pipeline_layout([st.device for st in partition], problem.schedule)
+
+
+def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
+    """The simulator's view of each stage: compute times, bytes sent each way, static and activation bytes."""
+    validate_partition(problem, partition)
+    tables, last = problem.tables, len(partition) - 1
+    sims = []
+    for i, st in enumerate(partition):
+        fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop)
+        sims.append(SimStage(
+            device=st.device, fwd_s=fwd, bwd_s=bwd,
+            send_fwd_bytes=problem.cut_fwd_bytes[st.stop - 1] if i < last else 0,
+            send_bwd_bytes=problem.cut_bwd_bytes[st.start - 1] if i > 0 else 0,
+            static_bytes=stage_static_bytes_t(tables, st.start, st.stop),
+            activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop),
+            update_s=stage_update_s(problem, st.device, st.start, st.stop),
+        ))
+    return tuple(sims)
+
+
+def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> float:
+    """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step)."""
+    tables = problem.tables
+    if device not in tables.update_rate:
+        problem.cluster.device(device)  # raises naming the known devices
+    return tables.update_rate[device] * (tables.param_prefix[stop] - tables.param_prefix[start])
+
+
+def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:
+    """Simulate one training step of ``partition`` under the problem's schedule and micro-batches."""
+    return simulate(stage_sims(problem, partition), problem.cluster, problem.schedule, problem.microbatches,
+                    record_events=record_events)

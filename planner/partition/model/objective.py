@@ -1,0 +1,267 @@
+"""The objective the exact placers share, and the device classes that keep them small.
+
+**Objective.** A stage's *latency* is its compute per micro-batch (forward + backward on its device)
+plus the transfer on its outgoing boundary: the activations it sends to the next stage and the
+gradients it gets back, each ``latency_s + bytes / bandwidth_Bps`` on the link between the two
+devices. The step time of a pipeline of latencies ``L_0 .. L_{p-1}`` over ``m`` micro-batches is
+
+    step(P) = sum_k L_k + (m - 1) * max_k L_k
+
+(GPipe's fill-and-drain bound; Alpa's stage-construction objective, Zheng et al., OSDI 2022, eq. 2;
+TeraPipe, Li et al., ICML 2021). The ILP, the DP and the brute force all minimise exactly this, subject
+to every stage fitting its device's memory under the schedule (``planner.partition.model.cost``); the
+simulator ranks the resulting plans afterwards.
+
+**Device classes.** Devices of the same type, host, memory and speed factor that every other device
+sees over equal links, and that are joined to each other by equal links, are interchangeable. The exact placers choose a *class* per stage and a count per
+class, which removes the symmetry between identical GPUs (and makes the DP polynomial); stages are
+given concrete devices of their class in id order at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+import numpy as np
+
+from planner.errors import InfeasibleError
+from planner.formats.cluster import Link
+from planner.partition.model.cost import (
+    inflight_microbatches,
+    stage_activation_bytes_t,
+    stage_compute_s,
+    stage_static_bytes_t,
+    transfer_s,
+)
+from planner.partition.model.problem import Partition, Problem, StageSpec
+
+__all__ = ["DeviceClass", "device_classes", "stage_latencies_s", "step_time_formula_s", "stage_fits",
+           "class_link", "assign_devices", "slot_inflight", "ClassTables", "class_tables",
+           "StageLatencies", "stage_latencies", "stages_room"]
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """Interchangeable devices: same type, host, memory and speed, and no per-pair link."""
+
+    devices: tuple[str, ...]
+    """Device ids, sorted; stages of this class take them in this order."""
+    type: str
+    host: str
+    memory_bytes: int
+    speed: float
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+
+def device_classes(problem: Problem) -> tuple[DeviceClass, ...]:
+    """Group the cluster's devices into interchangeable classes, in order of their first device id.
+
+    Two devices are interchangeable when they agree in type, host, memory and speed factor and every
+    third device sees them over equal links (bandwidth and latency); within a class all links are equal.
+    Explicit link pairs thus split a class only where they make a difference.
+    """
+    members: list[list[str]] = []
+    for dev in sorted(problem.cluster.device_ids):
+        home = next((m for m in members if _interchangeable(problem, m, dev)), None)
+        if home is None:
+            members.append([dev])
+        else:
+            home.append(dev)
+    out = []
+    for ids in members:
+        first = problem.cluster.device(ids[0])
+        out.append(DeviceClass(tuple(ids), first.type, first.host, first.memory_bytes,
+                               float(problem.speed_factors.get(ids[0], 1.0))))
+    return tuple(out)
+
+
+def _interchangeable(problem: Problem, members: list[str], dev: str) -> bool:
+    cluster = problem.cluster
+    a, b = cluster.device(members[0]), cluster.device(dev)
+    if (a.type, a.host, a.memory_bytes) != (b.type, b.host, b.memory_bytes):
+        return False
+    if problem.speed_factors.get(a.id, 1.0) != problem.speed_factors.get(b.id, 1.0):
+        return False
+    inside = _link_key(cluster.link(members[0], members[1])) if len(members) > 1 else _link_key(cluster.link(a.id, dev))
+    if any(_link_key(cluster.link(m, dev)) != inside for m in members):
+        return False
+    return all(_link_key(cluster.link(a.id, e)) == _link_key(cluster.link(dev, e))
+               for e in cluster.device_ids if e not in members and e != dev)
+
+
+def _link_key(link: Link) -> tuple[float, float]:
+    return (link.bandwidth_Bps, link.latency_s)
+
+
+def class_link(problem: Problem, a: DeviceClass, b: DeviceClass) -> Link | None:
+    """The link between a device of ``a`` and a *different* device of ``b`` (None: no such pair)."""
+    if a is b or a == b:
+        return problem.cluster.link(a.devices[0], a.devices[1]) if a.count > 1 else None
+    return problem.cluster.link(a.devices[0], b.devices[0])
+
+
+def boundary_s(link: Link, fwd_bytes: int, bwd_bytes: int) -> float:
+    """Activations forward plus gradients backward across one stage boundary on ``link``."""
+    return link.transfer_s(fwd_bytes) + link.transfer_s(bwd_bytes)
+
+
+def stage_latencies_s(problem: Problem, partition: Partition) -> tuple[float, ...]:
+    """Per stage: compute per micro-batch plus the transfer across its outgoing boundary (both ways)."""
+    tables, out = problem.tables, []
+    for k, st in enumerate(partition):
+        latency = stage_compute_s(tables, st.device, st.start, st.stop)
+        if k + 1 < len(partition):
+            nxt = partition[k + 1].device
+            cut = st.stop - 1
+            latency += transfer_s(tables, st.device, nxt, problem.cut_fwd_bytes[cut])
+            latency += transfer_s(tables, nxt, st.device, problem.cut_bwd_bytes[cut])
+        out.append(latency)
+    return tuple(out)
+
+
+def step_time_formula_s(problem: Problem, partition: Partition) -> float:
+    """``sum_k L_k + (m - 1) * max_k L_k``: the objective every exact placer minimises."""
+    latencies = stage_latencies_s(problem, partition)
+    return sum(latencies) + (problem.microbatches - 1) * max(latencies)
+
+
+def slot_inflight(schedule: str, stages_to_end: int, microbatches: int) -> int:
+    """Micro-batches in flight on a stage with ``stages_to_end`` stages from it to the last (itself included).
+
+    GPipe keeps all ``m``; 1F1B keeps ``min(m, p - s)`` = ``min(m, stages_to_end)``. The exact placers
+    run one stage per device, so under interleaved-1f1b they plan its one-chunk case, which is 1F1B.
+    """
+    return inflight_microbatches("1f1b" if schedule == "interleaved-1f1b" else schedule,
+                                 0, stages_to_end, microbatches)
+
+
+def stage_fits(problem: Problem, start: int, stop: int, memory_bytes: int, stages_to_end: int) -> bool:
+    """Whether blocks ``[start, stop)`` fit ``memory_bytes`` as a stage with ``stages_to_end`` stages left."""
+    tables = problem.tables
+    need = (stage_static_bytes_t(tables, start, stop)
+            + stage_activation_bytes_t(tables, start, stop) * slot_inflight(problem.schedule, stages_to_end,
+                                                                            problem.microbatches))
+    return need <= memory_bytes
+
+
+def assign_devices(classes: Sequence[DeviceClass], stages: Sequence[tuple[int, int, int]]) -> Partition:
+    """Stages given as ``(start, stop, class index)`` -> a partition on concrete devices (ids in order)."""
+    used = [0] * len(classes)
+    out = []
+    for start, stop, c in stages:
+        if used[c] >= classes[c].count:
+            raise InfeasibleError(f"more stages on device class {classes[c].devices} than it has devices")
+        out.append(StageSpec(start, stop, classes[c].devices[used[c]]))
+        used[c] += 1
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ClassTables:
+    """Dense per-class arrays over blocks for the DP and the ILP (built by ``class_tables``).
+
+    ``compute_s[c][b, e]``: forward + backward seconds of blocks ``[b, e)`` on class ``c`` (speed applied),
+    computed as ``planner.partition.model.cost.stage_compute_s`` does, so the numbers agree bit for bit.
+    ``boundary_s[c, d, b]``: both-way transfer across the cut after block ``b`` between a stage on class
+    ``c`` and the next on class ``d`` (``inf`` where no such device pair exists).
+    ``max_stages_to_end[c, b, e]``: the largest ``stages_to_end`` for which ``[b, e)`` fits class ``c``'s
+    memory (0: never fits; ``BIG``: always fits).
+    """
+
+    classes: tuple[DeviceClass, ...]
+    compute_s: np.ndarray
+    boundary_s: np.ndarray
+    max_stages_to_end: np.ndarray
+
+    BIG = 1 << 30
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(c.count for c in self.classes)
+
+
+def class_tables(problem: Problem) -> ClassTables:
+    """Build the dense tables of ``problem`` over its device classes."""
+    classes = device_classes(problem)
+    tables, nblocks = problem.tables, len(problem.blocks)
+    compute = np.empty((len(classes), nblocks + 1, nblocks + 1))
+    for c, cls in enumerate(classes):
+        fwd = np.asarray(tables.fwd_prefix[cls.devices[0]], dtype=float)
+        bwd = np.asarray(tables.bwd_prefix[cls.devices[0]], dtype=float)
+        compute[c] = (fwd[None, :] - fwd[:, None] + bwd[None, :] - bwd[:, None]) * cls.speed
+    boundary = np.full((len(classes), len(classes), max(nblocks - 1, 0)), np.inf)
+    for c, a in enumerate(classes):
+        for d, b in enumerate(classes):
+            link = class_link(problem, a, b)
+            if link is not None:
+                boundary[c, d] = [boundary_s(link, f, g) for f, g in zip(problem.cut_fwd_bytes, problem.cut_bwd_bytes)]
+    return ClassTables(classes, compute, boundary, _max_stages_to_end(problem, classes))
+
+
+def _max_stages_to_end(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray:
+    tables = problem.tables
+    params = np.asarray(tables.param_prefix, dtype=np.int64)
+    saved = np.asarray(tables.saved_prefix, dtype=np.int64)
+    static = (params[None, :] - params[:, None]) * tables.static_per_param_byte
+    act = saved[None, :] - saved[:, None]
+    return np.stack([stages_room(problem, cls, static, act) for cls in classes]) if classes else \
+        np.zeros((0, len(params), len(params)), dtype=np.int64)
+
+
+def stages_room(problem: Problem, cls: DeviceClass, static: np.ndarray, act: np.ndarray) -> np.ndarray:
+    """Per stage (arrays of its static and saved-activation bytes): the most stages-to-end that fit ``cls``.
+
+    0: never fits; ``ClassTables.BIG``: fits whatever its position.
+    """
+    big, m = ClassTables.BIG, problem.microbatches
+    room = cls.memory_bytes - static
+    if problem.schedule == "gpipe":
+        return np.where(room - act * m >= 0, big, 0).astype(np.int64)
+    # 1F1B keeps min(m, stages_to_end) micro-batches
+    with np.errstate(divide="ignore"):
+        most = np.where(act > 0, room // np.maximum(act, 1), big)
+    most = np.where(most >= m, big, most)
+    return np.where(room >= 0, np.maximum(most, 0), 0).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class StageLatencies:
+    """Every candidate stage latency on every class (inf: invalid by memory, segment or device pair)."""
+
+    mid: np.ndarray
+    """``mid[c, d, b, e]``: stage ``[b, e)`` on class ``c`` followed by a stage on ``d`` (inf: invalid)."""
+    last: np.ndarray
+    """``last[c, b]``: stage ``[b, B)`` on class ``c`` as the last stage (inf: invalid)."""
+    room: np.ndarray
+    """``room[c, b, e]``: most stages-to-end for which ``[b, e)`` fits class ``c``."""
+
+
+def stage_latencies(tab: ClassTables, nblocks: int, segments: Collection[tuple[int, int]] | None = None
+                    ) -> StageLatencies:
+    """Latency of every (stage, class, next class), restricted to ``segments`` ``(start, stop)`` when given.
+
+    A middle stage needs room for at least two stages to its end, the last for one.
+    """
+    ncls = len(tab.classes)
+    allowed = np.zeros((nblocks + 1, nblocks + 1), dtype=bool)
+    if segments is None:
+        allowed[np.triu_indices(nblocks + 1, k=1)] = True
+    else:
+        for start, stop in segments:
+            allowed[start, stop] = True
+    mid = np.full((ncls, ncls, nblocks + 1, nblocks + 1), np.inf)
+    for c in range(ncls):
+        for d in range(ncls):
+            # a stage [b, e) with e < B pays the cut after block e - 1 on link (c, d)
+            cross = np.concatenate([[np.inf], tab.boundary_s[c, d], [np.inf]])
+            value = tab.compute_s[c] + cross[None, :]
+            ok = allowed & (tab.max_stages_to_end[c] >= 2)
+            ok[:, nblocks] = False
+            mid[c, d] = np.where(ok, value, np.inf)
+    last = np.where(allowed[None, :, nblocks] & (tab.max_stages_to_end[:, :, nblocks] >= 1),
+                    tab.compute_s[:, :, nblocks], np.inf)
+    return StageLatencies(mid, last, tab.max_stages_to_end)

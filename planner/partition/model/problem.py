@@ -1,0 +1,422 @@
+"""The partitioning problem that every placer solves, built once from a profile and a cluster.
+
+A plan is a sequence of stages, each a *contiguous* run of the profile's nodes in their
+topological order, each on one device. Contiguity in that order is what
+``torch.distributed.pipelining`` can execute (it cuts the exported graph between nodes), and it
+makes every edge run forwards by construction. Placers therefore choose cut points between
+*blocks* (contiguous node runs; one node per block at op granularity) and a device per stage.
+
+Values that skip stages are routed through the stages in between (design.md section 8), so the
+bytes crossing the cut after block ``b`` are those of every value produced at or before ``b``
+and read after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Collection, Mapping, Sequence
+
+from planner.errors import PlannerError, UsageError
+from planner.formats.cluster import Cluster
+from planner.formats.plan import SCHEDULES
+from planner.formats.profile import INPUT_OP, Node, OpTime, Profile
+from planner.formats.catalog import DeviceSpec
+from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
+from planner.roofline import check_precision, estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte
+
+
+
+@dataclass(frozen=True)
+class Block:
+    """A contiguous run of profile nodes that placers never split."""
+
+    name: str
+    nodes: tuple[str, ...]
+    param_bytes: int
+    saved_bytes: int
+    time_s: Mapping[str, tuple[float, float]]
+    """Per device type: (forward, backward) seconds per micro-batch, summed over the block's nodes."""
+    layers: tuple[str, ...] = ()
+    """Sorted unique ``layer_of(module_path)`` of the block's nodes (empty paths left out)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a placer needs: blocks, the bytes at every cut, the cluster and the run settings."""
+
+    blocks: tuple[Block, ...]
+    cut_fwd_bytes: tuple[int, ...]
+    """``cut_fwd_bytes[b]``: activation bytes crossing the cut after block ``b`` (len = blocks - 1)."""
+    cut_bwd_bytes: tuple[int, ...]
+    """``cut_bwd_bytes[b]``: gradient bytes crossing the same cut backwards (model inputs carry none)."""
+    cluster: Cluster
+    microbatches: int
+    schedule: str
+    optimizer: str
+    estimated_types: tuple[str, ...] = ()
+    """Device types with estimated times: estimated here by the roofline because the profile lacked them,
+    or marked ``estimated`` in the profile (``plan profile --estimate``)."""
+    speed_factors: Mapping[str, float] = field(default_factory=dict)
+    """Device id -> multiplier on that device's compute times (measured / predicted; 1 when absent).
+    The runtime's rebalancer (seed 003 S5) feeds measured speeds back through this."""
+    calibration: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> the factor its *measured* per-op times were scaled by (``calibration_factors``)."""
+    loss_s: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Device type -> (forward, backward) seconds per micro-batch of the default loss (``loss_times``),
+    included in the last block's times: the last stage computes it."""
+    update_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> seconds of the optimizer step per parameter byte (``update_rates``; 0 when absent).
+    Each device pays it for its stages' parameters once per step, after its last backward."""
+
+    def time_on(self, block: int, device_id: str) -> tuple[float, float]:
+        fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
+        factor = self.speed_factors.get(device_id, 1.0)
+        return fwd * factor, bwd * factor
+
+    @cached_property
+    def tables(self) -> CostTables:
+        """Prefix-sum cost tables, built on first use and kept (O(1) stage costs for placers)."""
+        return CostTables.build(self)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of a candidate partition: blocks ``[start, stop)`` on ``device``."""
+
+    start: int
+    stop: int
+    device: str
+
+
+Partition = tuple[StageSpec, ...]
+
+
+class Placed(tuple):  # type: ignore[type-arg]
+    """A ``Partition`` (it *is* the tuple of ``StageSpec``) that also carries top-level plan fields.
+
+    A placer may return ``Placed(stages, {"solver": {...}})`` where a plain partition would do; every
+    caller treats it as a partition, and ``partition()`` copies ``facts`` into the plan (the ILP's
+    solver status, bound and gap).
+    """
+
+    facts: Mapping[str, Any]
+
+    def __new__(cls, stages: Partition, facts: Mapping[str, Any]) -> "Placed":
+        obj = super().__new__(cls, stages)
+        obj.facts = dict(facts)
+        return obj
+
+
+def facts_of(partition: Partition) -> Mapping[str, Any]:
+    """The plan fields a placer attached to ``partition`` (empty for a plain partition)."""
+    return getattr(partition, "facts", {})
+
+
+def validate_settings(microbatches: int, schedule: str, optimizer: str) -> None:
+    """Refuse bad run settings as usage errors (exit code 2 at the CLI)."""
+    if microbatches < 1:
+        raise UsageError(f"--microbatches must be at least 1, found {microbatches}; pass a positive count such as 8")
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    if optimizer not in OPTIMIZER_STATES:
+        raise UsageError(f"unknown optimizer {optimizer!r}; expected one of {', '.join(OPTIMIZER_STATES)}")
+
+
+def cut_bytes(profile: Profile, groups: Sequence[Sequence[str]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Bytes crossing each cut between consecutive ``groups`` (forward activations, backward gradients).
+
+    A value produced in group ``i`` whose last reader is in group ``j > i`` crosses cuts ``i .. j-1``;
+    a difference array makes this one pass over the edges.
+    """
+    group_of = {name: g for g, names in enumerate(groups) for name in names}
+    last_reader: dict[str, int] = {}
+    for node in profile.nodes:
+        for src in node.inputs:
+            last_reader[src] = max(last_reader.get(src, -1), group_of[node.name])
+    fwd = [0] * (len(groups) + 1)
+    bwd = [0] * (len(groups) + 1)
+    for node in profile.nodes:
+        start, end = group_of[node.name], last_reader.get(node.name, -1)
+        if end <= start:
+            continue
+        fwd[start] += node.output_bytes
+        fwd[end] -= node.output_bytes
+        if node.op != INPUT_OP and node.extra.get("requires_grad", True):
+            bwd[start] += node.output_bytes
+            bwd[end] -= node.output_bytes
+    return _prefix(fwd)[: len(groups) - 1], _prefix(bwd)[: len(groups) - 1]
+
+
+def _prefix(deltas: list[int]) -> tuple[int, ...]:
+    out, running = [], 0
+    for d in deltas:
+        running += d
+        out.append(running)
+    return tuple(out)
+
+
+_REPEATED = re.compile(r"^(.*?\.\d+)(\.|$)")
+
+
+def layer_of(module_path: str) -> str:
+    """The top-level repeated module holding an op: ``h.3.attn.c_attn`` -> ``h.3``.
+
+    The shallowest path component followed by an integer index marks a ``ModuleList``/``Sequential``
+    entry; ops outside any repeated module (embeddings, heads) belong to their top-level module.
+    """
+    if not module_path:
+        return ""
+    match = _REPEATED.match(module_path)
+    if match:
+        return match.group(1)
+    return module_path.split(".")[0]
+
+
+def build_problem(
+    profile: Profile,
+    cluster: Cluster,
+    *,
+    microbatches: int,
+    schedule: str,
+    optimizer: str = "adam",
+    groups: Sequence[Sequence[str]] | None = None,
+    speed_factors: Mapping[str, float] | None = None,
+    estimate_precision: str | None = None,
+    catalog: Mapping[str, DeviceSpec] | None = None,
+) -> Problem:
+    """Build the placers' problem: blocks with per-device-type times, cut bytes, the cluster and settings.
+
+    ``groups`` are contiguous runs of the profile's nodes in its order (default: one block per node,
+    i.e. op granularity). Device types of the cluster that the profile lacks are estimated with the
+    profiler's roofline (``planner.roofline``) and listed in ``Problem.estimated_types``.
+    ``estimate_precision`` (``fp32``, ``tf32``, ``bf16``; default ``None``: the profiled dtype) is the
+    precision those estimates assume; when given, the profile's own ``estimated`` entries of catalog types
+    are re-estimated in it too (measured times are never touched).
+    Work is per node and per device *type*, never per device. ``catalog`` (``planner.formats.catalog.load_catalog``,
+    loaded by the caller) is needed only to estimate types the profile did not measure; without it such a
+    type is refused with a message that says so.
+    """
+    check_precision(estimate_precision)
+    validate_settings(microbatches, schedule, optimizer)
+    factors = _check_speed_factors(cluster, speed_factors or {})
+    names = [[n] for n in (node.name for node in profile.nodes)] if groups is None else [list(g) for g in groups]
+    _check_groups(profile, names)
+    types = sorted({d.type for d in cluster.devices})
+    calibration = {t: f for t, f in calibration_factors(profile).items() if t in types}
+    times, estimated = _node_times(profile, cluster, types, estimate_precision, calibration, catalog)
+    if estimated and catalog is None:
+        raise PlannerError(f"device type(s) {', '.join(sorted(estimated))} have estimated times; their loss and "
+                           f"optimizer-step estimates need the device catalog: pass catalog=load_catalog() (the CLI does)")
+    loss = loss_times(profile, types, estimated, catalog or {})
+    if loss and times:
+        times[-1] = [(f + loss.get(t, (0.0, 0.0))[0], b + loss.get(t, (0.0, 0.0))[1]) for (f, b), t in zip(times[-1], types)]
+    fwd_cut, bwd_cut = cut_bytes(profile, names)
+    layers: dict[str, str] = {}
+    blocks, start = [], 0
+    for group in names:
+        stop = start + len(group)
+        blocks.append(_block(profile.nodes[start:stop], times[start:stop], types, layers))
+        start = stop
+    return Problem(
+        blocks=tuple(blocks),
+        cut_fwd_bytes=fwd_cut,
+        cut_bwd_bytes=bwd_cut,
+        cluster=cluster,
+        microbatches=microbatches,
+        schedule=schedule,
+        optimizer=optimizer,
+        estimated_types=tuple(sorted(estimated)),
+        speed_factors=MappingProxyType(factors),
+        calibration=MappingProxyType(calibration),
+        loss_s=MappingProxyType(loss),
+        update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
+    )
+
+
+def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str],
+               catalog: Mapping[str, DeviceSpec]) -> dict[str, tuple[float, float]]:
+    """Device type -> (forward, backward) seconds of ``plan run``'s default loss per micro-batch.
+
+    The profiled type uses the profile's measurement (``whole_model.loss``); estimated catalog types get a
+    roofline of a bandwidth-bound sweep over the model's output
+    (``planner.roofline.estimate_loss_s``). Profiles without the measurement (older ones, or
+    models whose output the default loss does not apply to) get none.
+    """
+    measured = (profile.extra.get("whole_model") or {}).get("loss") or {}
+    if not measured:
+        return {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    out = {}
+    for dev_type in types:
+        if dev_type == measured_type and dev_type not in estimated:
+            out[dev_type] = (float(measured["fwd_s"]), float(measured["bwd_s"]))
+        elif dev_type in estimated and dev_type in catalog:
+            out[dev_type] = estimate_loss_s(int(measured.get("output_bytes", 0)), catalog[dev_type])
+    return out
+
+
+def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimated: Collection[str],
+                 catalog: Mapping[str, DeviceSpec]) -> dict[str, float]:
+    """Device type -> seconds of one ``optimizer`` step per parameter byte.
+
+    The profiled type uses the profile's measured step (``whole_model.update_s``, over
+    ``update_param_bytes``); types whose op times are estimated get the roofline estimate of a
+    bandwidth-bound sweep (``planner.roofline.estimate_update_s_per_param_byte``). Other
+    measured types (an older profile without ``update_s``) get none: their step is not modelled.
+    """
+    whole = profile.extra.get("whole_model") or {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    measured = (whole.get("update_s") or {}).get(optimizer)
+    param_bytes = int(whole.get("update_param_bytes", 0) or 0)
+    out = {}
+    for dev_type in types:
+        if dev_type == measured_type and dev_type not in estimated and measured is not None and param_bytes > 0:
+            out[dev_type] = float(measured) / param_bytes
+            continue
+        if dev_type in estimated:
+            if dev_type in catalog:
+                out[dev_type] = estimate_update_s_per_param_byte(optimizer, catalog[dev_type])
+    return out
+
+
+CALIBRATION_RANGE = (0.5, 2.0)
+"""Factors outside this range mean the per-op method failed on the model: they are not applied."""
+
+
+def calibration_factors(profile: Profile) -> dict[str, float]:
+    """Device type -> (one training micro-batch of the whole model) / (sum of its per-op times).
+
+    ``plan profile`` times, besides every op alone, one training micro-batch of the whole model as
+    training runs it (``whole_model.train_s``: forward, then backward accumulating into ``.grad``).
+    Isolated ops miss the dispatch between ops, gradient accumulation and a real step's cache and
+    allocator traffic, so their sum falls short of it (2-20 % on CPU). Scaling the measured times of
+    the profiled type by this ratio makes the stages' compute add up to what training costs; the
+    split between ops keeps the per-op shape. Profiles without ``train_s`` (older ones, or a model
+    without trainable parameters) get no factor; see docs/cost-model.md, "Calibration".
+    """
+    whole = profile.extra.get("whole_model") or {}
+    device_type = str(profile.extra.get("device_type", ""))
+    train_s = float(whole.get("train_s", 0.0) or 0.0)
+    if train_s <= 0:
+        return {}
+    measured = [n.time_s[device_type] for n in profile.nodes
+                if device_type in n.time_s and n.time_s[device_type].source == "measured"]
+    total = sum(t.fwd + t.bwd for t in measured)
+    if total <= 0:
+        return {}
+    factor = train_s / total
+    low, high = CALIBRATION_RANGE
+    return {device_type: factor} if low <= factor <= high else {}
+
+
+def _check_speed_factors(cluster: Cluster, factors: Mapping[str, float]) -> dict[str, float]:
+    ids = set(cluster.device_ids)
+    for device_id, factor in sorted(factors.items()):
+        if device_id not in ids:
+            raise PlannerError(f"speed factor given for device {device_id!r}, which is not in cluster "
+                               f"{cluster.name!r} (devices: {', '.join(cluster.device_ids)})")
+        if not (factor > 0 and factor < float("inf")):
+            raise PlannerError(f"speed factor of device {device_id!r} must be a positive finite number, found {factor!r}")
+    return dict(sorted(factors.items()))
+
+
+def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
+    """Groups must be non-empty and, concatenated, list every profile node once in profile order."""
+    position = 0
+    for g, group in enumerate(groups):
+        if not group:
+            raise PlannerError(f"group {g} is empty; every group must hold at least one node")
+        for name in group:
+            expected = profile.nodes[position].name if position < len(profile.nodes) else None
+            if name != expected:
+                raise PlannerError(
+                    f"group {g} lists node {name!r} where the profile's order has {expected!r}; groups must be "
+                    f"contiguous runs of the profile's nodes, in profile order, covering each node exactly once"
+                )
+            position += 1
+    if position != len(profile.nodes):
+        raise PlannerError(f"groups cover {position} of the profile's {len(profile.nodes)} nodes; "
+                           f"the first left out is {profile.nodes[position].name!r}")
+
+
+def _node_times(profile: Profile, cluster: Cluster, types: Sequence[str], precision: str | None,
+                calibration: Mapping[str, float], catalog: Mapping[str, DeviceSpec] | None,
+                ) -> tuple[list[list[tuple[float, float]]], set[str]]:
+    """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times.
+
+    With ``precision``, entries marked ``estimated`` of catalog types are estimated again in it;
+    ``calibration`` (type -> factor) scales the measured entries of its types.
+    """
+    _check_missing_types(profile, cluster, types, catalog)
+    if precision is not None and catalog is None and any(
+            t.source == "estimated" for n in profile.nodes for t in n.time_s.values()):
+        raise PlannerError("re-estimating the profile's estimated times in another precision needs the device "
+                           "catalog; pass catalog=load_catalog() (the CLI does)")
+    estimated: set[str] = set()
+    out: list[list[tuple[float, float]]] = []
+    for node in profile.nodes:
+        row = []
+        for dev_type in types:
+            op_time = node.time_s.get(dev_type)
+            redo = (precision is not None and op_time is not None and op_time.source == "estimated"
+                    and catalog is not None and dev_type in catalog)
+            if op_time is None or redo:
+                op_time = _estimate(node, dev_type, catalog, precision)
+            if op_time.source == "estimated":
+                estimated.add(dev_type)
+                row.append((op_time.fwd, op_time.bwd))
+            else:
+                factor = calibration.get(dev_type, 1.0)
+                row.append((op_time.fwd * factor, op_time.bwd * factor))
+        out.append(row)
+    return out, estimated
+
+
+def _estimate(node: Node, device_type: str, catalog: Mapping[str, DeviceSpec] | None, precision: str | None) -> OpTime:
+    """Roofline estimate of a node the profile did not time on ``device_type``."""
+    assert catalog is not None  # _check_missing_types refused missing types without a catalog
+    return estimate_node_time(node, device_type, catalog, precision)
+
+
+def _check_missing_types(profile: Profile, cluster: Cluster, types: Sequence[str],
+                         catalog: Mapping[str, DeviceSpec] | None) -> None:
+    """Every cluster type the profile did not time must be in the catalog, or the error names it with its devices."""
+    timed = set(profile.device_types)
+    missing = [t for t in types if t not in timed]
+    if missing and catalog is None:
+        raise PlannerError(f"cluster {cluster.name!r} has device type(s) {', '.join(missing)} that the profile did not "
+                           f"time; estimating them needs the device catalog: pass catalog=load_catalog() (the CLI does)")
+    for dev_type in missing:
+        assert catalog is not None
+        if dev_type not in catalog:
+            ids = ", ".join(d.id for d in cluster.devices if d.type == dev_type)
+            raise PlannerError(
+                f"cluster {cluster.name!r} has devices of type {dev_type!r} ({ids}), which the profile did not "
+                f"time (it has {', '.join(sorted(timed)) or 'no complete type'}) and the device catalog does not "
+                f"know (known: {', '.join(sorted(catalog))}); fix the device type or profile on that device"
+            )
+
+
+def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]], types: Sequence[str],
+           layer_cache: dict[str, str]) -> Block:
+    """Sum a group's nodes; ``layer_cache`` memoises ``layer_of`` (module paths repeat across nodes)."""
+    name = nodes[0].name if len(nodes) == 1 else f"{nodes[0].name}..{nodes[-1].name}"
+    if len(nodes) == 1:
+        time_s = dict(zip(types, times[0]))
+    else:
+        time_s = {t: (sum(row[k][0] for row in times), sum(row[k][1] for row in times)) for k, t in enumerate(types)}
+    paths = {node.module_path for node in nodes}
+    for path in paths:  # not `paths - layer_cache.keys()`: that copies every cached key per call
+        if path not in layer_cache:
+            layer_cache[path] = layer_of(path)
+    return Block(
+        name=name,
+        nodes=tuple(node.name for node in nodes),
+        param_bytes=sum(node.param_bytes for node in nodes),
+        saved_bytes=sum(node.saved_bytes for node in nodes),
+        time_s=MappingProxyType(time_s),
+        layers=tuple(sorted({layer_cache[path] for path in paths} - {""})),
+    )

@@ -1,0 +1,82 @@
+"""Prefix-sum cost tables of a ``Problem``: any stage's compute, memory and transfer figures in O(1).
+
+Built once per problem (``Problem.tables``); this module knows the problem only as a type, so the
+problem can build its tables without an import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping, Sequence, TypeVar
+
+from planner.formats.cluster import Link
+
+if TYPE_CHECKING:
+    from planner.partition.model.problem import Problem
+
+_Number = TypeVar("_Number", int, float)
+
+OPTIMIZER_STATES = {"sgd": 0, "adam": 2}
+"""Optimizer state per parameter, in units of the parameter's bytes (plain SGD keeps none; Adam two moments)."""
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Prefix sums over blocks, built once per ``Problem`` (``problem.tables``).
+
+    ``x_prefix[k]`` is the sum over blocks ``0 .. k-1``, so blocks ``[start, stop)`` cost
+    ``x_prefix[stop] - x_prefix[start]``.
+    """
+
+    fwd_prefix: Mapping[str, tuple[float, ...]]
+    """Per device id (device types share one tuple): forward seconds, speed factor not applied."""
+    bwd_prefix: Mapping[str, tuple[float, ...]]
+    speed: Mapping[str, float]
+    """Per device id: multiplier on compute times (1.0 unless the problem sets one)."""
+    param_prefix: tuple[int, ...]
+    saved_prefix: tuple[int, ...]
+    static_per_param_byte: int
+    """Weights + gradients + optimizer state per parameter byte."""
+    capacity_bytes: Mapping[str, int]
+    links: Mapping[tuple[str, str], Link]
+    """Every ordered pair of distinct devices -> the link between them."""
+    update_rate: Mapping[str, float]
+    """Per device id: optimizer-step seconds per parameter byte (``Problem.update_s_per_param_byte``)."""
+
+    @classmethod
+    def build(cls, problem: "Problem") -> "CostTables":
+        by_type = {}
+        for dev_type in sorted({d.type for d in problem.cluster.devices}):
+            fwd, bwd = _prefix([b.time_s[dev_type][0] for b in problem.blocks]), _prefix([b.time_s[dev_type][1] for b in problem.blocks])
+            by_type[dev_type] = (fwd, bwd)
+        devices = problem.cluster.devices
+        return cls(
+            fwd_prefix=MappingProxyType({d.id: by_type[d.type][0] for d in devices}),
+            bwd_prefix=MappingProxyType({d.id: by_type[d.type][1] for d in devices}),
+            speed=MappingProxyType({d.id: float(problem.speed_factors.get(d.id, 1.0)) for d in devices}),
+            param_prefix=_prefix([b.param_bytes for b in problem.blocks]),
+            saved_prefix=_prefix([b.saved_bytes for b in problem.blocks]),
+            static_per_param_byte=2 + OPTIMIZER_STATES[problem.optimizer],
+            capacity_bytes=MappingProxyType({d.id: d.memory_bytes for d in devices}),
+            links=MappingProxyType(_links(problem)),
+            update_rate=MappingProxyType({d.id: problem.update_s_per_param_byte.get(d.type, 0.0) for d in devices}),
+        )
+
+
+def _links(problem: "Problem") -> dict[tuple[str, str], Link]:
+    """Every ordered pair of distinct devices -> its link (``Cluster.link`` without per-call device scans)."""
+    cluster = problem.cluster
+    out = {}
+    for a in cluster.devices:
+        for b in cluster.devices:
+            if a.id != b.id:
+                pair = cluster.pairs.get((a.id, b.id) if a.id < b.id else (b.id, a.id))
+                out[(a.id, b.id)] = pair or (cluster.intra_host if a.host == b.host else cluster.inter_host)
+    return out
+
+
+def _prefix(values: Sequence[_Number]) -> tuple[_Number, ...]:
+    """``(0, v0, v0 + v1, ...)``: ``len(values) + 1`` running sums."""
+    return tuple(accumulate(values, initial=values[0] * 0 if values else 0))

@@ -1,0 +1,281 @@
+"""Dynamic load balancing between training rounds (seed 003, steps S3-S6), as a pure algorithm.
+
+Seed 003 gives every device a *weight*, its share of the load, equal at first (S3); each round
+trains with the partition made from the current weights and lets every device record how long it
+waited (S4); after the round, the maximum and mean wait judge the balance, and when it is off the
+weights move in proportion to the waits and the model is re-partitioned (S5); once the partition
+has not changed for several rounds the balance is taken as reached (S6).
+
+This module adds one thing the seed leaves implicit: the waits say *that* a device is slow, the
+measured compute says *how* slow. Each device's measured compute divided by the cost model's
+prediction for the same work becomes its speed factor (``Problem.speed_factors``), so the re-plan
+sees the devices as they are. The weights then carry only what the speed factors do not explain
+(see ``placer_weights``), so the two never count the same slowness twice.
+
+Everything here takes and returns plain data: no torch.distributed, no clock, no files. The
+runtime (``planner.runtime.launch.worker``) measures, calls ``decide`` and ``settle`` once per round, and
+re-plans through ``replan``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from planner.errors import PlannerError
+
+__all__ = [
+    "DeviceRound", "RoundStats", "RebalanceConfig", "RebalanceState", "Decision",
+    "initial_state", "imbalance", "is_balanced", "update_weights", "speed_factors_from",
+    "placer_weights", "decide", "settle", "plan_key", "plans_equal",
+]
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    """What one device measured over one round (K steps)."""
+
+    device: str
+    compute_s: float
+    """Time spent computing its stages' forward and backward passes (emulated slowdown included)."""
+    wait_s: float
+    """Time not computing: blocked on receives plus idle in the schedule."""
+    recv_s: float = 0.0
+    """The part of ``wait_s`` spent blocked on point-to-point receives and sends."""
+    post_s: float = 0.0
+    """The part of ``wait_s`` spent posting point-to-point sends and receives."""
+    update_s: float = 0.0
+    """The part of ``wait_s`` spent in the optimizer step."""
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """One round as rank 0 gathered it."""
+
+    round: int
+    first_step: int
+    steps: int
+    wall_s: float
+    """Wall time of the round (the slowest rank's)."""
+    devices: tuple[DeviceRound, ...]
+
+    @property
+    def step_time_s(self) -> float:
+        return self.wall_s / self.steps if self.steps else 0.0
+
+    def waits(self) -> dict[str, float]:
+        return {d.device: d.wait_s for d in self.devices}
+
+    def computes(self) -> dict[str, float]:
+        return {d.device: d.compute_s for d in self.devices}
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """Knobs of the loop. Defaults suit rounds of a few steps on a pipeline of a few stages."""
+
+    threshold: float = 0.05
+    """A round is unbalanced when (max wait - mean wait) exceeds this fraction of the round's wall time."""
+    gain: float = 1.0
+    """Fraction of the wait-proportional weight move applied per round (1 = the full move)."""
+    patience: int = 3
+    """S6: stop rebalancing once the plan has not changed for this many consecutive rounds."""
+    min_improvement: float = 0.05
+    """Adopt a new plan only if it is predicted at least this fraction faster than the plan in force
+    (both judged with the new speed factors); migrating for less is not worth it and breeds flapping."""
+    max_step: float = 4.0
+    """Bound on the factor by which one round may multiply a weight (guards against a bad round)."""
+    smoothing: float = 0.5
+    """Weight of the newest round in each speed factor (an exponential moving average over rounds);
+    1 trusts the last round alone. Speed is a property of the device, not of the plan, so the average
+    runs across plan changes and damps the noise of a shared machine."""
+
+    def __post_init__(self) -> None:
+        if not self.threshold >= 0:
+            raise PlannerError(f"rebalance threshold must be >= 0, found {self.threshold!r}; try 0.05")
+        if not 0 < self.gain <= 1:
+            raise PlannerError(f"rebalance gain must be in (0, 1], found {self.gain!r}; try 1.0")
+        if self.patience < 1:
+            raise PlannerError(f"rebalance patience must be at least 1 round, found {self.patience!r}; try 3")
+        if not self.min_improvement >= 0:
+            raise PlannerError(f"rebalance min_improvement must be >= 0, found {self.min_improvement!r}; try 0.05")
+        if not self.max_step > 1:
+            raise PlannerError(f"rebalance max_step must be > 1, found {self.max_step!r}; try 4")
+        if not 0 < self.smoothing <= 1:
+            raise PlannerError(f"rebalance smoothing must be in (0, 1], found {self.smoothing!r}; try 0.5")
+
+
+@dataclass(frozen=True)
+class RebalanceState:
+    """The loop's memory between rounds."""
+
+    weights: Mapping[str, float]
+    """Seed 003 S3: each device's share of the load, mean 1."""
+    speed_factors: Mapping[str, float] = field(default_factory=dict)
+    """Measured compute / predicted compute per device (1 = as profiled)."""
+    stable_rounds: int = 0
+    """Consecutive rounds that ended without a plan change."""
+    rounds: int = 0
+    converged: bool = False
+    """S6 reached: the loop no longer changes the plan."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"weights": dict(self.weights), "speed_factors": dict(self.speed_factors),
+                "stable_rounds": self.stable_rounds, "rounds": self.rounds, "converged": self.converged}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, object]) -> "RebalanceState":
+        try:
+            return RebalanceState(
+                weights=MappingProxyType({str(k): float(v) for k, v in dict(data["weights"]).items()}),  # type: ignore[arg-type]
+                speed_factors=MappingProxyType({str(k): float(v) for k, v in dict(data.get("speed_factors", {})).items()}),  # type: ignore[arg-type]
+                stable_rounds=int(data.get("stable_rounds", 0)),  # type: ignore[arg-type]
+                rounds=int(data.get("rounds", 0)),  # type: ignore[arg-type]
+                converged=bool(data.get("converged", False)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlannerError(f"rebalance state must hold weights, speed_factors, stable_rounds, rounds and "
+                               f"converged, found {dict(data)!r} ({exc}); delete the checkpoint to start over") from None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``decide`` concluded about one round."""
+
+    state: RebalanceState
+    """Updated weights and speed factors (counters untouched until ``settle``)."""
+    imbalance: float
+    balanced: bool
+    replan: bool
+    """True when the runtime should ask the placer for a new plan."""
+    reason: str
+
+
+def initial_state(device_ids: Sequence[str], plan_weights: Mapping[str, float] | None = None) -> RebalanceState:
+    """S3: equal weights, or the plan's own ``weights`` (normalised to mean 1) when it carries them."""
+    if not device_ids:
+        raise PlannerError("rebalancing needs at least one device; the plan lists none")
+    raw = {d: 1.0 for d in device_ids}
+    for device, weight in (plan_weights or {}).items():
+        if device not in raw:
+            raise PlannerError(f"plan weights name device {device!r}, which is not one of the plan's devices "
+                               f"({', '.join(device_ids)}); fix or remove the plan's 'weights'")
+        if not (isinstance(weight, (int, float)) and weight > 0 and math.isfinite(weight)):
+            raise PlannerError(f"plan weight of device {device!r} must be a positive number, found {weight!r}")
+        raw[device] = float(weight)
+    return RebalanceState(weights=MappingProxyType(_normalise(raw)))
+
+
+def imbalance(stats: RoundStats) -> float:
+    """S5's balance measure: (max wait - mean wait) / round wall time (0 for one device or an empty round)."""
+    waits = [d.wait_s for d in stats.devices]
+    if len(waits) < 2 or stats.wall_s <= 0:
+        return 0.0
+    return (max(waits) - sum(waits) / len(waits)) / stats.wall_s
+
+
+def is_balanced(stats: RoundStats, threshold: float) -> bool:
+    """S5: balanced unless the maximum wait lies more than ``threshold`` (of the round) above the mean."""
+    return imbalance(stats) <= threshold
+
+
+def update_weights(weights: Mapping[str, float], stats: RoundStats, loads: Mapping[str, float],
+                   *, gain: float = 1.0, max_step: float = 4.0) -> dict[str, float]:
+    """S5: move weight towards the devices that waited, in proportion to their waits.
+
+    A device's target share is the load it actually carried (``loads``: its predicted compute,
+    which the plan's cut granularity makes differ from its weight) stretched by
+    ``1 + excess_wait / compute``, where the excess is its wait above the smallest wait (the
+    pipeline bubble every device pays). Over a round of wall time T with compute c and wait w,
+    c + w = T for every device, so the stretched share is proportional to load / compute: the
+    device's measured speed. ``gain`` < 1 moves only part of the way. Devices absent from the
+    round, or that computed nothing, keep their weight. Result normalised to mean 1.
+    """
+    rounds = {d.device: d for d in stats.devices}
+    min_wait = min((d.wait_s for d in stats.devices), default=0.0)
+    active = [d for d in sorted(weights) if d in rounds and rounds[d].compute_s > 0 and loads.get(d, 0.0) > 0]
+    total_load = sum(loads[d] for d in active)
+    total_weight = sum(weights[d] for d in active)
+    targets = {}
+    for device in active:
+        measured = rounds[device]
+        carried = loads[device] / total_load * total_weight  # the share it really had, in weight units
+        stretch = 1.0 + (measured.wait_s - min_wait) / measured.compute_s
+        targets[device] = carried * min(max(stretch, 1.0 / max_step), max_step)
+    scale = total_weight / sum(targets.values()) if targets else 1.0  # active devices keep their total
+    out = dict(weights)
+    for device, target in targets.items():
+        out[device] = weights[device] + gain * (target * scale - weights[device])
+    return _normalise(out)
+
+
+def speed_factors_from(stats: RoundStats, predicted_compute_s: Mapping[str, float],
+                       previous: Mapping[str, float] | None = None, smoothing: float = 1.0) -> dict[str, float]:
+    """Per device: measured compute / the cost model's compute for the same work (unscaled).
+
+    ``predicted_compute_s`` is what the profile predicts for the round's work on each device
+    without speed factors. With a previous factor, the result is ``smoothing * new + (1 - smoothing)
+    * previous``. Devices that held no work keep their previous factor (or none).
+    """
+    out = dict(previous or {})
+    for d in stats.devices:
+        predicted = predicted_compute_s.get(d.device, 0.0)
+        if predicted > 0 and d.compute_s > 0:
+            measured = d.compute_s / predicted
+            old = out.get(d.device)
+            out[d.device] = measured if old is None else smoothing * measured + (1.0 - smoothing) * old
+    return dict(sorted(out.items()))
+
+
+def placer_weights(weights: Mapping[str, float], factors: Mapping[str, float]) -> dict[str, float]:
+    """The weights to hand the placer next to the speed factors: the part the factors do not explain.
+
+    A device of speed factor s doing share w of the load is as loaded as the model predicts when
+    w is proportional to 1 / s; the residual ``w * s`` (normalised to mean 1) is then 1 for every
+    device. Residuals away from 1 come from what the cost model misses (links, schedule effects).
+    """
+    return _normalise({d: w * factors.get(d, 1.0) for d, w in weights.items()})
+
+
+def decide(state: RebalanceState, stats: RoundStats, predicted_compute_s: Mapping[str, float],
+           config: RebalanceConfig) -> Decision:
+    """S4-S5 for one round: judge balance, update speed factors, and move weights when unbalanced."""
+    gap = imbalance(stats)
+    balanced = gap <= config.threshold
+    factors = speed_factors_from(stats, predicted_compute_s, state.speed_factors, config.smoothing)
+    if state.converged:
+        return Decision(replace(state, speed_factors=MappingProxyType(factors)), gap, balanced, False,
+                        "converged (S6): plan frozen")
+    if balanced:
+        return Decision(replace(state, speed_factors=MappingProxyType(factors)), gap, True, False,
+                        f"balanced: max wait {gap:.1%} of the round above the mean (threshold {config.threshold:.1%})")
+    weights = update_weights(state.weights, stats, predicted_compute_s, gain=config.gain, max_step=config.max_step)
+    new_state = replace(state, weights=MappingProxyType(weights), speed_factors=MappingProxyType(factors))
+    return Decision(new_state, gap, False, True,
+                    f"unbalanced: max wait {gap:.1%} of the round above the mean (threshold {config.threshold:.1%})")
+
+
+def settle(state: RebalanceState, plan_changed: bool, config: RebalanceConfig) -> RebalanceState:
+    """S6 bookkeeping after the round's re-plan (if any): count stable rounds, freeze when patient enough."""
+    stable = 0 if plan_changed else state.stable_rounds + 1
+    return replace(state, stable_rounds=stable, rounds=state.rounds + 1,
+                   converged=state.converged or stable >= config.patience)
+
+
+def plan_key(stages: Sequence[tuple[str, Sequence[str]]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A comparable form of a plan's placement: (device, nodes) per stage in order."""
+    return tuple((device, tuple(nodes)) for device, nodes in stages)
+
+
+def plans_equal(a: Sequence[tuple[str, Sequence[str]]], b: Sequence[tuple[str, Sequence[str]]]) -> bool:
+    return plan_key(a) == plan_key(b)
+
+
+def _normalise(weights: Mapping[str, float]) -> dict[str, float]:
+    total = sum(weights.values())
+    if not weights or total <= 0:
+        return dict(weights)
+    n = len(weights)
+    return {d: w * n / total for d, w in sorted(weights.items())}

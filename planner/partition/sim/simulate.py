@@ -1,0 +1,286 @@
+"""Event-driven simulation of one pipelined training step (forward and backward of every micro-batch).
+
+Resources are the devices and the *directed* links between them. Each device runs its passes in the
+fixed order of its schedule (``planner.partition.sim.schedules``), one at a time, each as soon as the device
+is free and its input has arrived. A finished forward sends its activations to the next stage's
+device, a finished backward sends gradients to the previous stage's device; a transfer of ``n`` bytes
+occupies its directed link for ``latency_s + n / bandwidth_Bps`` and transfers on the same link run one
+after another in request order (first come, first served). Compute and communication overlap, as they
+do with asynchronous point-to-point sends on separate streams. The heap holds pass completions; every
+resource decision is made at a completion time, so requests reach each link in time order.
+On links marked ``host_copy`` (gloo between CPU processes) the endpoints' processors move the bytes,
+so a transfer lengthens the sending and the receiving pass instead of overlapping them. After its last
+pass each device steps its optimizer (``SimStage.update_s``). Every pass also pays the runtime's own
+per-pass cost, ``Cluster.pass_overhead_s``, and per byte it sends or receives across devices,
+``Cluster.pass_byte_overhead_s`` (each 0 unless the cluster file gives one).
+
+See docs/simulator.md for the model and what it leaves out.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from planner.errors import PlannerError
+from planner.formats.cluster import Cluster
+from planner.partition.sim.schedules import FWD, Op, device_orders, pipeline_layout
+
+
+@dataclass(frozen=True)
+class SimStage:
+    """One pipeline stage as the simulator sees it; times and bytes are per micro-batch."""
+
+    device: str
+    fwd_s: float
+    bwd_s: float
+    send_fwd_bytes: int
+    """Activations sent to the next stage (0 for the last stage)."""
+    send_bwd_bytes: int
+    """Gradients sent to the previous stage (0 for the first stage)."""
+    static_bytes: int
+    """Weights, gradients and optimizer state."""
+    activation_bytes: int
+    """Bytes kept from a micro-batch's forward until its backward."""
+    update_s: float = 0.0
+    """The optimizer step over the stage's parameters, once per step after the device's last pass."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A busy interval of one resource: a device (its id) or a directed link (``"a->b"``)."""
+
+    resource: str
+    kind: str
+    """``fwd``, ``bwd``, ``send_fwd``, ``send_bwd`` or ``update``."""
+    stage: int
+    """The stage that computed, or that sent."""
+    microbatch: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    busy_s: float
+    idle_s: float
+    peak_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    step_time_s: float
+    devices: Mapping[str, DeviceStats]
+    """Every device that holds a stage, in pipeline order."""
+    bubble_fraction: float
+    """Total idle time / (devices x step time)."""
+    events: tuple[Event, ...]
+    """Busy intervals sorted by start time (empty when simulated with ``record_events=False``)."""
+    stage_inflight: tuple[int, ...] = ()
+    """Per stage: the most micro-batches observed between their forward start and backward end."""
+
+
+@dataclass
+class _State:
+    """Mutable bookkeeping of one simulation run (private; never escapes ``simulate``)."""
+
+    orders: tuple[tuple[Op, ...], ...]
+    rank_of_stage: list[int]
+    fwd_ready: list[list[float | None]]
+    bwd_ready: list[list[float | None]]
+    position: list[int]
+    free_at: list[float]
+    running: list[bool]
+    busy_s: list[float]
+    live_bytes: list[int]
+    peak_bytes: list[int]
+    live_mb: list[int]
+    peak_mb: list[int]
+    send_fwd_s: list[float]
+    """Per stage: seconds its activations occupy the link to the next stage (0: no transfer)."""
+    send_bwd_s: list[float]
+    """Per stage: seconds its gradients occupy the link to the previous stage (0: no transfer)."""
+    copy_fwd_s: list[float]
+    """Per stage: seconds of host copies its forward pass pays (sending its output, receiving its input)."""
+    copy_bwd_s: list[float]
+    """Per stage: the same for its backward pass (gradients out to the previous stage, in from the next)."""
+    link_free: dict[tuple[int, int], float]
+    heap: list[tuple[float, int, int]]
+    pass_overhead_s: float
+    """Added to every pass: the runtime's own cost per pass (``Cluster.pass_overhead_s``)."""
+    events: list[Event] | None
+    seq: int = 0
+
+
+def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
+             *, record_events: bool = True) -> SimResult:
+    """Simulate one training step of ``stages`` (in pipeline order) under ``schedule``."""
+    if microbatches < 1:
+        raise PlannerError(f"microbatches must be at least 1, found {microbatches}")
+    ranks, chunks = pipeline_layout([st.device for st in stages], schedule)
+    for dev in ranks:
+        cluster.device(dev)  # raises a clear error for an unknown device
+    _check_stages(stages)
+    state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
+    state.pass_overhead_s = cluster.pass_overhead_s
+    _transfer_times(state, stages, cluster)
+    for rank in range(len(ranks)):
+        _try_start(state, stages, ranks, rank, 0.0)
+    while state.heap:
+        now, _, rank = heapq.heappop(state.heap)
+        _finish(state, stages, ranks, rank, now)
+    stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < len(state.orders[r])]
+    if stuck:
+        raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
+                           f"(stuck: {', '.join(stuck)}); the schedule's order is wrong for this case: report it with the plan, "
+                           f"and meanwhile use another micro-batch count or schedule")
+    return _result(state, stages, ranks)
+
+
+def _check_stages(stages: Sequence[SimStage]) -> None:
+    """Times must be finite and non-negative, byte counts non-negative."""
+    for s, stage in enumerate(stages):
+        for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes",
+                     "update_s"):
+            value = getattr(stage, name)
+            if not 0 <= value < float("inf"):  # also false for NaN
+                raise PlannerError(f"stage {s} has {name} = {value!r}; expected a finite non-negative number")
+
+
+def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: int, schedule: str,
+                   m: int, record_events: bool) -> _State:
+    n, p = len(stages), len(ranks)
+    fwd_ready: list[list[float | None]] = [[None] * m for _ in range(n)]
+    fwd_ready[0] = [0.0] * m
+    return _State(
+        orders=device_orders(schedule, p, chunks, m),
+        rank_of_stage=[s % p for s in range(n)],
+        fwd_ready=fwd_ready,
+        bwd_ready=[[None] * m for _ in range(n)],
+        position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,
+        live_bytes=[0] * p, peak_bytes=[0] * p, live_mb=[0] * n, peak_mb=[0] * n,
+        send_fwd_s=[0.0] * n, send_bwd_s=[0.0] * n, copy_fwd_s=[0.0] * n, copy_bwd_s=[0.0] * n,
+        link_free={}, heap=[], pass_overhead_s=0.0, events=[] if record_events else None,
+    )
+
+
+def _transfer_times(state: _State, stages: Sequence[SimStage], cluster: Cluster) -> None:
+    """Each stage's send durations on its actual links, looked up once (not per micro-batch).
+
+    On a ``host_copy`` link the endpoints move the bytes themselves: the sender's pass and the
+    receiver's pass each take ``bytes / bandwidth`` longer, and the link only adds its latency. On any
+    link, both passes also pay the runtime's probed cost per byte (``Cluster.pass_byte_overhead_s``).
+    """
+    per_byte = cluster.pass_byte_overhead_s
+    for s, stage in enumerate(stages):
+        if s + 1 < len(stages) and stage.device != stages[s + 1].device:
+            link = cluster.link(stage.device, stages[s + 1].device)
+            copy = link.copy_s(stage.send_fwd_bytes)
+            state.send_fwd_s[s] = link.latency_s if copy else link.transfer_s(stage.send_fwd_bytes)
+            state.copy_fwd_s[s] += copy + per_byte * stage.send_fwd_bytes
+            state.copy_fwd_s[s + 1] += copy + per_byte * stage.send_fwd_bytes
+        if s > 0 and stage.device != stages[s - 1].device:
+            link = cluster.link(stage.device, stages[s - 1].device)
+            copy = link.copy_s(stage.send_bwd_bytes)
+            state.send_bwd_s[s] = link.latency_s if copy else link.transfer_s(stage.send_bwd_bytes)
+            state.copy_bwd_s[s] += copy + per_byte * stage.send_bwd_bytes
+            state.copy_bwd_s[s - 1] += copy + per_byte * stage.send_bwd_bytes
+
+
+def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
+    """Start the device's next pass if the device is free and the pass's input has arrived."""
+    if state.running[rank] or state.position[rank] == len(state.orders[rank]):
+        return
+    kind, s, j = state.orders[rank][state.position[rank]]
+    ready = state.fwd_ready[s][j] if kind == FWD else state.bwd_ready[s][j]
+    if ready is None:
+        return
+    start = max(now, ready, state.free_at[rank])
+    stage = stages[s]
+    duration = state.pass_overhead_s + (stage.fwd_s + state.copy_fwd_s[s] if kind == FWD
+                                        else stage.bwd_s + state.copy_bwd_s[s])
+    if kind == FWD:
+        state.live_bytes[rank] += stage.activation_bytes
+        state.peak_bytes[rank] = max(state.peak_bytes[rank], state.live_bytes[rank])
+        state.live_mb[s] += 1
+        state.peak_mb[s] = max(state.peak_mb[s], state.live_mb[s])
+    state.running[rank] = True
+    state.free_at[rank] = start + duration
+    state.busy_s[rank] += duration
+    if state.events is not None:
+        state.events.append(Event(ranks[rank], "fwd" if kind == FWD else "bwd", s, j, start, start + duration))
+    state.seq += 1
+    heapq.heappush(state.heap, (start + duration, state.seq, rank))
+
+
+def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
+    """A pass on ``rank`` completed at ``now``: send its output, then start what became runnable."""
+    kind, s, j = state.orders[rank][state.position[rank]]
+    state.position[rank] += 1
+    state.running[rank] = False
+    last = len(stages) - 1
+    if kind == FWD:
+        if s == last:
+            state.bwd_ready[s][j] = now
+        else:
+            state.fwd_ready[s + 1][j] = _send(state, ranks, s, s + 1, j, now)
+            _try_start(state, stages, ranks, state.rank_of_stage[s + 1], now)
+    else:
+        state.live_bytes[rank] -= stages[s].activation_bytes
+        state.live_mb[s] -= 1
+        if s > 0:
+            state.bwd_ready[s - 1][j] = _send(state, ranks, s, s - 1, j, now)
+            _try_start(state, stages, ranks, state.rank_of_stage[s - 1], now)
+    _try_start(state, stages, ranks, rank, now)
+
+
+def _send(state: _State, ranks: tuple[str, ...], src: int, dst: int, j: int, now: float) -> float:
+    """Queue stage ``src``'s output for stage ``dst`` on their directed link; return its arrival time."""
+    duration = state.send_fwd_s[src] if dst > src else state.send_bwd_s[src]
+    if duration <= 0:
+        return now
+    a, b = state.rank_of_stage[src], state.rank_of_stage[dst]
+    start = max(now, state.link_free.get((a, b), 0.0))
+    end = start + duration
+    state.link_free[(a, b)] = end
+    if state.events is not None:
+        kind = "send_fwd" if dst > src else "send_bwd"
+        state.events.append(Event(f"{ranks[a]}->{ranks[b]}", kind, src, j, start, end))
+    return end
+
+
+def _updates(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> None:
+    """Each device steps its optimizer after its last pass: the update of its stages' parameters."""
+    for r, dev in enumerate(ranks):
+        update = sum(st.update_s for s, st in enumerate(stages) if state.rank_of_stage[s] == r)
+        if update <= 0:
+            continue
+        if state.events is not None:
+            state.events.append(Event(dev, "update", min(s for s in range(len(stages)) if state.rank_of_stage[s] == r),
+                                      -1, state.free_at[r], state.free_at[r] + update))
+        state.free_at[r] += update
+        state.busy_s[r] += update
+
+
+def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> SimResult:
+    _updates(state, stages, ranks)
+    step = max(state.free_at) if state.free_at else 0.0
+    static = [0] * len(ranks)
+    for s, stage in enumerate(stages):
+        static[state.rank_of_stage[s]] += stage.static_bytes
+    devices = {
+        dev: DeviceStats(busy_s=state.busy_s[r], idle_s=max(step - state.busy_s[r], 0.0),
+                         peak_memory_bytes=static[r] + state.peak_bytes[r])
+        for r, dev in enumerate(ranks)
+    }
+    idle = sum(d.idle_s for d in devices.values())
+    events = tuple(sorted(state.events, key=lambda e: (e.start_s, e.end_s))) if state.events is not None else ()
+    return SimResult(
+        step_time_s=step,
+        devices=MappingProxyType(devices),
+        bubble_fraction=idle / (len(ranks) * step) if step > 0 else 0.0,
+        events=events,
+        stage_inflight=tuple(state.peak_mb),
+    )

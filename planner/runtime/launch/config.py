@@ -1,0 +1,93 @@
+"""What a rank is given (``RunConfig``) and the extension points it calls (``RunHooks``, ``RoundEnd``).
+
+Plain values only: the config is pickled across torch's elastic launcher to every rank.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from planner.errors import UsageError
+
+if TYPE_CHECKING:
+    from planner.runtime.launch.worker import RankRun
+
+__all__ = ["RunConfig", "RoundEnd", "RunHooks", "load_plugins"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a rank needs; plain values so it pickles across the launcher."""
+
+    plan: str
+    """Path of the plan file."""
+    model: str
+    """``pkg.mod:factory`` or ``file.py:factory`` (the factory the plan's profile was made from)."""
+    steps: int
+    """Training steps to run (in total, counting resumed ones)."""
+    microbatch_size: int | None = None
+    """Rows per micro-batch; default: the profile's micro-batch size."""
+    optimizer: str | None = None
+    """``sgd`` or ``adam``; default: the plan's optimizer, else sgd."""
+    lr: float | None = None
+    """Learning rate; default 0.01 (sgd) or 1e-3 (adam)."""
+    seed: int = 0
+    """Seeds the model factory and the synthetic data."""
+    data: str | None = None
+    """``pkg.mod:factory`` supplying batches instead of synthetic data (see ``planner.data.factory``)."""
+    profile: str | None = None
+    """Profile path; default: the plan's ``profile.path``."""
+    round_steps: int = 5
+    """Steps per round; hooks run after each round."""
+    timeout_s: float = 120.0
+    """Timeout of the process group's collectives and point-to-point transfers."""
+    params_out: str | None = None
+    """Directory: each rank writes ``rank{R}.pt`` (its parameters by canonical name) at the end."""
+    plugins: tuple[str, ...] = ()
+    """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
+    config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.
+    For extensions and tests (the fault-injection tests pass theirs here); ``plan run`` passes none."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Options for hooks (rebalancing, checkpoints, emulated slowdown), by name."""
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """One round on this rank."""
+
+    index: int
+    first_step: int
+    steps: int
+    wall_s: float
+    """Wall time of the round's steps on this rank (data, schedule, gradient sync, optimizer)."""
+    losses: tuple[float, ...]
+    """Mean micro-batch loss of each step (broadcast from the last stage's rank)."""
+
+
+class RunHooks:
+    """Extension points; override what you need. Every rank calls every method at the same point."""
+
+    def on_start(self, run: "RankRun") -> None:
+        """After the stages are built, before ``run.step`` runs (may load a checkpoint and set ``run.step``)."""
+
+    def before_round(self, run: "RankRun") -> None:
+        """Just before each round's first step."""
+
+    def on_round(self, run: "RankRun", stats: RoundEnd) -> None:
+        """After each round (may ``run.install(run.build(new_plan))`` after moving parameters)."""
+
+    def on_end(self, run: "RankRun") -> None:
+        """After the last step, before results are gathered."""
+
+
+def load_plugins(config: RunConfig) -> list[RunHooks]:
+    """The ``RunHooks`` named in ``config.plugins``, in order."""
+    out = []
+    for spec in config.plugins:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise UsageError(f"a plugin is named as 'package.module:factory', found {spec!r}")
+        out.append(getattr(importlib.import_module(module_name), attr)(config))
+    return out

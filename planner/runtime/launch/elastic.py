@@ -1,0 +1,115 @@
+"""Start the ranks of ``plan run`` with torch's elastic launcher (what ``torchrun`` itself uses).
+
+``launch`` is ``torch.distributed.launcher.api.elastic_launch`` with ``main.elastic_main`` as the entry
+point: one process per rank on this node, rendezvous over c10d (a free local port unless
+``--rdzv-endpoint`` names a shared one), ``--max-restarts`` restarts of the whole worker group. Results
+come back as the ranks' return values; a ``PlannerError`` raised on a rank comes back as the same error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from planner import errors
+from planner.errors import DistributedError, UsageError
+from planner.runtime.launch.config import RunConfig
+from planner.runtime.launch.main import elastic_main
+
+__all__ = ["LaunchOptions", "launch", "parse_nnodes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to start ranks; names and meanings follow ``torchrun``."""
+
+    nproc_per_node: int = 1
+    nnodes: str = "1"
+    """``N`` or ``MIN:MAX`` nodes."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the rendezvous; default: a free port on this host (single node)."""
+    rdzv_backend: str = "c10d"
+    rdzv_id: str = "plan-run"
+    """Same on every node of one job."""
+    max_restarts: int = 0
+    monitor_interval_s: float = 0.1
+
+
+def parse_nnodes(nnodes: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4)."""
+    try:
+        parts = [int(p) for p in nnodes.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1 or parts[0] > parts[-1]:
+        raise UsageError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, found {nnodes!r}")
+    return parts[0], parts[-1]
+
+
+def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any]]:
+    """Run ``config`` on ``options.nproc_per_node`` local ranks; return local rank -> that rank's summary."""
+    if options.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, found {options.nproc_per_node}")
+    min_nodes, max_nodes = parse_nnodes(options.nnodes)
+    endpoint = options.rdzv_endpoint
+    if endpoint is None and max_nodes > 1:
+        raise UsageError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT shared by every node")
+    launch_config = LaunchConfig(
+        min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=options.nproc_per_node,
+        run_id=options.rdzv_id, rdzv_backend=options.rdzv_backend,
+        rdzv_endpoint=endpoint or "localhost:0", max_restarts=options.max_restarts,
+        monitor_interval=options.monitor_interval_s, start_method="spawn",
+        rdzv_configs={"timeout": max(60, int(config.timeout_s))},
+    )
+    # Restarted workers must not reuse the agent's rendezvous store: their gloo groups would read the
+    # dead attempt's addresses ("connectFullMesh ... Connection refused"); a fresh store per attempt works.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    try:
+        with _omp_threads(options.nproc_per_node):
+            results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config))
+    except ChildFailedError as exc:
+        raise DistributedError(_failure_line(exc)) from None
+    _raise_first_error(results)
+    return dict(sorted(results.items()))
+
+
+@contextlib.contextmanager
+def _omp_threads(nproc: int) -> Iterator[None]:
+    """One intra-op thread per rank when several share a node, as torchrun does (ranks inherit the env)."""
+    if nproc <= 1 or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _raise_first_error(results: dict[int, Any]) -> None:
+    for rank, result in sorted(results.items()):
+        if isinstance(result, dict) and "error" in result:
+            kind = getattr(errors, str(result.get("kind")), None)
+            cls = kind if isinstance(kind, type) and issubclass(kind, errors.PlannerError) else DistributedError
+            raise cls(str(result["error"]))
+        if not isinstance(result, dict):
+            raise DistributedError(f"rank {rank} returned no summary ({result!r}); see its log above")
+
+
+def _failure_line(exc: ChildFailedError) -> str:
+    rank, failure = min(exc.failures.items())
+    text = str(getattr(failure, "message", "") or "").strip()
+    if isinstance(getattr(failure, "message", None), dict):
+        text = str(failure.message.get("message", "")).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), f"exit code {failure.exitcode}")
+    return (f"rank {rank} failed: {first[:400]}; the other ranks were stopped "
+            f"(see the ranks' output above; a hang ends after --timeout-s)")

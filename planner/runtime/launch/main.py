@@ -1,0 +1,38 @@
+"""A rank's entry point: the built-in hooks (rebalancing, checkpoints) plus plugins around ``run_rank``.
+
+``rank_main`` is what ``plan run`` calls under torchrun; ``elastic_main`` is the entry point of torch's
+elastic launcher (``planner.runtime.launch.elastic``), which turns a ``PlannerError`` into a value.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from planner.errors import PlannerError
+from planner.runtime.launch.config import RunConfig, load_plugins
+from planner.runtime.launch.worker import run_rank
+from planner.runtime.rebalancing.hooks import make_hooks
+
+__all__ = ["rank_main", "elastic_main"]
+
+
+def rank_main(config: RunConfig) -> dict[str, Any]:
+    """Train this rank with the plugins first, then the rebalancing and checkpoint hooks."""
+    return run_rank(config, [*load_plugins(config), make_hooks(config)])
+
+
+@record
+def elastic_main(config: dict[str, Any]) -> dict[str, Any]:
+    """Entry point for ``torch.distributed.launcher.api.elastic_launch``: errors come back as values.
+
+    A ``PlannerError`` (bad plan, mismatch) is returned as ``{"error": ..., "exit_code": ...}`` so the
+    launcher can print one line; anything else propagates and the launcher reports the failed rank.
+    """
+    try:
+        return rank_main(RunConfig(**config))
+    except PlannerError as exc:
+        return {"rank": int(os.environ.get("RANK", 0)), "error": str(exc), "exit_code": exc.exit_code,
+                "kind": type(exc).__name__}

@@ -1,0 +1,191 @@
+"""The per-rank training loop of ``plan run``: check the model against the plan, build this rank's stages,
+train in rounds, report.
+
+Every rank runs ``run_rank`` (started by ``plan run`` through torch's elastic launcher, or by ``torchrun``).
+Everything that can be refused is checked *before* ``init_process_group`` -- plan/profile/model mismatch,
+world size -- and every rank reaches the same verdict, so a bad run ends with one clear error rather than a
+hang; collectives carry ``timeout_s``.
+
+Hooks (issue 5, for rebalancing, migration and checkpoints):
+
+(a) training runs in rounds of ``round_steps`` steps; after each round every rank calls
+    ``RunHooks.on_round(run, stats)`` (``on_start`` before the first step, ``on_end`` after the last);
+    ``run_rank`` takes the hooks (``planner.runtime.launch.main`` passes the rebalancing hooks and any
+    ``RunConfig.plugins``), which read their options from ``RunConfig.options``;
+(b) ``RankRun.build(plan)`` cuts the graph for another plan mid-run; ``RankRun.install`` switches to it
+    (moving parameter values and optimizer state between ranks is the hook's job);
+(c) ``RankRun.stages.stages`` are plain ``PipelineStage`` s whose compute methods a hook may wrap
+    (``planner.runtime.timing.instrument_stage``); ``before_round`` runs just before a round starts and
+    ``RoundEnd`` carries the round's wall time and losses;
+(d) the optimizer is built from canonical parameter names (``RankStages.params``), so state moves by name;
+(e) ``RankRun.step`` is the next step to run and ``RankRun.batch(step)`` a pure function of (seed, step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from planner.profile.timer import steady_cpu_allocator
+from planner.errors import DistributedError
+from planner.formats.plan import Plan
+from planner.data import factory as data_mod
+from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
+from planner.runtime.launch.prepare import Prepared, prepare
+from planner.runtime.pipeline.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
+                                    sync_tied_params)
+from planner.runtime.pipeline.training import make_optimizer
+
+__all__ = ["RankRun", "run_rank", "steady_step_time_s"]
+
+log = logging.getLogger(__name__)
+
+
+class RankRun:
+    """One rank's training state: what it holds, which step is next, the losses so far."""
+
+    def __init__(self, config: RunConfig, prepared: Prepared, rank: int, device: torch.device) -> None:
+        self.config = config
+        self.prepared = prepared
+        self.rank = rank
+        self.device = device
+        self.step = 0
+        self.update_s = 0.0
+        """Seconds spent in optimizer steps (with gradient averaging) so far; hooks read differences."""
+        self.losses: list[float] = []
+        self.rounds: list[RoundEnd] = []
+        self.stages: RankStages
+        self.optimizer: torch.optim.Optimizer
+        self.install(self.build(prepared.plan))
+        sync_tied_params(self.stages)
+
+    @property
+    def plan(self) -> Plan:
+        return self.stages.plan
+
+    def build(self, plan: Plan) -> RankStages:
+        """This rank's stages for ``plan`` (collective: every rank calls it with the same plan)."""
+        return build_rank_stages(self.prepared.captured, self.prepared.module, plan, self.rank, self.device)
+
+    def install(self, stages: RankStages, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
+        self.stages = stages
+        self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec))
+        settings = self.prepared.settings
+        self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
+
+    def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device."""
+        inputs, target = self.prepared.batch(step)
+        return tuple(x.to(self.device) for x in inputs), target.to(self.device)
+
+    def train_step(self) -> float | None:
+        """Run step ``self.step``; return its mean micro-batch loss on the last stage's rank, else None."""
+        inputs, target = self.batch(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        kwargs: dict[str, Any] = {"target": target, "losses": losses} if self.stages.has_last else {}
+        self.schedule.step(*(inputs if self.stages.has_first else ()), **kwargs)
+        start = time.perf_counter()
+        average_grads(self.stages.params, self.plan.microbatches)
+        sync_tied_grads(self.stages)
+        self.optimizer.step()
+        self.update_s += time.perf_counter() - start
+        self.step += 1
+        return float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
+
+    def train_round(self, steps: int) -> RoundEnd:
+        """``steps`` steps, then the losses broadcast from the last stage's rank."""
+        first, local = self.step, []
+        start = time.perf_counter()
+        for _ in range(steps):
+            local.append(self.train_step())
+        wall_s = time.perf_counter() - start
+        losses = torch.tensor([x if x is not None else 0.0 for x in local], dtype=torch.float64, device=self.device)
+        dist.broadcast(losses, src=self.stages.rank_of_stage[-1])
+        stats = RoundEnd(len(self.rounds), first, steps, wall_s, tuple(losses.tolist()))
+        self.losses.extend(stats.losses)
+        self.rounds.append(stats)
+        return stats
+
+
+def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any]:
+    """Train on this rank (environment from torchrun / the elastic launcher) calling ``hooks``; return its summary."""
+    rank, world, local_rank = _env()
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        # Train in the allocator regime the profile measured (freed memory reused, as the CUDA
+        # caching allocator does); glibc's default mmap/munmap of large activations made small
+        # models' steps 40-80% slower than their profiles predicted.
+        steady_cpu_allocator()
+    prepared = prepare(config, world, device)  # everything that can be refused, before any collective
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
+    try:
+        summary = _train(config, prepared, rank, device, hooks)
+        dist.barrier()  # leave together: gloo aborts a peer torn down mid-transfer
+        return summary
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.device,
+           hooks: Sequence[RunHooks]) -> dict[str, Any]:
+    run = RankRun(config, prepared, rank, device)
+    for hook in hooks:
+        hook.on_start(run)
+    start = time.perf_counter()
+    while run.step < config.steps:
+        for hook in hooks:
+            hook.before_round(run)
+        stats = run.train_round(min(config.round_steps, config.steps - run.step))
+        log.info("rank %d round %d: loss %.6f wall %.3fs", rank, stats.index, stats.losses[-1], stats.wall_s)
+        for hook in hooks:
+            hook.on_round(run, stats)
+    for hook in hooks:
+        hook.on_end(run)
+    if config.params_out:
+        out = Path(config.params_out)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().cpu() for k, v in run.stages.params.items()}, out / f"rank{rank}.pt")
+    return {
+        "rank": rank, "world_size": run.stages.world_size, "backend": dist.get_backend(),
+        "schedule": run.plan.schedule, "microbatches": run.plan.microbatches,
+        "microbatch_size": prepared.settings.microbatch_size, "optimizer": prepared.settings.optimizer,
+        "lr": prepared.settings.lr, "loss": prepared.spec.loss, "steps": run.step, "losses": run.losses,
+        "wall_s": time.perf_counter() - start,
+        "step_time_s": steady_step_time_s(run.rounds),
+        "predicted_step_time_s": run.plan.step_time_s,
+        "rounds": [dataclasses.asdict(r) for r in run.rounds],
+        "stages": [s.stage_index for s in run.stages.stages],
+        "plan": run.plan.to_dict(),
+    }
+
+
+STEADY_ROUNDS = 3
+"""Rounds the steady step time is averaged over: the last ones, never the first (its steps pay one-off costs)."""
+
+
+def steady_step_time_s(rounds: Sequence[RoundEnd]) -> float | None:
+    """Mean step time of this rank over the last ``STEADY_ROUNDS`` rounds after the first (``None``: none ran)."""
+    later = list(rounds[1:] or rounds)[-STEADY_ROUNDS:]
+    steps = sum(r.steps for r in later)
+    return sum(r.wall_s for r in later) / steps if steps else None
+
+
+def _env() -> tuple[int, int, int]:
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    except (KeyError, ValueError):
+        raise DistributedError("RANK and WORLD_SIZE are not set; start ranks with `plan run` or "
+                               "`torchrun --nproc-per-node K -m planner.run PLAN MODEL`") from None

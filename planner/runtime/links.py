@@ -1,0 +1,181 @@
+"""Probe the links between ranks launched by torchrun and describe them as a cluster file.
+
+Every pair of ranks (a, b), one pair at a time, runs a ping-pong of ``torch.distributed.send``/``recv``
+over a sweep of message sizes (gloo on CPU, nccl on GPU); a one-way time is half the median round
+trip. Per pair, ``time = latency_s + bytes / bandwidth_Bps`` (the Hockney model) is fitted by least
+squares on relative residuals. Pairs on the same host give ``links.intra_host`` and pairs on different hosts
+``links.inter_host`` (medians over pairs); a kind with no measured pair is marked as assumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import datetime
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Sequence
+
+import torch
+
+from planner.errors import DistributedError
+from planner.formats.cluster import Cluster, Device, Link
+from planner.profile.device import detect_device_type, device_memory_bytes
+
+DEFAULT_SIZES = tuple(2 ** k for k in range(10, 25, 2))
+"""Message sizes of the sweep: 1 KiB to 16 MiB, every factor of 4."""
+ASSUMED_INTER_HOST = Link(12.5e9, 10e-6, "assumed: no inter-host pair was measured; nominal 100 Gb/s Ethernet")
+
+
+@dataclass(frozen=True)
+class PairFit:
+    """The fitted link between ranks ``a < b`` and the samples it was fitted to."""
+
+    a: int
+    b: int
+    bandwidth_Bps: float
+    latency_s: float
+    samples: tuple[tuple[int, float], ...]
+    """(bytes, one-way seconds) per message size."""
+
+
+def fit_latency_bandwidth(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Weighted least-squares fit of ``t = latency + bytes / bandwidth``; returns ``(bandwidth_Bps, latency_s)``.
+
+    Weights are ``1 / t**2``, i.e. the fit minimises *relative* residuals, so the microsecond
+    latencies of small messages count as much as the milliseconds of large ones (plain least squares
+    lets the largest message decide the intercept). A non-positive slope (noise) falls back to the
+    largest transfer's rate; a negative intercept is clamped to zero.
+    """
+    if len(samples) < 2:
+        raise ValueError(f"need at least two (bytes, seconds) samples to fit a link, found {len(samples)}")
+    xs = [float(x) for x, _ in samples]
+    ys = [max(float(y), 1e-12) for _, y in samples]
+    ws = [1.0 / (y * y) for y in ys]
+    total = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / total
+    my = sum(w * y for w, y in zip(ws, ys)) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx if sxx > 0 else 0.0
+    if slope <= 0:
+        big = max(samples)
+        return big[0] / max(big[1], 1e-12), max(0.0, min(ys))
+    return 1.0 / slope, max(0.0, my - slope * mx)
+
+
+def world_from_env() -> tuple[int, int]:
+    """``(rank, world_size)`` from the torchrun environment; ``DistributedError`` for fewer than two ranks."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world < 2:
+        raise DistributedError(
+            f"link probing needs at least 2 ranks, found world size {world}; launch it under torchrun, "
+            f"e.g. `torchrun --nproc-per-node 2 --no-python plan profile --probe-links -o cluster.json`"
+        )
+    return int(os.environ.get("RANK", "0")), world
+
+
+def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: str = "probed",
+                timeout_s: float = 300.0) -> Cluster:
+    """Probe every pair of ranks and return the cluster (the same object on every rank)."""
+    import torch.distributed as dist
+
+    from planner.runtime.probe import probe_runtime  # local: planner.runtime builds on planner.profile
+
+    rank, world = world_from_env()
+    started = not dist.is_initialized()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if started:
+        if cuda:
+            torch.cuda.set_device(device)
+        try:
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as exc:
+            raise DistributedError(f"cannot start the process group for link probing: {exc}; check the torchrun "
+                                   f"rendezvous settings (MASTER_ADDR, MASTER_PORT)") from None
+    try:
+        info = {"rank": rank, "host": socket.gethostname(), "type": detect_device_type(device),
+                "memory_bytes": device_memory_bytes(device)}
+        infos: list[Any] = [None] * world
+        dist.all_gather_object(infos, info)
+        fits = []
+        for a in range(world):
+            for b in range(a + 1, world):
+                if rank in (a, b):
+                    samples = _sweep(dist, rank, b if rank == a else a, rank == a, sizes, repeats, device)
+                    if rank == a:
+                        bw, lat = fit_latency_bandwidth(samples)
+                        fits.append(PairFit(a, b, bw, lat, tuple(samples)))
+                dist.barrier()
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, fits)
+        all_fits = sorted((f for part in gathered for f in part), key=lambda f: (f.a, f.b))
+        cluster = build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits)
+        runtime = probe_runtime(rank, device, cluster.link("rank0", "rank1"))  # collective: ranks 0 and 1 run it
+    finally:
+        if started:
+            dist.destroy_process_group()
+    return dataclasses.replace(cluster, pass_overhead_s=runtime.pass_overhead_s, pass_overhead_source=runtime.source,
+                               pass_byte_overhead_s=runtime.pass_byte_overhead_s)
+
+
+def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], repeats: int,
+           device: torch.device) -> list[tuple[int, float]]:
+    """Ping-pong ``repeats`` times per size; the leader returns (bytes, one-way seconds) per size."""
+    samples = []
+    for size in sizes:
+        buf = torch.zeros(size, dtype=torch.uint8, device=device)
+        times = []
+        for i in range(repeats + 1):  # the first round trip warms the connection up
+            begin = time.perf_counter()
+            if leader:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                times.append((time.perf_counter() - begin) / 2)
+        samples.append((size, statistics.median(times)))
+    return samples
+
+
+def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit]) -> Cluster:
+    """Cluster from per-rank device facts and fitted pairs (pure: no torch.distributed here); the runtime
+    figures are added by ``probe_links``."""
+    devices = tuple(Device(f"rank{i['rank']}", i["type"], i["host"], int(i["memory_bytes"]),
+                           MappingProxyType({"rank": i["rank"]})) for i in infos)
+    host = {i["rank"]: i["host"] for i in infos}
+    pairs = {(f"rank{f.a}", f"rank{f.b}"): Link(f.bandwidth_Bps, f.latency_s, "measured") for f in fits}
+    intra = [f for f in fits if host[f.a] == host[f.b]]
+    inter = [f for f in fits if host[f.a] != host[f.b]]
+    intra_link = _median_link(intra, "intra-host")
+    inter_link = _median_link(inter, "inter-host")
+    if inter_link is None:
+        base = intra_link or ASSUMED_INTER_HOST
+        inter_link = Link(min(base.bandwidth_Bps, ASSUMED_INTER_HOST.bandwidth_Bps),
+                          max(base.latency_s, ASSUMED_INTER_HOST.latency_s), ASSUMED_INTER_HOST.source)
+    if intra_link is None:
+        intra_link = Link(inter_link.bandwidth_Bps, inter_link.latency_s,
+                          "assumed: no intra-host pair was measured; copied from inter_host")
+    samples = [{"a": f"rank{f.a}", "b": f"rank{f.b}", "bytes": [s for s, _ in f.samples],
+                "one_way_s": [t for _, t in f.samples]} for f in fits]
+    if all(i["type"] == "cpu" for i in infos):  # gloo between CPU processes: the ranks copy the bytes
+        intra_link, inter_link = (dataclasses.replace(link, host_copy=True) for link in (intra_link, inter_link))
+        pairs = {key: dataclasses.replace(link, host_copy=True) for key, link in pairs.items()}
+    return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
+                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}))
+
+
+def _median_link(fits: Sequence[PairFit], kind: str) -> Link | None:
+    if not fits:
+        return None
+    bandwidth = statistics.median(f.bandwidth_Bps for f in fits)
+    latency = statistics.median(f.latency_s for f in fits)
+    return Link(bandwidth, latency, f"measured: median of {len(fits)} {kind} pair(s), least-squares fit")

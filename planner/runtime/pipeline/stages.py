@@ -1,0 +1,194 @@
+"""Per-rank pipeline objects: timed ``PipelineStage`` s, the schedule, and groups for tied parameters.
+
+Ranks follow the plan: devices numbered in order of first appearance over the stages, so stage 0's
+device is rank 0. GPipe and 1F1B put one stage on each rank; interleaved 1F1B puts stage ``i`` on rank
+``i % world_size`` (the loop placement ``ScheduleInterleaved1F1B`` runs). Schedules are
+``torch.distributed.pipelining``'s own; stages wrap ``graph_split`` modules in ``PipelineStage``. Per-stage timing and the emulated
+slowdown wrap these stages' compute methods (``planner.runtime.timing.instrument_stage``).
+
+Gradients are averaged over micro-batches here rather than by the schedule (``scale_grads=False``): a
+parameter shared by two stages of one rank would otherwise be divided twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from planner.errors import PlanMismatchError
+from planner.formats.plan import Plan
+from planner.partition.model.feasibility import shape_violations
+from planner.profile.capture import Captured
+from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
+
+__all__ = ["ContiguousStage", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
+           "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
+
+
+class ContiguousStage(PipelineStage):
+    """A ``PipelineStage`` that sends contiguous gradients.
+
+    gloo and NCCL send only contiguous tensors, but an input's gradient can be a strided view (the
+    gradient of one operand of a ``cat`` along channels is a slice of the output's gradient). Both the
+    gradients sent and the gradient metadata the previous stage sizes its receive buffers from
+    (torch's backward metadata inference, ``_compute_input_grads``) are made contiguous.
+    """
+
+    def _compute_input_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor | None, ...]:
+        grads = super()._compute_input_grads(*args, **kwargs)
+        return tuple(g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        grads = self.bwd_cache.get(bwd_chunk_id)
+        if grads is not None:
+            self.bwd_cache[bwd_chunk_id] = tuple(
+                g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+        return super().get_bwd_send_ops(bwd_chunk_id)
+
+
+@dataclass(frozen=True)
+class TiedGroup:
+    """A parameter read by stages on several ranks; their gradients are summed over ``ranks``."""
+
+    name: str
+    ranks: tuple[int, ...]
+    group: Any = None
+    """The ``dist`` process group of ``ranks`` (None until created, or when this rank is not in it)."""
+
+
+@dataclass(frozen=True)
+class RankStages:
+    """Everything one rank runs for a plan (rebuild it with ``build_rank_stages`` for a new plan)."""
+
+    plan: Plan
+    rank: int
+    rank_of_stage: tuple[int, ...]
+    graphs: tuple[StageGraph, ...]
+    """Every stage's graph (cheap: modules share the live model's parameters); local ones are in ``stages``."""
+    stages: tuple[PipelineStage, ...]
+    params: Mapping[str, nn.Parameter]
+    """Canonical name -> parameter, for the parameters this rank's stages read (what its optimizer steps)."""
+    tied: tuple[TiedGroup, ...]
+
+    @property
+    def world_size(self) -> int:
+        return max(self.rank_of_stage) + 1
+
+    @property
+    def has_first(self) -> bool:
+        return self.rank_of_stage[0] == self.rank
+
+    @property
+    def has_last(self) -> bool:
+        return self.rank_of_stage[-1] == self.rank
+
+
+def rank_of_stages(plan: Plan) -> tuple[int, ...]:
+    """Rank of each stage: devices numbered by first appearance; validated against the schedule.
+
+    A plan re-made by the rebalancer carries ``device_ranks`` (device ids in rank order) so that every
+    rank keeps its device when the placer orders the stages' devices differently.
+    """
+    _check_shape(plan)
+    ranks: dict[str, int] = {str(d): i for i, d in enumerate(plan.extra.get("device_ranks") or ())}
+    if ranks and set(ranks) != {s.device for s in plan.stages}:
+        raise PlanMismatchError(f"the plan's device_ranks {list(ranks)} do not list exactly its stages' devices "
+                                f"{sorted({s.device for s in plan.stages})}; remove device_ranks or fix it")
+    for stage in plan.stages:
+        ranks.setdefault(stage.device, len(ranks))
+    result = tuple(ranks[s.device] for s in plan.stages)
+    world = len(ranks)
+    # The shape rule already holds; what remains is the runtime's own: with ``device_ranks`` reordering the
+    # ranks, interleaved stages must still go round-robin over the *ranks*.
+    if plan.schedule == "interleaved-1f1b" and result != tuple(i % world for i in range(len(result))):
+        raise PlanMismatchError(
+            f"interleaved-1f1b runs stage i on device i mod {world} (devices {list(ranks)}), but the plan "
+            f"places stages on ranks {list(result)}; re-partition with --schedule interleaved-1f1b")
+    return result
+
+
+def _check_shape(plan: Plan) -> None:
+    """The feasibility rule's shape part (``planner.partition.model.feasibility``), as ``plan check`` applies it."""
+    found = shape_violations(plan.schedule, plan.microbatches, [s.device for s in plan.stages])
+    if found:
+        raise PlanMismatchError(f"the plan cannot run: {found[0]}")
+
+
+def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: int, device: torch.device,
+                      group: Any = None) -> RankStages:
+    """Cut ``captured`` by ``plan`` and wrap this rank's stages (hook: call again with a new plan mid-run).
+
+    Every rank must call this together: it creates the process groups of tied parameters.
+    """
+    layout = rank_of_stages(plan)
+    num = len(plan.stages)
+    stage_of = assign_nodes(captured, plan.assignment(), num)
+    graphs = split_graph(captured, module, stage_of, num)
+    local = [g for g in graphs if layout[g.index] == rank]
+    stages = tuple(ContiguousStage(g.module, g.index, num, device, group=group) for g in local)
+    for st in stages:  # a fixed device order (device_ranks) may put stage i on a rank other than i
+        st.stage_index_to_group_rank = dict(enumerate(layout))
+    canonical = canonical_param_names(module)
+    params = {canonical[id(p)]: p for g in local for p in g.module.parameters()}
+    return RankStages(plan, rank, layout, graphs, stages, dict(sorted(params.items())),
+                      _make_tied(graphs, layout, rank))
+
+
+def tied_groups(graphs: Sequence[StageGraph], layout: Sequence[int]) -> list[tuple[str, tuple[int, ...]]]:
+    """Parameters read on more than one rank, with those ranks, sorted by name (same on every rank)."""
+    holders: dict[str, set[int]] = {}
+    for g in graphs:
+        for name in g.param_names:
+            holders.setdefault(name, set()).add(layout[g.index])
+    return [(name, tuple(sorted(r))) for name, r in sorted(holders.items()) if len(r) > 1]
+
+
+def _make_tied(graphs: Sequence[StageGraph], layout: Sequence[int], rank: int) -> tuple[TiedGroup, ...]:
+    groups: dict[tuple[int, ...], Any] = {}
+    result = []
+    for name, ranks in tied_groups(graphs, layout):
+        if ranks not in groups:  # new_group is collective: every rank creates the same groups in order
+            groups[ranks] = dist.new_group(list(ranks)) if dist.is_initialized() else None
+        result.append(TiedGroup(name, ranks, groups[ranks] if rank in ranks else None))
+    return tuple(result)
+
+
+def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    """The plan's schedule from ``torch.distributed.pipelining`` over this rank's stages."""
+    plan = rank_stages.plan
+    stages = list(rank_stages.stages)
+    if plan.schedule == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss, scale_grads=False)
+    kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    return kind(stages[0], plan.microbatches, loss_fn=loss, scale_grads=False)
+
+
+def average_grads(params: Mapping[str, nn.Parameter], microbatches: int) -> None:
+    """Turn gradients summed over micro-batches into their mean."""
+    for p in params.values():
+        if p.grad is not None:
+            p.grad.div_(microbatches)
+
+
+def sync_tied_params(rank_stages: RankStages) -> None:
+    """Copy each tied parameter from the lowest rank holding it to the others (once, at the start), so a
+    factory that is not deterministic cannot leave the copies different."""
+    for tie in rank_stages.tied:
+        if tie.group is not None:
+            dist.broadcast(rank_stages.params[tie.name].data, src=tie.ranks[0], group=tie.group)
+
+
+def sync_tied_grads(rank_stages: RankStages) -> None:
+    """Sum each tied parameter's gradient over the ranks that hold it, so their copies stay identical."""
+    for tie in rank_stages.tied:
+        if tie.group is None:
+            continue
+        param = rank_stages.params[tie.name]
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=tie.group)

@@ -1,0 +1,320 @@
+"""The run-time hooks of ``plan run``: rebalancing rounds (seed 003 S3-S6), checkpoints and resume.
+
+Installed on every rank by ``planner.runtime.launch.main.rank_main``; options come from ``RunConfig.options``
+(``OPTIONS`` lists them). Per round, on every rank:
+
+1. ``before_round``: the rank's ``RankTimer`` starts; the stages' compute methods are timed (and
+   stretched by ``--emulate-slowdown``), the schedules' p2p waits counted as blocked time.
+2. ``on_round``: a monitored barrier (a rank that stopped answering is named, not waited for), then
+   every rank's compute and wait are all-gathered; rank 0 judges the balance, updates weights and
+   speed factors (``rebalance.decide``), re-plans (``replan.propose``) and broadcasts the outcome;
+   every rank migrates what changed owner (``migrate.migrate``) and installs the new stages; S6
+   bookkeeping; rank 0 logs the round; a checkpoint is written when a multiple of
+   ``checkpoint_every`` steps was reached.
+3. ``on_start`` resumes from the newest complete checkpoint (the plan in force there, its weights,
+   optimizer state, step, losses and rebalancer state); ``on_end`` writes the final plan.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from planner.errors import DistributedError, PlannerError
+from planner.formats.catalog import load_catalog
+from planner.formats.cluster import cluster_from_dict
+from planner.formats.plan import Plan, plan_from_dict, save_plan
+from planner.runtime import checkpoint as ckpt
+from planner.runtime.pipeline.graph_split import canonical_param_names
+from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
+from planner.partition.search.rebalance import RebalanceConfig, RebalanceState, decide, initial_state, settle
+from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method
+from planner.runtime.rebalancing.roundlog import RoundLog, round_record
+from planner.runtime.slowdown import Slowdown, parse_slowdowns
+from planner.runtime.pipeline.stages import RankStages
+from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
+from planner.runtime.pipeline.training import make_optimizer
+from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
+from planner.runtime.launch.worker import RankRun
+
+__all__ = ["OPTIONS", "DynamicHooks", "make_hooks", "run_options"]
+
+OPTIONS: Mapping[str, Any] = {
+    "rebalance": True,            # seed 003 S3-S6 between rounds
+    "threshold": 0.05,            # S5 balance threshold (fraction of the round)
+    "patience": 3,                # S6 rounds without a plan change
+    "gain": 1.0,                  # fraction of the wait-proportional weight move per round
+    "min_improvement": 0.05,      # adopt a new plan only if predicted this much faster
+    "replan_method": None,        # placer for re-plans (default: the plan's method)
+    "emulate_slowdown": None,     # "RANK=FACTOR[,RANK=FACTOR]" (testing aid)
+    "log": None,                  # JSONL round log (rank 0, appended); "-" = stdout
+    "json": False,                # round records on stdout (set by --log -)
+    "live": False,                # live rich table on stderr
+    "checkpoint_dir": None,       # per-rank checkpoint files + meta.json
+    "checkpoint_every": 0,        # steps between checkpoints (0: none)
+    "keep_checkpoints": 2,
+    "output": None,               # final plan (-o)
+}
+
+log = logging.getLogger(__name__)
+
+
+def run_options(**given: Any) -> dict[str, Any]:
+    """Validate ``plan run``'s rebalancing, checkpoint and logging options (before any rank starts).
+
+    Keys as in ``OPTIONS``; ``None`` values take the default. Raises ``UsageError`` naming the option.
+    """
+    from planner.errors import UsageError
+    from planner.formats.jsonio import check_writable
+
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    options = {**OPTIONS, **{k: v for k, v in given.items() if v is not None}}
+    parse_slowdowns(options["emulate_slowdown"])
+    _rebalance_config(options)
+    if int(options["checkpoint_every"]) < 0:
+        raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")
+    if int(options["checkpoint_every"]) > 0 and not options["checkpoint_dir"]:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+    if options["log"] == "-":  # JSON lines on stdout instead of a file
+        options["log"], options["json"] = None, True
+    for key, what in (("log", "round log"), ("output", "final plan")):
+        if options[key]:
+            check_writable(options[key], what)
+            options[key] = str(options[key])
+    if options["checkpoint_dir"]:
+        options["checkpoint_dir"] = str(options["checkpoint_dir"])
+    if isinstance(options["emulate_slowdown"], (list, tuple)):
+        options["emulate_slowdown"] = ",".join(options["emulate_slowdown"]) or None
+    return options
+
+
+def _rebalance_config(options: Mapping[str, Any]) -> RebalanceConfig:
+    """The rebalancer's knobs from run options (``RebalanceConfig`` validates them)."""
+    return RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
+                           patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
+
+
+def make_hooks(config: RunConfig) -> "DynamicHooks":
+    unknown = sorted(set(config.options) - set(OPTIONS))
+    if unknown:
+        raise DistributedError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    return DynamicHooks(config, {**OPTIONS, **dict(config.options)})
+
+
+class DynamicHooks(RunHooks):
+    def __init__(self, config: RunConfig, options: Mapping[str, Any]) -> None:
+        self.config, self.opt = config, options
+        self.rebalance = _rebalance_config(options)
+        self.round_index = 0
+        self.saved_step = 0
+        self.warm_up = True
+        """The first round after the stages were (re)built pays one-off costs; it is logged, not judged."""
+
+    # ------------------------------------------------------------------ start / end
+
+    def on_start(self, run: RankRun) -> None:
+        world = dist.get_world_size()
+        self.ranks = device_order(run.plan)
+        slow = parse_slowdowns(self.opt["emulate_slowdown"], world)
+        self.timer = RankTimer(run.rank, self.ranks[run.rank], Slowdown.for_rank(slow, run.rank))
+        self._p2p = timed_p2p(self.timer)
+        self._p2p.__enter__()
+        self.state = initial_state(self.ranks, run.plan.extra.get("weights"))
+        self.model, self.no_model = self._round_model(run)
+        self.method = replan_method(run.plan, self.opt["replan_method"])
+        self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \
+            if run.rank == 0 else None
+        if self.log is not None:
+            self.log.__enter__()
+        if self.opt["checkpoint_dir"]:
+            self._resume(run)
+
+    @staticmethod
+    def _round_model(run: RankRun) -> tuple[RoundModel | None, str]:
+        """The cost model for re-plans: the plan's profile and the cluster embedded in the plan."""
+        raw = run.plan.extra.get("cluster")
+        if not isinstance(raw, Mapping):
+            return None, "the plan embeds no cluster (plan partition writes one): rounds measured, no re-plan"
+        try:
+            cluster = cluster_from_dict(dict(raw), "the plan's cluster")
+            return RoundModel.build(run.prepared.profile, cluster, run.plan, run.prepared.settings.microbatch_size,
+                                    load_catalog()), ""
+        except PlannerError as exc:
+            return None, f"cannot re-plan ({exc}): rounds measured, no re-plan"
+
+    def on_end(self, run: RankRun) -> None:
+        self._p2p.__exit__(None, None, None)
+        if self.log is not None:
+            self.log.close()
+        if run.rank == 0 and self.opt["output"]:
+            extra = dict(run.plan.extra)
+            extra.update({DEVICE_RANKS: list(self.ranks), "weights": dict(self.state.weights),
+                          "rebalance": self.state.to_dict()})
+            save_plan(Plan(run.plan.method, run.plan.schedule, run.plan.microbatches, run.plan.stages,
+                           run.plan.predicted, extra), self.opt["output"])
+
+    # ------------------------------------------------------------------ rounds
+
+    def before_round(self, run: RankRun) -> None:
+        for stage in run.stages.stages:  # new stages after a switch or resume get timed; the others already are
+            instrument_stage(stage, self.timer)
+        instrument_schedule(run.schedule, self.timer)
+        self.timer.begin_round()
+        self._update_mark = run.update_s
+
+    def on_round(self, run: RankRun, stats: RoundEnd) -> None:
+        self.timer.add_update(run.update_s - self._update_mark)
+        mine = self.timer.end_round()
+        _monitored_barrier(self.config.timeout_s)
+        stats_all = gather_round(mine, round_index=self.round_index, first_step=stats.first_step, steps=stats.steps)
+        payload = self._decide_safely(run, stats_all) if run.rank == 0 else None
+        box = [payload]
+        dist.broadcast_object_list(box, src=0)
+        payload = box[0]
+        new_plan = plan_from_dict(payload["plan"]) if payload["plan"] else None
+        moved, moved_bytes = (self._switch(run, new_plan) if new_plan is not None else (0, 0))
+        self.state = RebalanceState.from_dict(payload["state"])
+        if not payload["warm_up"]:
+            self.state = settle(self.state, new_plan is not None, self.rebalance)
+        self.warm_up = new_plan is not None
+        if self.log is not None:
+            self.log.write(round_record(
+                stats_all, self.state, imbalance=payload["imbalance"], balanced=payload["balanced"],
+                plan_changed=new_plan is not None, reason=payload["reason"], loss=stats.losses[-1],
+                moved_tensors=moved, moved_bytes=moved_bytes,
+                stages=[{"device": s.device, "nodes": len(s.nodes), "first": s.nodes[0], "last": s.nodes[-1]}
+                        for s in run.plan.stages]))
+        self.round_index += 1
+        every = int(self.opt["checkpoint_every"] or 0)
+        if self.opt["checkpoint_dir"] and every > 0 and run.step // every > self.saved_step // every:
+            self._save(run)
+
+    def _decide_safely(self, run: RankRun, stats: Any) -> dict[str, Any]:
+        """Rank 0 must always answer the broadcast: a failed decision keeps the plan and says why."""
+        try:
+            return self._decide(run, stats)
+        except PlannerError as exc:
+            return {"plan": None, "imbalance": 0.0, "balanced": True, "state": self.state.to_dict(),
+                    "warm_up": self.warm_up, "reason": f"rebalancing skipped this round: {exc}"}
+
+    def _decide(self, run: RankRun, stats: Any) -> dict[str, Any]:
+        """Rank 0: S5 judgement, and a re-plan when unbalanced."""
+        result = {"plan": None, "imbalance": 0.0, "balanced": True, "reason": "rebalancing off",
+                  "state": self.state.to_dict(), "warm_up": self.warm_up}
+        if self.model is None:
+            result["reason"] = self.no_model
+            return result
+        predicted = self.model.predicted_compute_s(run.plan, stats.steps)
+        if not self.opt["rebalance"]:
+            decision = decide(self.state, stats, predicted, replace(self.rebalance, threshold=float("inf")))
+            result.update(imbalance=decision.imbalance, balanced=decision.imbalance <= self.rebalance.threshold,
+                          state=decision.state.to_dict())
+            return result
+        if self.warm_up:
+            result["reason"] = "warm-up round after the stages were built: measured, not judged"
+            return result
+        decision = decide(self.state, stats, predicted, self.rebalance)
+        result.update(imbalance=decision.imbalance, balanced=decision.balanced, reason=decision.reason,
+                      state=decision.state.to_dict())
+        if decision.replan:
+            proposal = propose(self.model, run.plan, decision.state, method=self.method,
+                               min_improvement=self.rebalance.min_improvement, ranks=self.ranks,
+                               fixed_order=False, profile_ref=run.plan.extra.get("profile"))
+            result["reason"] = f"{decision.reason}; {proposal.reason}"
+            if proposal.plan is not None:
+                result["plan"] = proposal.plan.to_dict()
+        return result
+
+    def _switch(self, run: RankRun, plan: Plan) -> tuple[int, int]:
+        """Every rank: build the new stages, move what changed owner, continue from the same step."""
+        module = run.prepared.module
+        tensors = _named_tensors(module)
+        name_of = canonical_param_names(module)
+        before = _owned(run.stages)
+        state = optimizer_state_by_name([run.optimizer], name_of)
+        stages = run.build(plan)
+        after = _owned(stages)
+        new_state, report = migrate(run.rank, tensors, before, after, state)
+        settings = run.prepared.settings
+        optimizer = make_optimizer(stages.params, settings.optimizer, settings.lr)
+        load_optimizer_state([optimizer], new_state, name_of)
+        run.install(stages, optimizer)
+        return report.moved, report.sent_bytes
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save(self, run: RankRun) -> None:
+        module = run.prepared.module
+        tensors = _named_tensors(module)
+        owned = _owned(run.stages)
+        name_of = canonical_param_names(module)
+        plan = dict(run.plan.to_dict(), **{DEVICE_RANKS: list(self.ranks)})
+        ckpt.save_checkpoint(self.opt["checkpoint_dir"], step=run.step, rank=run.rank, world_size=dist.get_world_size(),
+                             tensors={n: tensors[n] for n in owned},
+                             optim=optimizer_state_by_name([run.optimizer], name_of), plan=plan,
+                             extra={"rebalance": self.state.to_dict(), "round": self.round_index,
+                                    "losses": list(run.losses)},
+                             keep=int(self.opt["keep_checkpoints"]))
+        self.saved_step = run.step
+
+    def _resume(self, run: RankRun) -> None:
+        info = ckpt.latest_checkpoint(self.opt["checkpoint_dir"])
+        if info is None:
+            return
+        plan = plan_from_dict(dict(info.plan), f"checkpoint {str(info.path)!r} plan")
+        if device_order(plan) != self.ranks:
+            raise DistributedError(f"checkpoint {str(info.path)!r} runs devices {list(device_order(plan))} on ranks "
+                                   f"0..{len(device_order(plan)) - 1}, this job {list(self.ranks)}; resume with the "
+                                   f"plan the checkpoint was made from, or pass another --checkpoint-dir")
+        run.install(run.build(plan))
+        tensors, optim = ckpt.load_owned(info, _owned(run.stages))
+        live = _named_tensors(run.prepared.module)
+        with torch.no_grad():
+            for name, value in tensors.items():
+                live[name].copy_(value)
+        name_of = canonical_param_names(run.prepared.module)
+        load_optimizer_state([run.optimizer], optim, name_of)
+        run.step = self.saved_step = info.step
+        run.losses[:] = [float(x) for x in info.extra.get("losses", [])][: info.step]
+        self.state = RebalanceState.from_dict(info.extra["rebalance"])
+        self.warm_up = True
+        self.round_index = int(info.extra.get("round", 0))
+        log.info("rank %d resumed from %s at step %d", run.rank, info.path, info.step)
+
+
+def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Canonical name -> live tensor, parameters and buffers (first name of each object)."""
+    out: dict[str, torch.Tensor] = dict(module.named_buffers())
+    out.update(module.named_parameters())
+    return out
+
+
+def _owned(stages: RankStages) -> set[str]:
+    """Names of the parameters and buffers this rank's stages hold (what its values are current for)."""
+    return set(stages.params) | {n for st in stages.stages for n, _ in st.submod.named_buffers()}
+
+
+class RankUnresponsive(RuntimeError):
+    """A peer stopped answering mid-run. Deliberately *not* a ``PlannerError``: the worker returns those
+    as values (a clean exit), and a clean exit would leave the launcher waiting on the silent rank;
+    raising this fails the process, so the launcher stops every rank and reports this message."""
+
+
+def _monitored_barrier(timeout_s: float) -> None:
+    """Gloo's monitored barrier names the rank that did not arrive; other backends get a plain barrier."""
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        else:
+            dist.barrier()
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise RankUnresponsive(f"a rank stopped answering at a round boundary ({detail}); the job ends "
+                               f"instead of waiting: check that rank's log, then rerun (checkpoints resume it)") from None

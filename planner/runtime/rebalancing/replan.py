@@ -1,0 +1,126 @@
+"""Re-planning between rounds with the project's placer, fed the measured speed factors (pure).
+
+``RoundModel`` holds what the rebalancer needs from the plan's profile and cluster: the cost model's
+compute prediction for a round on each device (without speed factors: the denominator of a speed
+factor) and the simulated step time of any plan under given speed factors. ``propose`` asks the
+placer for a new plan and keeps it only if it runs on the same devices as the job, differs from
+the plan in force, and is predicted at least ``min_improvement`` faster than it under the same
+speed factors; otherwise the plan in force stays (and the round counts as unchanged for S6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from planner.errors import PlannerError
+from planner.formats.catalog import DeviceSpec
+from planner.formats.cluster import Cluster
+from planner.formats.plan import Plan
+from planner.formats.profile import Profile
+from planner.partition import partition
+from planner.partition.placers import registry as methods
+from planner.partition.model.cost import evaluate
+from planner.partition.model.convert import partition_of
+from planner.partition.model.problem import Problem, build_problem
+from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
+
+__all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "DEVICE_RANKS"]
+
+DEVICE_RANKS = "device_ranks"
+"""Plan field: device ids in rank order. A re-planned plan carries the job's, so ranks keep their devices."""
+
+
+def device_order(plan: Plan) -> tuple[str, ...]:
+    """Device ids by rank: the plan's ``device_ranks`` if present, else by first appearance over the stages."""
+    fixed = plan.extra.get(DEVICE_RANKS)
+    if fixed:
+        return tuple(str(d) for d in fixed)
+    return tuple(dict.fromkeys(s.device for s in plan.stages))
+
+
+def replan_method(plan: Plan, requested: str | None) -> str:
+    """The placer for re-plans: the one asked for, else the plan's own if it is registered, else ``dp``
+    (hand-made or imported plans name methods no placer implements)."""
+    if requested:
+        methods.get(requested)  # UsageError listing the methods when unknown
+        return requested
+    return plan.method if plan.method in methods.names() else "dp"
+
+
+@dataclass(frozen=True)
+class RoundModel:
+    profile: Profile
+    cluster: Cluster
+    problem: Problem
+    """Op-granularity problem without speed factors (one block per profile node, in order)."""
+    index: Mapping[str, int]
+    rows_scale: float = 1.0
+    """Run micro-batch rows / the profile's: per-op times are taken to scale linearly with them."""
+    catalog: Mapping[str, DeviceSpec] | None = None
+    """The device catalog, for device types the profile did not time."""
+
+    @staticmethod
+    def build(profile: Profile, cluster: Cluster, plan: Plan, microbatch_size: int | None = None,
+              catalog: Mapping[str, DeviceSpec] | None = None) -> "RoundModel":
+        problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
+                                optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog)
+        profiled = int(profile.model.get("microbatch_size", 0) or 0)
+        scale = microbatch_size / profiled if microbatch_size and profiled else 1.0
+        return RoundModel(profile, cluster, problem, profile.node_index(), scale, catalog)
+
+    def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
+        """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
+        (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's)."""
+        out: dict[str, float] = {}
+        for stage in plan.stages:
+            total = 0.0
+            for name in stage.nodes:
+                fwd, bwd = self.problem.time_on(self.index[name], stage.device)
+                total += fwd + bwd
+            out[stage.device] = out.get(stage.device, 0.0) + total * plan.microbatches * steps * self.rows_scale
+        return out
+
+    def step_time_s(self, plan: Plan, speed_factors: Mapping[str, float]) -> float:
+        problem = build_problem(self.profile, self.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
+                                optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog)
+        return evaluate(problem, partition_of(problem, plan), record_events=False).step_time_s
+
+
+@dataclass(frozen=True)
+class Proposal:
+    plan: Plan | None
+    """The plan to switch to, or None to keep the plan in force."""
+    reason: str
+    predicted_now_s: float = 0.0
+    predicted_new_s: float = 0.0
+
+
+def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: str, min_improvement: float,
+            ranks: Sequence[str], fixed_order: bool, profile_ref: Mapping[str, Any] | None = None) -> Proposal:
+    """Ask placer ``method`` for a plan under the state's speed factors (and residual weights)."""
+    factors = {d: f for d, f in state.speed_factors.items() if d in set(model.cluster.device_ids)}
+    try:
+        weights = placer_weights(state.weights, factors) if methods.takes_weights(method) else None
+        plan = partition(model.profile, model.cluster, method=method, microbatches=current.microbatches,
+                         schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
+                         speed_factors=factors, profile_ref=profile_ref, catalog=model.catalog)
+    except PlannerError as exc:
+        return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
+    now = model.step_time_s(current, factors)
+    new = plan.step_time_s
+    order = tuple(dict.fromkeys(s.device for s in plan.stages))
+    if set(order) != set(ranks):
+        return Proposal(None, f"placer used devices {list(order)}, the job runs {list(ranks)}; plan kept", now, new)
+    if fixed_order and order != tuple(ranks):
+        return Proposal(None, f"placer ordered devices {list(order)}, ranks run {list(ranks)}; plan kept", now, new)
+    if plans_equal([(s.device, s.nodes) for s in plan.stages], [(s.device, s.nodes) for s in current.stages]):
+        return Proposal(None, "placer returned the plan in force", now, new)
+    if new > now * (1.0 - min_improvement):
+        return Proposal(None, f"new plan predicted {new:.4f} s vs {now:.4f} s in force: gain below "
+                              f"{min_improvement:.0%}; plan kept", now, new)
+    extra = dict(plan.extra)
+    extra[DEVICE_RANKS] = list(ranks)
+    extra["weights"] = dict(state.weights)
+    adopted = Plan(plan.method, plan.schedule, plan.microbatches, plan.stages, plan.predicted, extra)
+    return Proposal(adopted, f"re-planned: predicted {new:.4f} s vs {now:.4f} s in force", now, new)

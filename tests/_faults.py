@@ -1,0 +1,54 @@
+"""Fault injection for the runtime tests, as a ``RunConfig.plugins`` entry (``tests._faults:hooks``).
+
+Environment variables, each ``RANK:STEP``:
+- ``PLANNER_TEST_KILL_AT_STEP``: RANK calls ``os._exit(1)`` at the first round end at or after STEP, once (a
+  marker file in the checkpoint directory stops it repeating after torchrun restarts the job);
+- ``PLANNER_TEST_HANG_AT_STEP``: RANK stops answering there (it sleeps), so the others must end with a
+  clear error instead of hanging;
+- ``PLANNER_TEST_HANG_BEFORE_STEP``: the same at the start of a round, so that its neighbours block inside
+  the schedule's transfers (the process group's timeout ends those).
+Plugins run before the built-in hooks, so a kill at a round end comes before that round's checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
+
+
+def hooks(config: RunConfig) -> RunHooks:
+    return _Faults(config)
+
+
+class _Faults(RunHooks):
+    def __init__(self, config: RunConfig) -> None:
+        self.checkpoint_dir = config.options.get("checkpoint_dir")
+
+    def before_round(self, run) -> None:  # type: ignore[no-untyped-def]
+        _hang(run.rank, run.step, "PLANNER_TEST_HANG_BEFORE_STEP")
+
+    def on_round(self, run, stats: RoundEnd) -> None:  # type: ignore[no-untyped-def]
+        kill = _rank_step(os.environ.get("PLANNER_TEST_KILL_AT_STEP"))
+        if kill and kill[0] == run.rank and run.step >= kill[1]:
+            marker = Path(self.checkpoint_dir or ".") / f".killed-rank{run.rank}-step{kill[1]}"
+            if not marker.exists():
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text(str(run.step))
+                os._exit(1)
+        _hang(run.rank, run.step, "PLANNER_TEST_HANG_AT_STEP")
+
+
+def _hang(rank: int, step: int, variable: str) -> None:
+    hang = _rank_step(os.environ.get(variable))
+    if hang and hang[0] == rank and step >= hang[1]:
+        time.sleep(3600)
+
+
+def _rank_step(value: str | None) -> tuple[int, int] | None:
+    if not value:
+        return None
+    rank, _, step = value.partition(":")
+    return int(rank), int(step)
