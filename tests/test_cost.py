@@ -8,7 +8,6 @@ from _partition_cases import FREE, GIB, chain, cluster
 from planner.errors import InfeasibleError, PlannerError
 from planner.formats.plan import plan_from_dict
 from planner.partition.model.cost import (
-    check_fits,
     device_memory_bytes,
     evaluate,
     format_bytes,
@@ -23,6 +22,7 @@ from planner.partition.model.cost import (
     transfer_s,
 )
 from planner.partition.model.convert import build_plan
+from planner.partition.model.feasibility import check_fits
 from planner.partition.model.problem import StageSpec, build_problem
 
 

@@ -88,21 +88,42 @@ def test_decide_replans_only_when_unbalanced() -> None:
     assert dict(balanced.state.weights) == dict(state.weights)
 
 
+PLAN_A = [("a", ["x", "y"]), ("b", ["z"])]
+PLAN_B = [("a", ["x"]), ("b", ["y", "z"])]
+
+
 def test_settle_counts_stable_rounds_and_converges_after_patience() -> None:
     config = RebalanceConfig(patience=2)
     state = initial_state(["a", "b"])
-    state = settle(state, plan_changed=True, config=config)
+    state = settle(state, PLAN_A, config=config)
     assert (state.stable_rounds, state.converged) == (0, False)
-    state = settle(state, plan_changed=False, config=config)
+    state = settle(state, PLAN_A, config=config)
     assert (state.stable_rounds, state.converged) == (1, False)
-    state = settle(state, plan_changed=False, config=config)
+    state = settle(state, PLAN_A, config=config)
     assert (state.stable_rounds, state.converged, state.rounds) == (2, True, 3)
     frozen = decide(state, _round({"a": 1.0, "b": 8.0}, wall_s=9.0), {"a": 1.0, "b": 1.0}, config)
     assert not frozen.replan and "converged" in frozen.reason
 
 
+def test_returning_to_a_plan_already_had_counts_as_no_change() -> None:
+    """S6's "not changed" is "no plan the loop has not had": alternating between two plans settles."""
+    config = RebalanceConfig(patience=2)
+    state = initial_state(["a", "b"])
+    for plan, stable in ((PLAN_A, 0), (PLAN_B, 0), (PLAN_A, 1), (PLAN_B, 2)):
+        state = settle(state, plan, config=config)
+        assert state.stable_rounds == stable
+    assert state.converged
+
+
+def test_one_normaliser_for_every_caller() -> None:
+    from planner.partition.search.rebalance import normalise_weights
+
+    assert normalise_weights({"a": 3.0}, ("a", "b")) == pytest.approx({"a": 1.5, "b": 0.5})
+    assert dict(initial_state(["a", "b"], {"a": 3.0}).weights) == normalise_weights({"a": 3.0}, ("a", "b"))
+
+
 def test_state_round_trips_through_a_dict() -> None:
-    state = settle(initial_state(["a", "b"], {"a": 2.0}), plan_changed=False, config=RebalanceConfig())
+    state = settle(initial_state(["a", "b"], {"a": 2.0}), PLAN_A, config=RebalanceConfig())
     assert RebalanceState.from_dict(state.to_dict()) == state
     with pytest.raises(PlannerError, match="rebalance state"):
         RebalanceState.from_dict({"speed_factors": {}})
@@ -312,9 +333,9 @@ def test_the_loop_against_the_simulator_converges_to_the_oracle_plan() -> None:
         if decision.replan:
             new = propose(model, plan, decision.state, method="dp", min_improvement=config.min_improvement,
                           ranks=("d0", "d1"), fixed_order=False).plan
-        state = settle(decision.state, new is not None, config)
         if new is not None:
             plan, changes = new, changes + [round_index]
+        state = settle(decision.state, [(s.device, s.nodes) for s in plan.stages], config)
         if state.converged:
             break
     assert state.converged and changes == [0] and state.rounds == 3

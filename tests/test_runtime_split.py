@@ -188,6 +188,6 @@ def test_micro_batch_counts_the_schedules_cannot_run_are_refused():
     with pytest.raises(PlanMismatchError, match="at least as many micro-batches"):
         rank_of_stages(Plan("hand", "1f1b", 2, plan.stages, plan.predicted))
     stages = _plan(["a", "b", "a", "b"], "interleaved-1f1b").stages
-    with pytest.raises(PlanMismatchError, match="multiple of 2"):
+    with pytest.raises(PlanMismatchError, match="splits into 2 equal rounds"):
         rank_of_stages(Plan("hand", "interleaved-1f1b", 5, stages, plan.predicted))
     assert rank_of_stages(Plan("hand", "interleaved-1f1b", 6, stages, plan.predicted)) == (0, 1, 0, 1)

@@ -20,9 +20,10 @@ from planner.partition.model.cost import infeasible_reason
 from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
 from planner.partition.model.problem import build_problem
-from planner.partition.search.refine import RefineConfig, normalise_weights, refine as refine_loop
+from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
+from planner.partition.search.refine import RefineConfig, refine as refine_loop
 
-__all__ = ["partition", "methods", "RefineConfig"]
+__all__ = ["partition", "methods", "RefineConfig", "RebalanceConfig"]
 
 
 def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: int, schedule: str,

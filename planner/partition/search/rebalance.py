@@ -19,6 +19,7 @@ re-plans through ``replan``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -29,7 +30,7 @@ from planner.errors import PlannerError
 __all__ = [
     "DeviceRound", "RoundStats", "RebalanceConfig", "RebalanceState", "Decision",
     "initial_state", "imbalance", "is_balanced", "update_weights", "speed_factors_from",
-    "placer_weights", "decide", "settle", "plan_key", "plans_equal",
+    "placer_weights", "decide", "settle", "plan_key", "plans_equal", "plan_fingerprint", "normalise_weights",
 ]
 
 
@@ -91,6 +92,8 @@ class RebalanceConfig:
     """Weight of the newest round in each speed factor (an exponential moving average over rounds);
     1 trusts the last round alone. Speed is a property of the device, not of the plan, so the average
     runs across plan changes and damps the noise of a shared machine."""
+    max_rounds: int = 20
+    """Hard stop of the offline loop (``plan partition --refine``); at run time the step count bounds it."""
 
     def __post_init__(self) -> None:
         if not self.threshold >= 0:
@@ -105,6 +108,8 @@ class RebalanceConfig:
             raise PlannerError(f"rebalance max_step must be > 1, found {self.max_step!r}; try 4")
         if not 0 < self.smoothing <= 1:
             raise PlannerError(f"rebalance smoothing must be in (0, 1], found {self.smoothing!r}; try 0.5")
+        if self.max_rounds < 1:
+            raise PlannerError(f"rebalance max_rounds must be at least 1, found {self.max_rounds!r}; try 20")
 
 
 @dataclass(frozen=True)
@@ -116,14 +121,19 @@ class RebalanceState:
     speed_factors: Mapping[str, float] = field(default_factory=dict)
     """Measured compute / predicted compute per device (1 = as profiled)."""
     stable_rounds: int = 0
-    """Consecutive rounds that ended without a plan change."""
+    """Consecutive rounds that brought no plan the loop had not had before (S6's "not changed")."""
+    seen: tuple[str, ...] = ()
+    """Fingerprints (``plan_fingerprint``) of every plan the loop has had: a partition moves in whole blocks
+    while weights move continuously, so the loop can alternate between a few plans; returning to one counts
+    as no change."""
     rounds: int = 0
     converged: bool = False
     """S6 reached: the loop no longer changes the plan."""
 
     def to_dict(self) -> dict[str, object]:
         return {"weights": dict(self.weights), "speed_factors": dict(self.speed_factors),
-                "stable_rounds": self.stable_rounds, "rounds": self.rounds, "converged": self.converged}
+                "stable_rounds": self.stable_rounds, "rounds": self.rounds, "converged": self.converged,
+                "seen": list(self.seen)}
 
     @staticmethod
     def from_dict(data: Mapping[str, object]) -> "RebalanceState":
@@ -134,6 +144,7 @@ class RebalanceState:
                 stable_rounds=int(data.get("stable_rounds", 0)),  # type: ignore[arg-type]
                 rounds=int(data.get("rounds", 0)),  # type: ignore[arg-type]
                 converged=bool(data.get("converged", False)),
+                seen=tuple(str(x) for x in data.get("seen", ())),  # type: ignore[union-attr]
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlannerError(f"rebalance state must hold weights, speed_factors, stable_rounds, rounds and "
@@ -153,19 +164,25 @@ class Decision:
     reason: str
 
 
-def initial_state(device_ids: Sequence[str], plan_weights: Mapping[str, float] | None = None) -> RebalanceState:
-    """S3: equal weights, or the plan's own ``weights`` (normalised to mean 1) when it carries them."""
+def normalise_weights(weights: Mapping[str, float], device_ids: Sequence[str]) -> dict[str, float]:
+    """S3: a weight for every device (1.0 where absent), checked positive and finite, scaled to mean 1.
+
+    The one normaliser: the placers' ``weights``, the offline loop and the runtime all use it.
+    """
     if not device_ids:
         raise PlannerError("rebalancing needs at least one device; the plan lists none")
-    raw = {d: 1.0 for d in device_ids}
-    for device, weight in (plan_weights or {}).items():
-        if device not in raw:
-            raise PlannerError(f"plan weights name device {device!r}, which is not one of the plan's devices "
-                               f"({', '.join(device_ids)}); fix or remove the plan's 'weights'")
-        if not (isinstance(weight, (int, float)) and weight > 0 and math.isfinite(weight)):
-            raise PlannerError(f"plan weight of device {device!r} must be a positive number, found {weight!r}")
-        raw[device] = float(weight)
-    return RebalanceState(weights=MappingProxyType(_normalise(raw)))
+    for device, weight in sorted(weights.items()):
+        if device not in device_ids:
+            raise PlannerError(f"a weight is given for device {device!r}, which is not one of the devices "
+                               f"({', '.join(device_ids)}); remove it or fix the device id")
+        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+            raise PlannerError(f"the weight of device {device!r} must be a positive finite number, found {weight!r}")
+    return _normalise({d: float(weights.get(d, 1.0)) for d in device_ids})
+
+
+def initial_state(device_ids: Sequence[str], plan_weights: Mapping[str, float] | None = None) -> RebalanceState:
+    """S3: equal weights, or the plan's own ``weights`` (normalised to mean 1) when it carries them."""
+    return RebalanceState(weights=MappingProxyType(normalise_weights(plan_weights or {}, device_ids)))
 
 
 def imbalance(stats: RoundStats) -> float:
@@ -185,8 +202,8 @@ def update_weights(weights: Mapping[str, float], stats: RoundStats, loads: Mappi
                    *, gain: float = 1.0, max_step: float = 4.0) -> dict[str, float]:
     """S5: move weight towards the devices that waited, in proportion to their waits.
 
-    A device's target share is the load it actually carried (``loads``: its predicted compute,
-    which the plan's cut granularity makes differ from its weight) stretched by
+    A device's target share is the load it actually carried (``loads``: what the plan put on it, e.g. its
+    predicted compute, which the plan's cut granularity makes differ from its weight) stretched by
     ``1 + excess_wait / compute``, where the excess is its wait above the smallest wait (the
     pipeline bubble every device pays). Over a round of wall time T with compute c and wait w,
     c + w = T for every device, so the stretched share is proportional to load / compute: the
@@ -240,8 +257,16 @@ def placer_weights(weights: Mapping[str, float], factors: Mapping[str, float]) -
 
 
 def decide(state: RebalanceState, stats: RoundStats, predicted_compute_s: Mapping[str, float],
-           config: RebalanceConfig) -> Decision:
-    """S4-S5 for one round: judge balance, update speed factors, and move weights when unbalanced."""
+           config: RebalanceConfig, intended: Mapping[str, float] | None = None) -> Decision:
+    """S4-S5 for one round: judge balance, update speed factors, and move weights when unbalanced.
+
+    ``predicted_compute_s``: the cost model's compute for the round's work on each device, without speed
+    factors (measured / predicted is the speed factor). ``intended``: the load the plan was meant to put
+    on each device, in any unit (``update_weights``' ``loads``); default ``predicted_compute_s``, which is
+    what the runtime passes. The offline loop passes the weights it gave the placer: there the simulated
+    compute *is* the prediction, and only the placer's rounding to whole blocks separates intent from
+    outcome.
+    """
     gap = imbalance(stats)
     balanced = gap <= config.threshold
     factors = speed_factors_from(stats, predicted_compute_s, state.speed_factors, config.smoothing)
@@ -251,16 +276,20 @@ def decide(state: RebalanceState, stats: RoundStats, predicted_compute_s: Mappin
     if balanced:
         return Decision(replace(state, speed_factors=MappingProxyType(factors)), gap, True, False,
                         f"balanced: max wait {gap:.1%} of the round above the mean (threshold {config.threshold:.1%})")
-    weights = update_weights(state.weights, stats, predicted_compute_s, gain=config.gain, max_step=config.max_step)
+    loads = predicted_compute_s if intended is None else intended
+    weights = update_weights(state.weights, stats, loads, gain=config.gain, max_step=config.max_step)
     new_state = replace(state, weights=MappingProxyType(weights), speed_factors=MappingProxyType(factors))
     return Decision(new_state, gap, False, True,
                     f"unbalanced: max wait {gap:.1%} of the round above the mean (threshold {config.threshold:.1%})")
 
 
-def settle(state: RebalanceState, plan_changed: bool, config: RebalanceConfig) -> RebalanceState:
-    """S6 bookkeeping after the round's re-plan (if any): count stable rounds, freeze when patient enough."""
-    stable = 0 if plan_changed else state.stable_rounds + 1
-    return replace(state, stable_rounds=stable, rounds=state.rounds + 1,
+def settle(state: RebalanceState, plan: Sequence[tuple[str, Sequence[str]]], config: RebalanceConfig) -> RebalanceState:
+    """S6 bookkeeping after the round's re-plan (if any), given the plan now in force: a plan the loop has
+    had before counts as no change; freeze once ``patience`` rounds in a row brought none."""
+    fingerprint = plan_fingerprint(plan)
+    new = fingerprint not in state.seen
+    stable = 0 if new else state.stable_rounds + 1
+    return replace(state, stable_rounds=stable, rounds=state.rounds + 1, seen=state.seen + ((fingerprint,) if new else ()),
                    converged=state.converged or stable >= config.patience)
 
 
@@ -271,6 +300,11 @@ def plan_key(stages: Sequence[tuple[str, Sequence[str]]]) -> tuple[tuple[str, tu
 
 def plans_equal(a: Sequence[tuple[str, Sequence[str]]], b: Sequence[tuple[str, Sequence[str]]]) -> bool:
     return plan_key(a) == plan_key(b)
+
+
+def plan_fingerprint(stages: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """A short stable digest of ``plan_key(stages)`` (what ``RebalanceState.seen`` keeps)."""
+    return hashlib.sha256(repr(plan_key(stages)).encode()).hexdigest()[:16]
 
 
 def _normalise(weights: Mapping[str, float]) -> dict[str, float]:

@@ -182,7 +182,7 @@ class DynamicHooks(RunHooks):
         moved, moved_bytes = (self._switch(run, new_plan) if new_plan is not None else (0, 0))
         self.state = RebalanceState.from_dict(payload["state"])
         if not payload["warm_up"]:
-            self.state = settle(self.state, new_plan is not None, self.rebalance)
+            self.state = settle(self.state, [(s.device, s.nodes) for s in run.plan.stages], self.rebalance)
         self.warm_up = new_plan is not None
         if self.log is not None:
             self.log.write(round_record(
