@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from planner.errors import InputFileError
 from planner.formats._validate import Checker
+from planner.graph import graph_of, topological_violations
 from planner.formats.jsonio import read_document, write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -130,14 +131,13 @@ def profile_from_dict(data: dict[str, Any], what: str = "profile") -> Profile:
         node = _node_from_dict(raw, f"nodes[{i}]", check)
         if node.name in seen:
             check.fail(f"nodes[{i}].name", "unique", node.name)
-        for src in node.inputs:
-            if src not in seen:
-                raise InputFileError(
-                    f"{what}: node {node.name!r} reads {src!r}, which is not an earlier node; "
-                    f"nodes must be listed in topological order with every input defined"
-                )
         seen.add(node.name)
         nodes.append(node)
+    graph = graph_of(nodes)
+    order = [node.name for node in nodes]
+    for src, dst in topological_violations(graph, order):
+        raise InputFileError(f"{what}: node {dst!r} reads {src!r}, which is not an earlier node; "
+                             f"nodes must be listed in topological order with every input defined")
     extra = {k: v for k, v in data.items() if k not in ("schema_version", "model", "nodes")}
     return Profile(model=MappingProxyType(dict(model)), nodes=tuple(nodes), extra=MappingProxyType(extra))
 

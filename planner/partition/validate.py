@@ -23,6 +23,7 @@ from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan
 from planner.formats.profile import Profile
+from planner.graph import backward_edges, op_graph
 from planner.partition.model.feasibility import memory_violations, shape_violations
 from planner.partition.model.problem import StageSpec, build_problem
 
@@ -87,9 +88,8 @@ def _empty_stages(plan: Plan) -> list[str]:
 
 def _backward_edges(plan: Plan, profile: Profile) -> list[str]:
     stage_of = plan.assignment()
-    backwards = [f"{src!r} (stage {stage_of[src]}) -> {node.name!r} (stage {stage_of[node.name]})"
-                 for node in profile.nodes if node.name in stage_of
-                 for src in node.inputs if src in stage_of and stage_of[src] > stage_of[node.name]]
+    backwards = [f"{src!r} (stage {stage_of[src]}) -> {dst!r} (stage {stage_of[dst]})"
+                 for src, dst in backward_edges(op_graph(profile), stage_of)]
     if not backwards:
         return []
     return [f"{len(backwards)} edge(s) run backwards (stage(u) must be <= stage(v)): {', '.join(backwards[:_SHOWN])}"

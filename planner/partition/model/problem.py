@@ -22,7 +22,8 @@ from typing import Any, Collection, Mapping, Sequence
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import SCHEDULES
-from planner.formats.profile import INPUT_OP, Node, OpTime, Profile
+from planner.formats.profile import Node, OpTime, Profile
+from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
 from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
 from planner.roofline import check_precision, estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte
@@ -128,25 +129,23 @@ def validate_settings(microbatches: int, schedule: str, optimizer: str) -> None:
 def cut_bytes(profile: Profile, groups: Sequence[Sequence[str]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Bytes crossing each cut between consecutive ``groups`` (forward activations, backward gradients).
 
-    A value produced in group ``i`` whose last reader is in group ``j > i`` crosses cuts ``i .. j-1``;
-    a difference array makes this one pass over the edges.
+    A value produced in group ``i`` whose last reader (``planner.graph.last_reader``) is in group ``j > i``
+    crosses cuts ``i .. j-1``; a difference array makes this one pass over the op graph's nodes.
     """
+    graph = op_graph(profile)
     group_of = {name: g for g, names in enumerate(groups) for name in names}
-    last_reader: dict[str, int] = {}
-    for node in profile.nodes:
-        for src in node.inputs:
-            last_reader[src] = max(last_reader.get(src, -1), group_of[node.name])
+    last = last_reader(graph, group_of)
     fwd = [0] * (len(groups) + 1)
     bwd = [0] * (len(groups) + 1)
-    for node in profile.nodes:
-        start, end = group_of[node.name], last_reader.get(node.name, -1)
+    for name, attrs in graph.nodes(data=True):
+        start, end = group_of[name], last.get(name, -1)
         if end <= start:
             continue
-        fwd[start] += node.output_bytes
-        fwd[end] -= node.output_bytes
-        if node.op != INPUT_OP and node.extra.get("requires_grad", True):
-            bwd[start] += node.output_bytes
-            bwd[end] -= node.output_bytes
+        fwd[start] += attrs["output_bytes"]
+        fwd[end] -= attrs["output_bytes"]
+        if attrs["grad"]:
+            bwd[start] += attrs["output_bytes"]
+            bwd[end] -= attrs["output_bytes"]
     return _prefix(fwd)[: len(groups) - 1], _prefix(bwd)[: len(groups) - 1]
 
 
