@@ -130,11 +130,13 @@ def test_steady_step_time_skips_the_first_round_and_averages_the_last_ones():
 
 
 def test_the_summary_compares_measured_and_predicted_step_time(capsys):
-    from planner.cli.run_cmd import _render
+    from rich.console import Console
+
+    from planner.report import render_run
 
     result = {"steps": 8, "world_size": 2, "backend": "gloo", "schedule": "1f1b", "microbatches": 8,
               "microbatch_size": 4, "optimizer": "adam", "lr": 1e-3, "loss": "mse", "losses": [2.0, 1.0],
               "wall_s": 3.0, "step_time_s": 0.55, "predicted_step_time_s": 0.5}
-    _render(result, as_json=False)
+    render_run(Console(), result)
     out = capsys.readouterr().out
     assert "step time 0.550 s measured" in out and "0.500 s predicted" in out and "+10%" in out

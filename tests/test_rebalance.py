@@ -227,7 +227,8 @@ def test_posting_update_and_the_loss_are_timed_where_they_belong() -> None:
 def test_round_records_and_the_live_table(tmp_path) -> None:
     import json
 
-    from planner.runtime.rebalancing.roundlog import RoundLog, round_record, round_table
+    from planner.report.rounds import round_table
+    from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 
     stats = _round({"a": 4.0, "b": 8.0}, wall_s=9.0)
     rec = round_record(stats, initial_state(["a", "b"]), imbalance=0.2, balanced=False, plan_changed=True,

@@ -162,7 +162,7 @@ def test_memory_timeline_allocates_at_forward_and_frees_after_backward() -> None
 def test_memory_timeline_peak_is_the_simulators_peak(schedule: str) -> None:
     from _plan_cases import make_plan, toy_cluster, toy_profile
 
-    from planner.report import _memory
+    from planner.app.show import _memory
     from planner.report.replay import simulate_plan
 
     plan = make_plan(toy_profile(), toy_cluster(), (3, 5), schedule=schedule, microbatches=6)

@@ -20,7 +20,6 @@ from planner.formats.catalog import load_catalog
 from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan, load_plan
 from planner.formats.profile import Profile, load_profile
-from planner.report.table import peak_memory_bytes
 
 DEFAULT_TOLERANCE = 0.02
 
@@ -101,7 +100,7 @@ def compare(plan: Plan, baseline: Plan, tolerance: float, memory_tolerance: floa
     """
     metrics = [Metric("step_time_s", "s", baseline.step_time_s, plan.step_time_s, tolerance)]
     memory_tolerance = tolerance if memory_tolerance is None else memory_tolerance
-    base_mem, mem = peak_memory_bytes(baseline), peak_memory_bytes(plan)
+    base_mem, mem = baseline.peak_memory_bytes, plan.peak_memory_bytes
     if base_mem is not None and mem is not None:
         metrics.append(Metric("peak_memory_bytes", "B", float(base_mem), float(mem), memory_tolerance))
     return tuple(metrics)
@@ -257,7 +256,7 @@ def diff_plans(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B") -> PlanDi
     return PlanDiff(
         a=name_a, b=name_b, settings=settings, stages=tuple(stages), moved_nodes=len(moved),
         only_in_a=tuple(sorted(stage_a.keys() - stage_b.keys())), only_in_b=tuple(sorted(stage_b.keys() - stage_a.keys())),
-        step_time_s=(a.step_time_s, b.step_time_s), peak_memory_bytes=(peak_memory_bytes(a), peak_memory_bytes(b)),
+        step_time_s=(a.step_time_s, b.step_time_s), peak_memory_bytes=(a.peak_memory_bytes, b.peak_memory_bytes),
         bubble_fraction=(_opt_float(a.predicted.get("bubble_fraction")), _opt_float(b.predicted.get("bubble_fraction"))),
     )
 

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from planner.cli.app import command, console, emit_json, err_console
-
-if TYPE_CHECKING:
-    from planner.app.check import CheckResult, PlanDiff
 
 _JSON = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
@@ -55,7 +50,7 @@ def partition_cmd(
       plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
     """
     from planner.app.partition import partition_file
-    from planner.report import plan_summary, stage_table, summary_text
+    from planner.report import plan_summary, render_plan
 
     # A spinner on stderr while the placer works (ilp and --refine can take a while); silent when not a terminal.
     with err_console.status(f"planning with {method} ...", spinner="dots"):
@@ -65,10 +60,7 @@ def partition_cmd(
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return
-    console.print(stage_table(plan))
-    console.print(summary_text(plan))
-    if output is not None:
-        console.print(Text(f"wrote {output}"))
+    render_plan(console, plan, files={} if output is None else {"plan": output})
 
 
 @command("show")
@@ -95,26 +87,20 @@ def show_cmd(
 
       plan show plan.json --timeline out/t.png --svg out/t.svg --trace out/t.trace.json
     """
-    from planner.report import default_report_paths, plan_summary, stage_table, summary_text, write_report
+    from planner.app.show import default_report_paths, show_plan
+    from planner.report import plan_summary, render_plan
 
     paths = {} if no_files else default_report_paths(plan)
     for key, given in (("png", timeline), ("svg", svg), ("trace", trace)):
         if given is not None:
             paths[key] = given
     with err_console.status("simulating and drawing ...", spinner="dots"):
-        report = write_report(plan, paths)
+        report = show_plan(plan, paths)
     if as_json:
         emit_json({**plan_summary(report.plan), "simulated_step_time_s": report.step_time_s,
                    "files": {k: str(v) for k, v in report.files.items()}})
         return
-    console.print(stage_table(report.plan, title=str(plan)))
-    console.print(summary_text(report.plan))
-    predicted = report.plan.step_time_s
-    if report.step_time_s is not None and abs(report.step_time_s - predicted) > 1e-9 * max(predicted, 1e-12):
-        console.print(Text(f"note: re-simulated step time {report.step_time_s:.6g} s differs from the plan's "
-                           f"predicted {predicted:.6g} s (edited plan, or made by another version)", style="yellow"))
-    for kind, path in report.files.items():
-        console.print(Text(f"wrote {kind}: {path}"))
+    render_plan(console, report.plan, title=str(plan), simulated_step_time_s=report.step_time_s, files=report.files)
 
 
 @command("check")
@@ -146,6 +132,7 @@ def check_cmd(
       plan check new.json --baseline golden.json --tolerance 2%
     """
     from planner.app.check import check_files, parse_tolerance
+    from planner.report import render_check
 
     result = check_files(plan, baseline_path=baseline, profile_path=profile, cluster_spec=cluster,
                          tolerance=parse_tolerance(tolerance),
@@ -154,7 +141,7 @@ def check_cmd(
     if as_json:
         emit_json(result.to_dict())
     else:
-        _print_check(result)
+        render_check(console, result)
     if not result.passed:
         raise typer.Exit(1)
 
@@ -173,74 +160,10 @@ def diff_cmd(
       plan diff plan-greedy.json plan-dp.json
     """
     from planner.app.check import diff_files
+    from planner.report import render_diff
 
     result = diff_files(a, b)
     if as_json:
         emit_json(result.to_dict())
         return
-    _print_diff(result)
-
-
-def _print_check(result: CheckResult) -> None:
-    from planner.report.table import fmt_bytes, fmt_time
-
-    for problem in result.problems:
-        console.print(Text(f"invalid: {problem}", style="red"))
-    if result.metrics:
-        table = Table(title=Text(f"{result.plan} vs baseline {result.baseline}"), title_justify="left", header_style="bold")
-        for name in ("metric", "baseline", "current", "change", "limit", "verdict"):
-            table.add_column(name, justify="left" if name in ("metric", "verdict") else "right")
-        for m in result.metrics:
-            fmt = fmt_time if m.unit == "s" else fmt_bytes
-            verdict = Text("regressed", style="red bold") if m.regressed else Text("ok", style="green")
-            table.add_row(Text(m.name), fmt(m.baseline), fmt(m.current), f"{m.change:+.2%}", f"+{m.tolerance:.2%}", verdict)
-        console.print(table)
-    for note in result.notes:
-        console.print(Text(f"note: {note}", style="yellow"))
-    verdict = "PASS" if result.passed else "FAIL"
-    detail = []
-    if result.problems:
-        detail.append(f"{len(result.problems)} problem(s)")
-    if result.regressions:
-        detail.append("regressed: " + ", ".join(m.name for m in result.regressions))
-    console.print(Text(f"{verdict}: {result.plan}" + (f" ({'; '.join(detail)})" if detail else ""),
-                       style="green bold" if result.passed else "red bold"))
-
-
-def _print_diff(result: PlanDiff) -> None:
-    from planner.report.table import fmt_bytes, fmt_time
-
-    for key, (va, vb) in result.settings.items():
-        console.print(Text(f"{key}: {va} -> {vb}"))
-    table = Table(title=Text(f"{result.a} -> {result.b}"), title_justify="left", header_style="bold")
-    for name in ("stage", "device", "nodes", "moved in", "moved out", "compute", "memory"):
-        table.add_column(name, justify="right" if name in ("stage", "nodes", "compute", "memory") else "left")
-    for s in result.stages:
-        cells = (str(s.index), _arrow(s.device_a, s.device_b), _arrow(s.nodes_a, s.nodes_b),
-                 _names(s.moved_in), _names(s.moved_out),
-                 _arrow(fmt_time(s.compute_s_a), fmt_time(s.compute_s_b)),
-                 _arrow(fmt_bytes(s.memory_bytes_a), fmt_bytes(s.memory_bytes_b)))
-        table.add_row(*(Text(cell) for cell in cells))  # Text: node names are data, never rich markup
-    console.print(table)
-    (ta, tb), (ma, mb) = result.step_time_s, result.peak_memory_bytes
-    change = f" ({tb / ta - 1:+.2%})" if ta > 0 else ""
-    console.print(Text(f"step time: {fmt_time(ta)} -> {fmt_time(tb)}{change}; peak memory: {fmt_bytes(ma)} -> "
-                       f"{fmt_bytes(mb)}; moved nodes: {result.moved_nodes}"))
-    for label, names in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
-        if names:
-            console.print(Text(f"{label}: {_names(names, 8)}", style="yellow"))
-    if result.identical:
-        console.print(Text("the plans place every node identically"))
-
-
-def _arrow(a: object, b: object) -> str:
-    none = "-"
-    a_text, b_text = none if a is None else str(a), none if b is None else str(b)
-    return a_text if a_text == b_text else f"{a_text} -> {b_text}"
-
-
-def _names(names: tuple[str, ...], limit: int = 3) -> str:
-    if not names:
-        return ""
-    shown = ", ".join(names[:limit])
-    return shown if len(names) <= limit else f"{shown} (+{len(names) - limit})"
+    render_diff(console, result)

@@ -1,15 +1,13 @@
-"""``plan profile``: gather options, call ``profile_model`` / ``probe_links``, render the summary."""
+"""``plan profile``: gather options, call ``planner.app.profile.profile_command``, render the summary."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from planner.cli.app import command, console, emit_json, err_console
-from planner.errors import UsageError
 
 
 @command("profile")
@@ -60,81 +58,29 @@ def profile_cmd(
 
       torchrun --nproc-per-node 2 --no-python plan profile --probe-links -o cluster.json
     """
-    from planner.formats.jsonio import check_writable
-    from planner.formats.catalog import device_spec, load_catalog
+    from planner.app.profile import ProfileRequest, check_request, profile_command
 
-    from planner.roofline import check_precision
+    request = ProfileRequest(model=model, output=output, input_spec=input_spec, microbatch_size=microbatch_size,
+                             tracer=tracer, repeats=repeats, warmup=warmup, threads=threads,
+                             estimate=tuple(dict.fromkeys(t.strip() for t in estimate.split(",") if t.strip())),
+                             estimate_precision=estimate_precision, probe_links=probe_links,
+                             cluster_out=cluster_out, top=top)
+    check_request(request)  # usage errors before torch is imported
+    with _progress(not as_json and model is not None) as progress:
+        result = profile_command(request, progress)
+    if result.rank != 0:
+        return
+    if as_json:
+        emit_json({k: v for k, v in (("cluster", result.cluster), ("profile", result.profile)) if v is not None})
+        return
+    from planner.report.profile_summary import render_summary
+    from planner.report.render import render_links
 
-    check_precision(estimate_precision)
-    types = tuple(t.strip() for t in estimate.split(",") if t.strip())
-    for dev in types:
-        device_spec(dev, load_catalog())
-    _check_counts(repeats, warmup, threads, top, microbatch_size)
-    if model is None and not probe_links:
-        raise UsageError("missing MODEL; pass 'package.module:factory' or 'path/to/file.py:factory' (or --probe-links under torchrun)")
-    rank = int(os.environ.get("RANK", "0"))
-    profile_path = cluster_path = None
-    if model is not None:
-        profile_path = output or Path("profile.json")
-        cluster_path = cluster_out if probe_links else None
-        if probe_links and cluster_out is None:
-            raise UsageError("with a MODEL, --probe-links needs --cluster-out PATH for the cluster file (-o is the profile)")
-    else:
-        cluster_path = output or cluster_out or Path("cluster.json")
-    if rank == 0:
-        for path, what in ((profile_path, "profile"), (cluster_path, "cluster")):
-            if path is not None:
-                check_writable(path, what)
-    result: dict[str, Any] = {}
-    if probe_links:
-        result["cluster"] = _probe(cluster_path, rank, as_json)
-    if model is not None and rank == 0:
-        result["profile"] = _profile(model, profile_path, input_spec, microbatch_size, tracer, repeats, warmup,
-                                     threads, types, top, as_json, estimate_precision)
-    if as_json and rank == 0:
-        emit_json(result)
-
-
-def _check_counts(repeats: int, warmup: int, threads: int, top: int, microbatch_size: Optional[int]) -> None:
-    for name, value, low in (("--repeats", repeats, 1), ("--warmup", warmup, 0), ("--threads", threads, 0),
-                             ("--top", top, 0), ("--microbatch-size", microbatch_size, 1)):
-        if value is not None and value < low:
-            raise UsageError(f"{name} must be an integer >= {low}, found {value}")
-
-
-def _profile(model: str, path: Path, input_spec: Optional[str], microbatch_size: Optional[int], tracer: str,
-             repeats: int, warmup: int, threads: int, types: tuple[str, ...], top: int, as_json: bool,
-             estimate_precision: Optional[str] = None) -> dict[str, Any]:
-    from planner.formats.profile import save_profile
-    from planner.profile import profile_model
-    from planner.report.profile_summary import profile_summary, render_summary
-
-    with _progress(not as_json) as progress:
-        profile = profile_model(model, input_spec=input_spec, microbatch_size=microbatch_size, tracer=tracer,
-                                repeats=repeats, warmup=warmup, estimate=types, progress=progress,
-                                threads=threads or None, estimate_precision=estimate_precision)
-    save_profile(profile, path)
-    summary = profile_summary(profile, top)
-    if not as_json:
-        render_summary(summary, console)
-        console.print(f"wrote {path}")
-    return {**summary, "output": str(path)}
-
-
-def _probe(path: Path, rank: int, as_json: bool) -> dict[str, Any]:
-    from planner.formats.cluster import save_cluster
-    from planner.runtime.links import probe_links
-
-    cluster = probe_links()
-    if rank == 0:
-        save_cluster(cluster, path)
-        if not as_json:
-            for (a, b), link in sorted(cluster.pairs.items()):
-                console.print(f"{a} <-> {b}: {link.bandwidth_Bps / 1e9:.2f} GB/s, latency {link.latency_s * 1e6:.1f} us")
-            console.print(f"wrote {path}")
-    return {"output": str(path), "devices": len(cluster.devices),
-            "pairs": [{"a": a, "b": b, "bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_s}
-                      for (a, b), link in sorted(cluster.pairs.items())]}
+    if result.cluster is not None:
+        render_links(console, result.cluster)
+    if result.profile is not None:
+        render_summary(result.profile, console)
+        console.print(f"wrote {result.profile['output']}")
 
 
 class _progress:

@@ -1,20 +1,16 @@
-"""``plan run``: gather options, check the plan against the model, start the ranks, render the result.
+"""``plan run``: gather options, call ``planner.app.run.run_plan``, render the summary.
 
-Outside torchrun it checks everything it can in this process (plan, profile, model graph, world size)
-and then starts the ranks with torch's elastic launcher. Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is
-set) it is one of the ranks and trains in-process; ``python -m planner.run`` is the same command.
+Under ``torchrun`` every process is one rank; ``python -m planner.run`` is the same command.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from planner.cli.app import command, console, emit_json
-from planner.errors import UsageError
 
 
 @command("run")
@@ -88,68 +84,23 @@ def run_cmd(
 
       torchrun --nproc-per-node 2 -m planner.run plan.json planner.examples.gpt:gpt_small --steps 20
     """
-    from planner.runtime.rebalancing.hooks import run_options
-    from planner.runtime.launch.config import RunConfig
+    from planner.app.run import Launch, run_config, run_plan
 
-    _check_counts(steps, round_steps, max_restarts, timeout_s)
-    options = run_options(rebalance=rebalance, threshold=threshold, patience=patience,
-                          emulate_slowdown=emulate_slowdown, log=log, live=live, output=output,
-                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
-    config = RunConfig(
-        plan=str(plan), model=model, steps=steps, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr,
-        seed=seed, data=data, profile=str(profile) if profile else None, round_steps=round_steps,
-        timeout_s=timeout_s, params_out=str(params_out) if params_out else None, options=options,
-    )
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        _run_in_torchrun(config, as_json)
+    config = run_config(
+        plan=str(plan), model=model, steps=steps, round_steps=round_steps, timeout_s=timeout_s,
+        max_restarts=max_restarts, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr, seed=seed, data=data,
+        profile=str(profile) if profile else None, params_out=str(params_out) if params_out else None,
+        options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
+                     log=log, live=live, output=output, checkpoint_dir=checkpoint_dir,
+                     checkpoint_every=checkpoint_every))
+    launch = Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                    max_restarts=max_restarts)
+    result = run_plan(config, launch, announce=None if as_json else console.print)
+    if result is None:
         return
-    from planner.runtime.launch.elastic import LaunchOptions, launch, parse_nnodes
-    from planner.runtime.launch.prepare import preflight
-
-    min_nodes, max_nodes = parse_nnodes(nnodes)
-    world = preflight(config)
-    nproc = nproc_per_node or max(1, world // max_nodes)
-    if min_nodes == max_nodes and nproc * max_nodes != world:
-        raise UsageError(f"the plan places stages on {world} devices but {max_nodes} node(s) x {nproc} ranks "
-                         f"= {nproc * max_nodes} would start; pass --nproc-per-node {world // max_nodes or 1} "
-                         f"or re-partition for {nproc * max_nodes} devices")
-    if not as_json:
-        console.print(f"starting {nproc} rank(s) per node on {max_nodes} node(s) ...")
-    results = launch(config, LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                                           rdzv_id=rdzv_id, max_restarts=max_restarts))
-    _render(results[min(results)], as_json)
-
-
-def _run_in_torchrun(config: Any, as_json: bool) -> None:
-    from planner.runtime.launch.main import rank_main
-
-    result = rank_main(config)
-    if result["rank"] == 0:
-        _render(result, as_json)
-
-
-def _render(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json({k: v for k, v in result.items() if k != "plan"})
         return
-    losses = result["losses"]
-    ranks = f"{result['world_size']} rank{'s' if result['world_size'] != 1 else ''}"
-    console.print(f"trained {result['steps']} steps on {ranks} ({result['backend']}, "
-                  f"{result['schedule']}, {result['microbatches']} x {result['microbatch_size']} micro-batches)",
-                  soft_wrap=True)
-    if losses:
-        console.print(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
-                      f"{losses[-1]:.6f} in {result['wall_s']:.2f} s", soft_wrap=True)
-    measured, predicted = result.get("step_time_s"), result.get("predicted_step_time_s")
-    if measured and predicted:
-        console.print(f"step time {measured:.3f} s measured (last rounds after the first), {predicted:.3f} s "
-                      f"predicted by the plan in force ({measured / predicted - 1:+.0%})", soft_wrap=True)
+    from planner.report import render_run
 
-
-def _check_counts(steps: int, round_steps: int, max_restarts: int, timeout_s: float) -> None:
-    for name, value, low in (("--steps", steps, 1), ("--round-steps", round_steps, 1),
-                             ("--max-restarts", max_restarts, 0)):
-        if value < low:
-            raise UsageError(f"{name} must be at least {low}, found {value}")
-    if not timeout_s > 0:
-        raise UsageError(f"--timeout-s must be positive, found {timeout_s}")
+    render_run(console, result)

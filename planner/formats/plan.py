@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from planner.formats._validate import Checker
 from planner.formats.jsonio import read_document, to_plain, write_json_atomic
@@ -47,6 +47,17 @@ class Plan:
     @property
     def step_time_s(self) -> float:
         return float(self.predicted["step_time_s"])
+
+    @property
+    def peak_memory_bytes(self) -> int | None:
+        """Largest predicted per-device peak memory, else the largest stage memory, else ``None``."""
+        devices = self.predicted.get("devices")
+        if isinstance(devices, Mapping):
+            peaks = _numbers(d.get("peak_memory_bytes") for d in devices.values() if isinstance(d, Mapping))
+            if peaks:
+                return int(max(peaks))
+        stage_mem = _numbers(s.extra.get("memory_bytes") for s in self.stages)
+        return int(max(stage_mem)) if stage_mem else None
 
     def assignment(self) -> dict[str, int]:
         """Node name -> stage index."""
@@ -116,3 +127,7 @@ def load_plan(path: str | Path) -> Plan:
 def save_plan(plan: Plan, path: str | Path) -> Path:
     return write_json_atomic(path, plan.to_dict())
 
+
+
+def _numbers(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]

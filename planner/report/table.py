@@ -8,7 +8,7 @@ rich renderables; the CLI prints them.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -70,7 +70,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {
         "method": plan.method, "schedule": plan.schedule, "microbatches": plan.microbatches,
         "step_time_s": plan.step_time_s, "bubble_fraction": plan.predicted.get("bubble_fraction"),
-        "peak_memory_bytes": peak_memory_bytes(plan), "stages": stages,
+        "peak_memory_bytes": plan.peak_memory_bytes, "stages": stages,
     }
 
 
@@ -80,21 +80,6 @@ def device_types(plan: Plan) -> dict[str, str]:
     if not isinstance(cluster, Mapping):
         return {}
     return {str(d["id"]): str(d.get("type", "?")) for d in cluster.get("devices", ()) if isinstance(d, Mapping) and "id" in d}
-
-
-def peak_memory_bytes(plan: Plan) -> int | None:
-    """Largest predicted per-device peak memory, else the largest stage memory, else ``None``."""
-    devices = plan.predicted.get("devices")
-    if isinstance(devices, Mapping):
-        peaks = _numbers(d.get("peak_memory_bytes") for d in devices.values() if isinstance(d, Mapping))
-        if peaks:
-            return int(max(peaks))
-    stage_mem = _numbers(s.extra.get("memory_bytes") for s in plan.stages)
-    return int(max(stage_mem)) if stage_mem else None
-
-
-def _numbers(values: Iterable[Any]) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def layer_span(stage: Stage) -> str:

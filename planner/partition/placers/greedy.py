@@ -106,9 +106,9 @@ def _context(problem: Problem, weights: Mapping[str, float]) -> FillContext:
 def _work_prefix(works: Sequence[float]) -> tuple[list[float], list[int]]:
     """Prefix sums of per-block fwd + bwd with non-finite times left out, and the list of those blocks."""
     prefix, unsupported, running = [0.0], [], 0.0
-    for b, work in enumerate(works):
-        if math.isfinite(work):
-            running += work
+    for b, block_s in enumerate(works):
+        if math.isfinite(block_s):
+            running += block_s
         else:
             unsupported.append(b)
         prefix.append(running)

@@ -32,9 +32,10 @@ from planner.formats.plan import Plan, plan_from_dict, save_plan
 from planner.runtime import checkpoint as ckpt
 from planner.runtime.pipeline.graph_split import canonical_param_names
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
-from planner.partition.search.rebalance import RebalanceConfig, RebalanceState, decide, initial_state, settle
+from planner.partition.search.rebalance import RebalanceState, decide, initial_state, settle
 from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
+from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.slowdown import Slowdown, parse_slowdowns
 from planner.runtime.pipeline.stages import RankStages
 from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
@@ -42,63 +43,9 @@ from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.worker import RankRun
 
-__all__ = ["OPTIONS", "DynamicHooks", "make_hooks", "run_options"]
-
-OPTIONS: Mapping[str, Any] = {
-    "rebalance": True,            # seed 003 S3-S6 between rounds
-    "threshold": 0.05,            # S5 balance threshold (fraction of the round)
-    "patience": 3,                # S6 rounds without a plan change
-    "gain": 1.0,                  # fraction of the wait-proportional weight move per round
-    "min_improvement": 0.05,      # adopt a new plan only if predicted this much faster
-    "replan_method": None,        # placer for re-plans (default: the plan's method)
-    "emulate_slowdown": None,     # "RANK=FACTOR[,RANK=FACTOR]" (testing aid)
-    "log": None,                  # JSONL round log (rank 0, appended); "-" = stdout
-    "json": False,                # round records on stdout (set by --log -)
-    "live": False,                # live rich table on stderr
-    "checkpoint_dir": None,       # per-rank checkpoint files + meta.json
-    "checkpoint_every": 0,        # steps between checkpoints (0: none)
-    "keep_checkpoints": 2,
-    "output": None,               # final plan (-o)
-}
+__all__ = ["DynamicHooks", "make_hooks"]
 
 log = logging.getLogger(__name__)
-
-
-def run_options(**given: Any) -> dict[str, Any]:
-    """Validate ``plan run``'s rebalancing, checkpoint and logging options (before any rank starts).
-
-    Keys as in ``OPTIONS``; ``None`` values take the default. Raises ``UsageError`` naming the option.
-    """
-    from planner.errors import UsageError
-    from planner.formats.jsonio import check_writable
-
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise UsageError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
-    options = {**OPTIONS, **{k: v for k, v in given.items() if v is not None}}
-    parse_slowdowns(options["emulate_slowdown"])
-    _rebalance_config(options)
-    if int(options["checkpoint_every"]) < 0:
-        raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")
-    if int(options["checkpoint_every"]) > 0 and not options["checkpoint_dir"]:
-        raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
-    if options["log"] == "-":  # JSON lines on stdout instead of a file
-        options["log"], options["json"] = None, True
-    for key, what in (("log", "round log"), ("output", "final plan")):
-        if options[key]:
-            check_writable(options[key], what)
-            options[key] = str(options[key])
-    if options["checkpoint_dir"]:
-        options["checkpoint_dir"] = str(options["checkpoint_dir"])
-    if isinstance(options["emulate_slowdown"], (list, tuple)):
-        options["emulate_slowdown"] = ",".join(options["emulate_slowdown"]) or None
-    return options
-
-
-def _rebalance_config(options: Mapping[str, Any]) -> RebalanceConfig:
-    """The rebalancer's knobs from run options (``RebalanceConfig`` validates them)."""
-    return RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
-                           patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
 
 
 def make_hooks(config: RunConfig) -> "DynamicHooks":
@@ -111,7 +58,7 @@ def make_hooks(config: RunConfig) -> "DynamicHooks":
 class DynamicHooks(RunHooks):
     def __init__(self, config: RunConfig, options: Mapping[str, Any]) -> None:
         self.config, self.opt = config, options
-        self.rebalance = _rebalance_config(options)
+        self.rebalance = rebalance_config(options)
         self.round_index = 0
         self.saved_step = 0
         self.warm_up = True

@@ -1,4 +1,4 @@
-"""One JSON line per round (a file and, with ``--json``, stdout) and a live rich table on rank 0.
+"""One JSON line per round (a file and, with ``--json``, stdout) and the live table on rank 0 (``report.rounds``).
 
 A record holds the round's steps, step time, balance, each device's compute, wait, weight and speed
 factor, and whether the plan changed (with what moved). Only rank 0 writes; the file is opened in
@@ -12,15 +12,11 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
-from rich import box
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
 from planner.errors import PlannerError
+from planner.report.rounds import LiveRounds
 from planner.partition.search.rebalance import RebalanceState, RoundStats
 
-__all__ = ["round_record", "RoundLog", "round_table"]
+__all__ = ["round_record", "RoundLog"]
 
 
 def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, balanced: bool, plan_changed: bool,
@@ -46,32 +42,10 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
     }
 
 
-def round_table(records: Sequence[Mapping[str, Any]], last: int = 12) -> Table:
-    """The rich table shown live: one row per round (the latest ``last``), one column pair per device."""
-    table = Table(title="plan run rounds (c/w: compute/wait s; w: weight)", box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("round", "steps", "s/step", "imbal"):
-        table.add_column(column, justify="right", no_wrap=True)
-    devices = list(records[-1]["devices"]) if records else []
-    for device in devices:
-        table.add_column(f"{device} c/w", justify="right", no_wrap=True)
-        table.add_column("w", justify="right", no_wrap=True)
-    table.add_column("plan", justify="left", no_wrap=True)
-    for rec in records[-last:]:
-        row = [str(rec["round"]), f"{rec['first_step']}+{rec['steps']}", f"{rec['step_time_s']:.3f}",
-               f"{rec['imbalance']:.1%}"]
-        for device in devices:
-            d = rec["devices"].get(device, {})
-            row += [f"{d.get('compute_s', 0):.2f}/{d.get('wait_s', 0):.2f}", f"{d.get('weight', 1):.2f}"]
-        row.append("changed" if rec["plan_changed"] else ("done" if rec["converged"] else "kept"))
-        table.add_row(*row)
-    return table
-
-
 class RoundLog:
     """Rank 0's sink for round records: JSONL file, optional JSON on stdout, optional live table."""
 
-    def __init__(self, path: str | Path | None = None, *, json_stdout: bool = False, live: bool = False,
-                 console: Console | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, json_stdout: bool = False, live: bool = False) -> None:
         self.records: list[dict[str, Any]] = []
         self._file: IO[str] | None = None
         if path is not None:
@@ -80,7 +54,7 @@ class RoundLog:
             except OSError as exc:
                 raise PlannerError(f"cannot open round log {str(path)!r} for appending ({exc}); choose another --log path") from None
         self._json = json_stdout
-        self._live = Live(round_table([]), console=console or Console(stderr=True), auto_refresh=False) if live else None
+        self._live = LiveRounds() if live else None
 
     def __enter__(self) -> "RoundLog":
         if self._live is not None:
@@ -100,7 +74,7 @@ class RoundLog:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
         if self._live is not None:
-            self._live.update(round_table(self.records), refresh=True)
+            self._live.update(self.records)
 
     def close(self) -> None:
         if self._live is not None:

@@ -1,0 +1,70 @@
+"""``plan run``: validate the options, check the plan against the model, start the ranks, return rank 0's summary.
+
+Outside torchrun it checks everything it can in this process (plan, profile, model graph, world size)
+and then starts the ranks with torch's elastic launcher. Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` is
+set) this process is one of the ranks and trains in-process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from planner.errors import UsageError
+from planner.runtime.launch.config import RunConfig
+from planner.runtime.options import run_options
+
+__all__ = ["Launch", "run_config", "run_plan"]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start the ranks (as torchrun's options)."""
+
+    nproc_per_node: int | None = None
+    """Ranks on this node (default: the plan's device count / nnodes)."""
+    nnodes: str = "1"
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "plan-run"
+    max_restarts: int = 0
+
+
+def run_config(*, plan: str, model: str, steps: int, round_steps: int, timeout_s: float, max_restarts: int = 0,
+               options: Mapping[str, Any], **fields: Any) -> RunConfig:
+    """Check the counts and the hooks' options (no torch imported yet) and build the ranks' config."""
+    for name, value, low in (("--steps", steps, 1), ("--round-steps", round_steps, 1), ("--max-restarts", max_restarts, 0)):
+        if value < low:
+            raise UsageError(f"{name} must be at least {low}, found {value}")
+    if not timeout_s > 0:
+        raise UsageError(f"--timeout-s must be positive, found {timeout_s}")
+    return RunConfig(plan=plan, model=model, steps=steps, round_steps=round_steps, timeout_s=timeout_s,
+                     options=run_options(**options), **fields)
+
+
+def run_plan(config: RunConfig, launch: Launch = Launch(),
+             announce: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+    """Train with the plan; return rank 0's summary (``None`` on the other ranks under torchrun).
+
+    ``announce`` receives one line before the ranks start (the CLI prints it).
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        from planner.runtime.launch.main import rank_main
+
+        result = rank_main(config)
+        return result if result["rank"] == 0 else None
+    from planner.runtime.launch.elastic import LaunchOptions, launch as start, parse_nnodes
+    from planner.runtime.launch.prepare import preflight
+
+    min_nodes, max_nodes = parse_nnodes(launch.nnodes)
+    world = preflight(config)
+    nproc = launch.nproc_per_node or max(1, world // max_nodes)
+    if min_nodes == max_nodes and nproc * max_nodes != world:
+        raise UsageError(f"the plan places stages on {world} devices but {max_nodes} node(s) x {nproc} ranks "
+                         f"= {nproc * max_nodes} would start; pass --nproc-per-node {world // max_nodes or 1} "
+                         f"or re-partition for {nproc * max_nodes} devices")
+    if announce is not None:
+        announce(f"starting {nproc} rank(s) per node on {max_nodes} node(s) ...")
+    results = start(config, LaunchOptions(nproc_per_node=nproc, nnodes=launch.nnodes, rdzv_endpoint=launch.rdzv_endpoint,
+                                          rdzv_id=launch.rdzv_id, max_restarts=launch.max_restarts))
+    return results[min(results)]

@@ -1,0 +1,121 @@
+"""Console rendering of the application layer's results: one ``render_*`` function per command result.
+
+The CLI calls these after the library call returns; nothing else prints tables. Every cell that holds
+data (node names, paths) goes in as ``Text`` so that it is never read as rich markup.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from planner.formats.plan import Plan
+from planner.report.table import fmt_bytes, fmt_time, stage_table, summary_text
+
+if TYPE_CHECKING:
+    from planner.app.check import CheckResult, PlanDiff
+
+__all__ = ["render_plan", "render_check", "render_diff", "render_run", "render_links"]
+
+
+def render_plan(console: Console, plan: Plan, *, title: str | None = None, simulated_step_time_s: float | None = None,
+                files: Mapping[str, Any] | None = None) -> None:
+    """The stage table and summary of ``plan`` (``plan partition``, ``plan show``) and the files written."""
+    console.print(stage_table(plan, title=title))
+    console.print(summary_text(plan))
+    predicted = plan.step_time_s
+    if simulated_step_time_s is not None and abs(simulated_step_time_s - predicted) > 1e-9 * max(predicted, 1e-12):
+        console.print(Text(f"note: re-simulated step time {simulated_step_time_s:.6g} s differs from the plan's "
+                           f"predicted {predicted:.6g} s (edited plan, or made by another version)", style="yellow"))
+    for kind, path in (files or {}).items():
+        console.print(Text(f"wrote {path}" if kind == "plan" else f"wrote {kind}: {path}"))
+
+
+def render_check(console: Console, result: CheckResult) -> None:
+    """``plan check``: the problems, the metrics against the baseline, notes and the verdict line."""
+    for problem in result.problems:
+        console.print(Text(f"invalid: {problem}", style="red"))
+    if result.metrics:
+        table = Table(title=Text(f"{result.plan} vs baseline {result.baseline}"), title_justify="left",
+                      header_style="bold")
+        for name in ("metric", "baseline", "current", "change", "limit", "verdict"):
+            table.add_column(name, justify="left" if name in ("metric", "verdict") else "right")
+        for m in result.metrics:
+            fmt = fmt_time if m.unit == "s" else fmt_bytes
+            verdict = Text("regressed", style="red bold") if m.regressed else Text("ok", style="green")
+            table.add_row(Text(m.name), fmt(m.baseline), fmt(m.current), f"{m.change:+.2%}", f"+{m.tolerance:.2%}",
+                          verdict)
+        console.print(table)
+    for note in result.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    detail = []
+    if result.problems:
+        detail.append(f"{len(result.problems)} problem(s)")
+    if result.regressions:
+        detail.append("regressed: " + ", ".join(m.name for m in result.regressions))
+    console.print(Text(f"{'PASS' if result.passed else 'FAIL'}: {result.plan}" + (f" ({'; '.join(detail)})" if detail else ""),
+                       style="green bold" if result.passed else "red bold"))
+
+
+def render_diff(console: Console, result: PlanDiff) -> None:
+    """``plan diff``: changed settings, one row per stage, and the step time and memory either side."""
+    for key, (va, vb) in result.settings.items():
+        console.print(Text(f"{key}: {va} -> {vb}"))
+    table = Table(title=Text(f"{result.a} -> {result.b}"), title_justify="left", header_style="bold")
+    for name in ("stage", "device", "nodes", "moved in", "moved out", "compute", "memory"):
+        table.add_column(name, justify="right" if name in ("stage", "nodes", "compute", "memory") else "left")
+    for s in result.stages:
+        cells = (str(s.index), _arrow(s.device_a, s.device_b), _arrow(s.nodes_a, s.nodes_b),
+                 _names(s.moved_in), _names(s.moved_out),
+                 _arrow(fmt_time(s.compute_s_a), fmt_time(s.compute_s_b)),
+                 _arrow(fmt_bytes(s.memory_bytes_a), fmt_bytes(s.memory_bytes_b)))
+        table.add_row(*(Text(cell) for cell in cells))
+    console.print(table)
+    (ta, tb), (ma, mb) = result.step_time_s, result.peak_memory_bytes
+    change = f" ({tb / ta - 1:+.2%})" if ta > 0 else ""
+    console.print(Text(f"step time: {fmt_time(ta)} -> {fmt_time(tb)}{change}; peak memory: {fmt_bytes(ma)} -> "
+                       f"{fmt_bytes(mb)}; moved nodes: {result.moved_nodes}"))
+    for label, names in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
+        if names:
+            console.print(Text(f"{label}: {_names(names, 8)}", style="yellow"))
+    if result.identical:
+        console.print(Text("the plans place every node identically"))
+
+
+def render_run(console: Console, result: Mapping[str, Any]) -> None:
+    """``plan run``: what trained, the loss, and the measured step time against the plan's prediction."""
+    losses = result["losses"]
+    ranks = f"{result['world_size']} rank{'s' if result['world_size'] != 1 else ''}"
+    console.print(Text(f"trained {result['steps']} steps on {ranks} ({result['backend']}, {result['schedule']}, "
+                       f"{result['microbatches']} x {result['microbatch_size']} micro-batches)"), soft_wrap=True)
+    if losses:
+        console.print(Text(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
+                           f"{losses[-1]:.6f} in {result['wall_s']:.2f} s"), soft_wrap=True)
+    measured, predicted = result.get("step_time_s"), result.get("predicted_step_time_s")
+    if measured and predicted:
+        console.print(Text(f"step time {measured:.3f} s measured (last rounds after the first), {predicted:.3f} s "
+                           f"predicted by the plan in force ({measured / predicted - 1:+.0%})"), soft_wrap=True)
+
+
+def render_links(console: Console, summary: Mapping[str, Any]) -> None:
+    """``plan profile --probe-links``: one line per probed pair."""
+    for pair in summary["pairs"]:
+        console.print(Text(f"{pair['a']} <-> {pair['b']}: {pair['bandwidth_Bps'] / 1e9:.2f} GB/s, latency "
+                           f"{pair['latency_s'] * 1e6:.1f} us"))
+    console.print(Text(f"wrote {summary['output']}"))
+
+
+def _arrow(a: object, b: object) -> str:
+    none = "-"
+    a_text, b_text = none if a is None else str(a), none if b is None else str(b)
+    return a_text if a_text == b_text else f"{a_text} -> {b_text}"
+
+
+def _names(names: tuple[str, ...], limit: int = 3) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} (+{len(names) - limit})"

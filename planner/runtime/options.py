@@ -1,0 +1,67 @@
+"""``plan run``'s options for the run-time hooks (rebalancing, checkpoints, logging), validated without torch.
+
+``run_options`` is called in the launching process before any rank starts (and before torch is imported),
+so a bad value is one usage error line, at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from planner.errors import UsageError
+from planner.formats.jsonio import check_writable
+from planner.partition.search.rebalance import RebalanceConfig
+from planner.runtime.slowdown import parse_slowdowns
+
+__all__ = ["OPTIONS", "run_options", "rebalance_config"]
+
+OPTIONS: Mapping[str, Any] = {
+    "rebalance": True,            # seed 003 S3-S6 between rounds
+    "threshold": 0.05,            # S5 balance threshold (fraction of the round)
+    "patience": 3,                # S6 rounds without a plan change
+    "gain": 1.0,                  # fraction of the wait-proportional weight move per round
+    "min_improvement": 0.05,      # adopt a new plan only if predicted this much faster
+    "replan_method": None,        # placer for re-plans (default: the plan's method)
+    "emulate_slowdown": None,     # "RANK=FACTOR[,RANK=FACTOR]" (testing aid)
+    "log": None,                  # JSONL round log (rank 0, appended); "-" = stdout
+    "json": False,                # round records on stdout (set by --log -)
+    "live": False,                # live rich table on stderr
+    "checkpoint_dir": None,       # per-rank checkpoint files + meta.json
+    "checkpoint_every": 0,        # steps between checkpoints (0: none)
+    "keep_checkpoints": 2,
+    "output": None,               # final plan (-o)
+}
+
+
+def run_options(**given: Any) -> dict[str, Any]:
+    """Validate ``plan run``'s rebalancing, checkpoint and logging options (before any rank starts).
+
+    Keys as in ``OPTIONS``; ``None`` values take the default. Raises ``UsageError`` naming the option.
+    """
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    options = {**OPTIONS, **{k: v for k, v in given.items() if v is not None}}
+    parse_slowdowns(options["emulate_slowdown"])
+    rebalance_config(options)
+    if int(options["checkpoint_every"]) < 0:
+        raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")
+    if int(options["checkpoint_every"]) > 0 and not options["checkpoint_dir"]:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir DIR")
+    if options["log"] == "-":  # JSON lines on stdout instead of a file
+        options["log"], options["json"] = None, True
+    for key, what in (("log", "round log"), ("output", "final plan")):
+        if options[key]:
+            check_writable(options[key], what)
+            options[key] = str(options[key])
+    if options["checkpoint_dir"]:
+        options["checkpoint_dir"] = str(options["checkpoint_dir"])
+    if isinstance(options["emulate_slowdown"], (list, tuple)):
+        options["emulate_slowdown"] = ",".join(options["emulate_slowdown"]) or None
+    return options
+
+
+def rebalance_config(options: Mapping[str, Any]) -> RebalanceConfig:
+    """The rebalancer's knobs from run options (``RebalanceConfig`` validates them)."""
+    return RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
+                           patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
