@@ -20,6 +20,7 @@ from planner.profile.capture import Captured, capture
 from planner.profile.loader import batch_size, load_factory
 from planner.data import factory as data_mod
 from planner.runtime.launch.config import RunConfig
+from planner.runtime.data_parallel import sync_for
 from planner.runtime.pipeline.stages import rank_of_stages
 from planner.runtime.pipeline.training import TrainSettings, check_graph, check_plan_nodes, resolve_optimizer, split_batch
 
@@ -50,6 +51,7 @@ def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, P
     where = f"profile {str(path)!r}"
     check_plan_nodes(plan, profile, where)
     rank_of_stages(plan)
+    sync_for(plan)  # a plan with replicas is refused here, before any rank starts
     return plan, profile, where
 
 

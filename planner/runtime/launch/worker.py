@@ -38,6 +38,7 @@ from planner.profile.timer import steady_cpu_allocator
 from planner.errors import DistributedError
 from planner.formats.plan import Plan
 from planner.data import factory as data_mod
+from planner.runtime.data_parallel import sync_for
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
 from planner.runtime.pipeline.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
@@ -79,6 +80,7 @@ class RankRun:
         """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
         self.stages = stages
         self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec))
+        self.sync = sync_for(stages.plan)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
 
@@ -97,7 +99,9 @@ class RankRun:
         start = time.perf_counter()
         average_grads(self.stages.params, self.plan.microbatches)
         sync_tied_grads(self.stages)
+        self.sync.after_backward(self.stages.params)
         self.optimizer.step()
+        self.sync.after_step(self.stages.params)
         self.update_s += time.perf_counter() - start
         self.step += 1
         return float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
