@@ -53,13 +53,13 @@ def test_never_worse_than_its_warm_start(monkeypatch: pytest.MonkeyPatch) -> Non
     prob = fast_and_slow()
     start = (StageSpec(0, 2, "slow0"), StageSpec(2, 4, "fast0"))  # latencies (18, 6): 24 + 3 * 18 = 78
 
-    class NoSolution(ilp._HiGHS):  # a solver that stops at once and never sees the warm start
+    class NoSolution(ilp.HiGHS):  # a solver that stops at once and never sees the warm start
         def callSolver(self, lp) -> None:
             self.start = None
             lp.solverModel.setOptionValue("time_limit", 0.0)
             super().callSolver(lp)
 
-    monkeypatch.setattr(ilp, "_HiGHS", NoSolution)
+    monkeypatch.setattr(ilp, "HiGHS", NoSolution)
     result = solve_ilp(prob, warm_start=start)
     assert result.status == "warm-start" and result.partition == start
     assert result.objective_s == pytest.approx(78.0)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.formats.profile import Profile
+from planner.partition.model.times import calibration_factors
 from planner.roofline import FREE_CLASSES
 
 
@@ -27,7 +28,6 @@ def profile_summary(profile: Profile, top: int = 10) -> dict[str, Any]:
     ranked = sorted((n for n in profile.nodes if local in n.time_s),
                     key=lambda n: -(n.time_s[local].fwd + n.time_s[local].bwd))[:top]
     whole = dict(profile.extra.get("whole_model", {}))
-    from planner.partition.model.problem import calibration_factors  # local: planner.partition imports planner.profile
 
     calibration = calibration_factors(profile).get(local)
     if calibration is not None:

@@ -17,16 +17,17 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import SCHEDULES
-from planner.formats.profile import Node, OpTime, Profile
+from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
 from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
-from planner.roofline import check_precision, estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte
+from planner.partition.model.times import calibration_factors, loss_times, node_times, update_rates
+from planner.roofline import check_precision
 
 
 
@@ -205,7 +206,7 @@ def build_problem(
     _check_groups(profile, names)
     types = sorted({d.type for d in cluster.devices})
     calibration = {t: f for t, f in calibration_factors(profile).items() if t in types}
-    times, estimated = _node_times(profile, cluster, types, estimate_precision, calibration, catalog)
+    times, estimated = node_times(profile, cluster, types, estimate_precision, calibration, catalog)
     if estimated and catalog is None:
         raise PlannerError(f"device type(s) {', '.join(sorted(estimated))} have estimated times; their loss and "
                            f"optimizer-step estimates need the device catalog: pass catalog=load_catalog() (the CLI does)")
@@ -233,82 +234,6 @@ def build_problem(
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
     )
-
-
-def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str],
-               catalog: Mapping[str, DeviceSpec]) -> dict[str, tuple[float, float]]:
-    """Device type -> (forward, backward) seconds of ``plan run``'s default loss per micro-batch.
-
-    The profiled type uses the profile's measurement (``whole_model.loss``); estimated catalog types get a
-    roofline of a bandwidth-bound sweep over the model's output
-    (``planner.roofline.estimate_loss_s``). Profiles without the measurement (older ones, or
-    models whose output the default loss does not apply to) get none.
-    """
-    measured = (profile.extra.get("whole_model") or {}).get("loss") or {}
-    if not measured:
-        return {}
-    measured_type = str(profile.extra.get("device_type", ""))
-    out = {}
-    for dev_type in types:
-        if dev_type == measured_type and dev_type not in estimated:
-            out[dev_type] = (float(measured["fwd_s"]), float(measured["bwd_s"]))
-        elif dev_type in estimated and dev_type in catalog:
-            out[dev_type] = estimate_loss_s(int(measured.get("output_bytes", 0)), catalog[dev_type])
-    return out
-
-
-def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimated: Collection[str],
-                 catalog: Mapping[str, DeviceSpec]) -> dict[str, float]:
-    """Device type -> seconds of one ``optimizer`` step per parameter byte.
-
-    The profiled type uses the profile's measured step (``whole_model.update_s``, over
-    ``update_param_bytes``); types whose op times are estimated get the roofline estimate of a
-    bandwidth-bound sweep (``planner.roofline.estimate_update_s_per_param_byte``). Other
-    measured types (an older profile without ``update_s``) get none: their step is not modelled.
-    """
-    whole = profile.extra.get("whole_model") or {}
-    measured_type = str(profile.extra.get("device_type", ""))
-    measured = (whole.get("update_s") or {}).get(optimizer)
-    param_bytes = int(whole.get("update_param_bytes", 0) or 0)
-    out = {}
-    for dev_type in types:
-        if dev_type == measured_type and dev_type not in estimated and measured is not None and param_bytes > 0:
-            out[dev_type] = float(measured) / param_bytes
-            continue
-        if dev_type in estimated:
-            if dev_type in catalog:
-                out[dev_type] = estimate_update_s_per_param_byte(optimizer, catalog[dev_type])
-    return out
-
-
-CALIBRATION_RANGE = (0.5, 2.0)
-"""Factors outside this range mean the per-op method failed on the model: they are not applied."""
-
-
-def calibration_factors(profile: Profile) -> dict[str, float]:
-    """Device type -> (one training micro-batch of the whole model) / (sum of its per-op times).
-
-    ``plan profile`` times, besides every op alone, one training micro-batch of the whole model as
-    training runs it (``whole_model.train_s``: forward, then backward accumulating into ``.grad``).
-    Isolated ops miss the dispatch between ops, gradient accumulation and a real step's cache and
-    allocator traffic, so their sum falls short of it (2-20 % on CPU). Scaling the measured times of
-    the profiled type by this ratio makes the stages' compute add up to what training costs; the
-    split between ops keeps the per-op shape. Profiles without ``train_s`` (older ones, or a model
-    without trainable parameters) get no factor; see docs/cost-model.md, "Calibration".
-    """
-    whole = profile.extra.get("whole_model") or {}
-    device_type = str(profile.extra.get("device_type", ""))
-    train_s = float(whole.get("train_s", 0.0) or 0.0)
-    if train_s <= 0:
-        return {}
-    measured = [n.time_s[device_type] for n in profile.nodes
-                if device_type in n.time_s and n.time_s[device_type].source == "measured"]
-    total = sum(t.fwd + t.bwd for t in measured)
-    if total <= 0:
-        return {}
-    factor = train_s / total
-    low, high = CALIBRATION_RANGE
-    return {device_type: factor} if low <= factor <= high else {}
 
 
 def _check_speed_factors(cluster: Cluster, factors: Mapping[str, float]) -> dict[str, float]:
@@ -339,64 +264,6 @@ def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
     if position != len(profile.nodes):
         raise PlannerError(f"groups cover {position} of the profile's {len(profile.nodes)} nodes; "
                            f"the first left out is {profile.nodes[position].name!r}")
-
-
-def _node_times(profile: Profile, cluster: Cluster, types: Sequence[str], precision: str | None,
-                calibration: Mapping[str, float], catalog: Mapping[str, DeviceSpec] | None,
-                ) -> tuple[list[list[tuple[float, float]]], set[str]]:
-    """Per node, per type (in ``types`` order): (fwd, bwd) seconds; and the types with estimated times.
-
-    With ``precision``, entries marked ``estimated`` of catalog types are estimated again in it;
-    ``calibration`` (type -> factor) scales the measured entries of its types.
-    """
-    _check_missing_types(profile, cluster, types, catalog)
-    if precision is not None and catalog is None and any(
-            t.source == "estimated" for n in profile.nodes for t in n.time_s.values()):
-        raise PlannerError("re-estimating the profile's estimated times in another precision needs the device "
-                           "catalog; pass catalog=load_catalog() (the CLI does)")
-    estimated: set[str] = set()
-    out: list[list[tuple[float, float]]] = []
-    for node in profile.nodes:
-        row = []
-        for dev_type in types:
-            op_time = node.time_s.get(dev_type)
-            redo = (precision is not None and op_time is not None and op_time.source == "estimated"
-                    and catalog is not None and dev_type in catalog)
-            if op_time is None or redo:
-                op_time = _estimate(node, dev_type, catalog, precision)
-            if op_time.source == "estimated":
-                estimated.add(dev_type)
-                row.append((op_time.fwd, op_time.bwd))
-            else:
-                factor = calibration.get(dev_type, 1.0)
-                row.append((op_time.fwd * factor, op_time.bwd * factor))
-        out.append(row)
-    return out, estimated
-
-
-def _estimate(node: Node, device_type: str, catalog: Mapping[str, DeviceSpec] | None, precision: str | None) -> OpTime:
-    """Roofline estimate of a node the profile did not time on ``device_type``."""
-    assert catalog is not None  # _check_missing_types refused missing types without a catalog
-    return estimate_node_time(node, device_type, catalog, precision)
-
-
-def _check_missing_types(profile: Profile, cluster: Cluster, types: Sequence[str],
-                         catalog: Mapping[str, DeviceSpec] | None) -> None:
-    """Every cluster type the profile did not time must be in the catalog, or the error names it with its devices."""
-    timed = set(profile.device_types)
-    missing = [t for t in types if t not in timed]
-    if missing and catalog is None:
-        raise PlannerError(f"cluster {cluster.name!r} has device type(s) {', '.join(missing)} that the profile did not "
-                           f"time; estimating them needs the device catalog: pass catalog=load_catalog() (the CLI does)")
-    for dev_type in missing:
-        assert catalog is not None
-        if dev_type not in catalog:
-            ids = ", ".join(d.id for d in cluster.devices if d.type == dev_type)
-            raise PlannerError(
-                f"cluster {cluster.name!r} has devices of type {dev_type!r} ({ids}), which the profile did not "
-                f"time (it has {', '.join(sorted(timed)) or 'no complete type'}) and the device catalog does not "
-                f"know (known: {', '.join(sorted(catalog))}); fix the device type or profile on that device"
-            )
 
 
 def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]], types: Sequence[str],

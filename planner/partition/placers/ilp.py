@@ -17,13 +17,9 @@ by the time limit, which PuLP alone would also call "Optimal".
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pulp
@@ -33,6 +29,7 @@ from planner.partition.model.cost import infeasible_reason
 from planner.partition.model.feasibility import check_fits, max_stages
 from planner.partition.model.problem import Placed
 from planner.partition.placers import greedy
+from planner.partition.placers.highs import HiGHS, solver_output_to_log, tolerances
 from planner.partition.model.objective import ClassTables, assign_devices, class_tables, stage_latencies, step_time_formula_s
 from planner.partition.model.problem import Partition, Problem
 
@@ -211,44 +208,6 @@ def _build(problem: Problem, tab: ClassTables, incumbent_s: float = np.inf, rela
     return _Model(lp, scale, arcs, x, top, after, holder)
 
 
-@contextlib.contextmanager
-def _solver_output_to_log() -> Iterator[None]:
-    """Route what HiGHS's C++ code prints to file descriptor 1 (its banner, printed on construction whatever
-    the options say) into this module's debug log, so that ``--json`` output stays one JSON document."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-            sink.seek(0)
-            text = sink.read().decode(errors="replace").strip()
-            if text:
-                log.debug("HiGHS: %s", text)
-
-
-class _HiGHS(pulp.HiGHS):
-    """PuLP's in-process HiGHS, plus a warm start handed to HiGHS before it runs (PuLP's lacks one)."""
-
-    def __init__(self, start: dict[str, float] | None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.start = start
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:
-        if self.start:
-            import highspy
-
-            columns = lp.variables()
-            solution = highspy.HighsSolution()
-            solution.col_value = [float(self.start.get(var.name, 0.0)) for var in columns]
-            solution.value_valid = True
-            lp.solverModel.setSolution(solution)
-        super().callSolver(lp)
-
-
 def _start_values(tab: ClassTables, model: _Model, partition: Partition) -> dict[str, float] | None:
     """Variable values of ``partition`` in ``model`` (None when one of its stages was left out)."""
     klass = {dev: c for c, cls in enumerate(tab.classes) for dev in cls.devices}
@@ -298,9 +257,9 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
     # presolve off: HiGHS 1.15's presolve declared some pruned models infeasible that have feasible (and
     # better) solutions, and then returned the warm start as "Optimal" with an infinite bound; the
     # solve is as fast without it on these models.
-    solver = _HiGHS(start_values, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=threads,
+    solver = HiGHS(start_values, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=threads,
                     random_seed=seed, presolve="off")
-    with _solver_output_to_log():
+    with solver_output_to_log():
         model.lp.solve(solver)
     highs = model.lp.solverModel
     info, status = highs.getInfo(), highs.modelStatusToString(highs.getModelStatus())
@@ -315,25 +274,8 @@ def solve_ilp(problem: Problem, *, time_limit_s: float = 60.0, gap_rel: float = 
         record["ilp_objective_s"] = float(info.objective_function_value) * model.scale_s
     bound = float(info.mip_dual_bound) * model.scale_s if np.isfinite(info.mip_dual_bound) else 0.0
     proven = status == "Optimal" and np.isfinite(info.mip_dual_bound)
-    record["tolerances"] = _tolerances(highs, model.scale_s)
+    record["tolerances"] = tolerances(highs, model.scale_s)
     return _choose(problem, found, start, max(bound, 0.0), proven, record)
-
-
-def _tolerances(highs: Any, scale_s: float) -> dict[str, float]:
-    """The tolerances HiGHS really stopped by, read back from the solver instance.
-
-    HiGHS declares a MIP ``Optimal`` when its relative gap is within ``mip_rel_gap`` *or* its absolute
-    gap is within ``mip_abs_gap`` (objective units; default 1e-6). Its objective may also sit below the
-    returned plan's true value by up to ``mip_feasibility_tolerance`` per unit of a constraint's slack
-    (default 1e-6): a stage-time variable may undercut its lower bound by that much. We re-evaluate the
-    returned plan with the exact formula, so the gap we compute includes that rounding. ``abs_gap_s``
-    converts both absolute tolerances to seconds (the model is in units of ``scale_s``).
-    """
-    rel = float(highs.getOptionValue("mip_rel_gap")[1])
-    abs_gap = float(highs.getOptionValue("mip_abs_gap")[1])
-    feasibility = float(highs.getOptionValue("mip_feasibility_tolerance")[1])
-    return {"mip_rel_gap": rel, "mip_abs_gap": abs_gap, "mip_feasibility_tolerance": feasibility,
-            "abs_gap_s": (abs_gap + feasibility) * scale_s}
 
 
 def _feasible(problem: Problem, partition: Partition | None) -> Partition | None:
@@ -382,7 +324,7 @@ def lp_bound_s(problem: Problem, *, incumbent_s: float = np.inf, time_limit_s: f
     """
     tab = class_tables(problem)
     model = _build(problem, tab, incumbent_s, relax=True)
-    with _solver_output_to_log():
+    with solver_output_to_log():
         model.lp.solve(pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=1, mip=False, presolve="off"))
     if model.lp.status != pulp.LpStatusOptimal:
         raise InfeasibleError(f"the LP relaxation has no optimum (status {pulp.LpStatus[model.lp.status]})")
