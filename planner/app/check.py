@@ -128,7 +128,22 @@ def _baseline_notes(plan: Plan, baseline: Plan) -> list[str]:
         notes.append(f"placement differs from the baseline: {diff.moved_nodes} node(s) moved stage"
                      + (f", stage(s) {', '.join(map(str, devices))} on other devices" if devices else "")
                      + "; see `plan diff BASELINE PLAN`")
+    speeds, base_speeds = speed_factors_of(plan), speed_factors_of(baseline)
+    if speeds != base_speeds:
+        notes.append(f"the plans assume different device speeds (baseline: {_speeds(base_speeds)}; plan: "
+                     f"{_speeds(speeds)}), so their predicted step times are not comparable: a plan made by "
+                     f"`plan run`'s rebalancer carries the speeds it measured; compare plans made with the same speeds")
     return notes
+
+
+def speed_factors_of(plan: Plan) -> dict[str, float]:
+    """The measured speed factors a plan was made with (device id -> multiplier on compute; none = as profiled)."""
+    raw = plan.extra.get("speed_factors") or {}
+    return {str(d): float(f) for d, f in sorted(raw.items()) if abs(float(f) - 1.0) > 1e-9} if isinstance(raw, Mapping) else {}
+
+
+def _speeds(factors: Mapping[str, float]) -> str:
+    return ", ".join(f"{d} x{f:.2f}" for d, f in factors.items()) or "as profiled"
 
 
 def check_files(plan_path: str | Path, *, baseline_path: str | Path | None = None,

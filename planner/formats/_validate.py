@@ -10,11 +10,14 @@ from planner.errors import InputFileError
 class Checker:
     """Collects context (``what`` = file kind and path) for one-line validation errors."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, hint: str = "regenerate the file") -> None:
         self.what = what
+        self.hint = hint
+        """The advice for a broken field: files the tool writes say regenerate; hand-written ones say fix."""
 
-    def fail(self, field: str, expected: str, found: Any, hint: str = "regenerate the file") -> None:
-        raise InputFileError(f"{self.what}: field {field!r} must be {expected}, found {_short(found)}; {hint}")
+    def fail(self, field: str, expected: str, found: Any, hint: str | None = None) -> None:
+        raise InputFileError(f"{self.what}: field {field!r} must be {expected}, found {_short(found)}; "
+                             f"{hint or self.hint}")
 
     def get(self, obj: dict[str, Any], key: str, kind: type | tuple[type, ...], field: str | None = None) -> Any:
         field = field or key

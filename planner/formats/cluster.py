@@ -127,7 +127,7 @@ class Cluster:
 
 def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     """Validate a cluster document; raises ``InputFileError`` naming the broken rule."""
-    check = Checker(what)
+    check = Checker(what, "fix that field in the cluster file (the fields are in docs/formats.md)")
     check.schema_version(data, SCHEMA_VERSION)
     name = check.get(data, "name", str)
     raw_devices = check.get(data, "devices", list)
@@ -138,7 +138,10 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         where = f"devices[{i}]"
         if not isinstance(raw, dict):
             check.fail(where, "an object", raw)
-        memory = check.get(raw, "memory_bytes", int, f"{where}.memory_bytes")
+        memory = check.get(raw, "memory_bytes", (int, float), f"{where}.memory_bytes")
+        if isinstance(memory, float) and not memory.is_integer():
+            check.fail(f"{where}.memory_bytes", "a whole number of bytes", memory)
+        memory = int(memory)  # 80e9 in a hand-written file is a whole number of bytes
         if memory <= 0:
             check.fail(f"{where}.memory_bytes", "positive", memory)
         devices.append(Device(
@@ -169,11 +172,20 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     check.non_negative(overhead, "runtime.pass_overhead_s")
     per_byte = float(check.opt(runtime, "pass_byte_overhead_s", (int, float), 0.0, "runtime.pass_byte_overhead_s"))
     check.non_negative(per_byte, "runtime.pass_byte_overhead_s")
+    intra = _link(check.get(links, "intra_host", dict, "links.intra_host"), "links.intra_host", check)
+    hosts = sorted({d.host for d in devices})
+    if "inter_host" in links or len(hosts) > 1:
+        if "inter_host" not in links:
+            check.fail("links.inter_host", "present (an object with bandwidth_Bps and latency_s)", "nothing",
+                       f"the devices sit on {len(hosts)} hosts ({', '.join(hosts[:4])}), so say how they connect")
+        inter = _link(check.get(links, "inter_host", dict, "links.inter_host"), "links.inter_host", check)
+    else:
+        inter = intra  # one host: no transfer ever crosses hosts
     return Cluster(
         name=name,
         devices=tuple(devices),
-        intra_host=_link(check.get(links, "intra_host", dict, "links.intra_host"), "links.intra_host", check),
-        inter_host=_link(check.get(links, "inter_host", dict, "links.inter_host"), "links.inter_host", check),
+        intra_host=intra,
+        inter_host=inter,
         pairs=MappingProxyType(pairs),
         extra=MappingProxyType(extra),
         pass_overhead_s=overhead,

@@ -24,7 +24,7 @@ def read_document(path: str | Path, what: str) -> dict[str, Any]:
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
         else:
             data = json.loads(text)
     except Exception as exc:  # json.JSONDecodeError or yaml.YAMLError
@@ -33,6 +33,26 @@ def read_document(path: str | Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputFileError(f"{what} file {str(path)!r} must hold a JSON object at the top level, found {type(data).__name__}")
     return data
+
+
+def _yaml_loader() -> Any:
+    """PyYAML's SafeLoader, reading floats as YAML 1.2 and JSON do.
+
+    PyYAML follows YAML 1.1, where ``12.0e9`` and ``1e9`` (no sign in the exponent) are strings; a
+    hand-written cluster file means numbers there. The added resolver takes any decimal float.
+    """
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$|^[-+]?[0-9][0-9_]*\.[0-9_]*$"),
+        list("-+0123456789."))
+    return Loader
 
 
 def check_writable(path: str | Path, what: str = "output") -> Path:

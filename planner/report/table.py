@@ -50,6 +50,10 @@ def summary_text(plan: Plan) -> Text:
     refine = plan.extra.get("refine")
     if isinstance(refine, Mapping) and isinstance(refine.get("rounds"), (list, tuple)):
         text.append(f" · refined: {len(refine['rounds'])} round(s), stop {refine.get('stop', '?')}")
+    speeds = plan.extra.get("speed_factors")
+    if isinstance(speeds, Mapping) and any(abs(float(f) - 1.0) > 1e-9 for f in speeds.values()):
+        shown = ", ".join(f"{d} x{float(f):.2f}" for d, f in sorted(speeds.items()) if abs(float(f) - 1.0) > 1e-9)
+        text.append(f" · measured speed factors (compute times multiplied): {shown}", style="yellow")
     estimated = plan.extra.get("estimated_types")
     if estimated:
         text.append(f" · estimated times for {', '.join(map(str, estimated))}", style="yellow")

@@ -21,11 +21,13 @@ from typing import Sequence
 
 from planner.errors import InfeasibleError, PlannerError
 from planner.formats.plan import SCHEDULES
-from planner.partition.model.cost import device_memory_bytes, format_bytes, validate_partition
+from planner.partition.model.cost import (device_memory_bytes, format_bytes, inflight_microbatches,
+                                          infeasible_reason, stage_activation_bytes, stage_static_bytes,
+                                          validate_partition)
 from planner.partition.model.problem import Partition, Problem
 from planner.partition.sim.schedules import interleaved_group_size, pipeline_layout
 
-__all__ = ["shape_violations", "memory_violations", "violations", "check_fits", "max_stages"]
+__all__ = ["shape_violations", "memory_violations", "violations", "check_fits", "max_stages", "no_fit_message"]
 
 
 def max_stages(schedule: str, microbatches: int, num_devices: int) -> int:
@@ -87,3 +89,72 @@ def check_fits(problem: Problem, partition: Partition) -> None:
     found = violations(problem, partition)
     if found:
         raise InfeasibleError(found[0])
+
+
+_NO_FIT_BLOCK_LIMIT = 600
+"""Blocks up to which ``no_fit_message`` computes the least memory any split needs (O(blocks^2 x stages^2))."""
+
+
+def no_fit_message(problem: Problem, method: str) -> str:
+    """Why no split of ``problem`` fits in memory, with sizes: the quick reasons of ``infeasible_reason`` (a
+    block too large for every device, weights that exceed all devices together), else the least memory the
+    fullest stage of *any* contiguous split into at most ``max_stages`` stages needs, which stage and blocks
+    that is, and the largest device's capacity."""
+    quick = infeasible_reason(problem)
+    if quick is not None:
+        return quick
+    largest = max(problem.cluster.devices, key=lambda d: (d.memory_bytes, d.id))
+    advice = ("use devices with more memory, more devices, fewer micro-batches in flight (--schedule 1f1b, fewer "
+              "--microbatches), a finer --granularity, or an optimizer with less state")
+    head = (f"{method}: no split of the {len(problem.blocks)} blocks fits in memory under {problem.schedule} with "
+            f"{problem.microbatches} micro-batches")
+    if len(problem.blocks) > _NO_FIT_BLOCK_LIMIT:
+        return f"{head}; the largest device, {largest.id!r} ({largest.type}), has {format_bytes(largest.memory_bytes)}; {advice}"
+    need, stage, start, stop, stages = _least_peak(problem)
+    names = problem.blocks[start].name if stop - start == 1 else f"{problem.blocks[start].name}..{problem.blocks[stop - 1].name}"
+    return (f"{head}: the split that needs least memory ({stages} stage(s)) still needs {format_bytes(need)} "
+            f"({need} bytes) on stage {stage} (blocks {start}-{stop - 1}: {names}), but the largest device, "
+            f"{largest.id!r} ({largest.type}), has {format_bytes(largest.memory_bytes)} ({largest.memory_bytes} "
+            f"bytes); {advice}")
+
+
+def _least_peak(problem: Problem) -> tuple[int, int, int, int, int]:
+    """Over every split into k <= max_stages contiguous stages: the least possible largest stage memory.
+
+    Returns (bytes, stage index, first block, stop block, k). A DP per k: ``best[j]`` is the least largest
+    memory of the first stages covering blocks ``[0, j)``, stage ``s`` keeping its schedule's in-flight
+    micro-batches (``inflight_microbatches``: ``m`` under GPipe, ``min(m, k - s)`` under 1F1B).
+    """
+    n = len(problem.blocks)
+    limit = max_stages(problem.schedule, problem.microbatches, len(problem.cluster.devices))
+    best_overall: tuple[int, int, int, int, int] | None = None
+    for k in range(1, min(limit, n) + 1):
+        inflight = [inflight_microbatches(problem.schedule, s, k, problem.microbatches, k) for s in range(k)]
+        inf = float("inf")
+        best = [[inf] * (n + 1) for _ in range(k + 1)]
+        back = [[-1] * (n + 1) for _ in range(k + 1)]
+        best[0][0] = 0
+        for s in range(1, k + 1):
+            for j in range(s, n - (k - s) + 1):
+                for i in range(s - 1, j):
+                    if best[s - 1][i] == inf:
+                        continue
+                    need = stage_static_bytes(problem, i, j) + stage_activation_bytes(problem, i, j) * inflight[s - 1]
+                    value = max(best[s - 1][i], need)
+                    if value < best[s][j]:
+                        best[s][j], back[s][j] = value, i
+        if best[k][n] == inf:
+            continue
+        bounds, j = [n], n
+        for s in range(k, 0, -1):
+            j = back[s][j]
+            bounds.append(j)
+        bounds.reverse()
+        needs = [stage_static_bytes(problem, bounds[s], bounds[s + 1])
+                 + stage_activation_bytes(problem, bounds[s], bounds[s + 1]) * inflight[s] for s in range(k)]
+        fullest = max(range(k), key=lambda s: (needs[s], -s))
+        candidate = (int(needs[fullest]), fullest, bounds[fullest], bounds[fullest + 1], k)
+        if best_overall is None or candidate[0] < best_overall[0]:
+            best_overall = candidate
+    assert best_overall is not None
+    return best_overall

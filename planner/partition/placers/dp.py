@@ -29,8 +29,7 @@ from typing import Any, Collection, Mapping
 import numpy as np
 
 from planner.errors import InfeasibleError, PlannerError
-from planner.partition.model.cost import infeasible_reason
-from planner.partition.model.feasibility import max_stages
+from planner.partition.model.feasibility import max_stages, no_fit_message
 from planner.partition.model.problem import Placed
 from planner.partition.model.objective import (
     ClassTables,
@@ -193,10 +192,7 @@ def walk_bounds(problem: Problem, tab: ClassTables, lat: StageLatencies, nblocks
             break
         bound = float(candidates[below])
     if best is None:
-        raise InfeasibleError(infeasible_reason(problem) or
-                              "no split of the blocks into stages fits the devices' memory under "
-                              f"{problem.schedule} with {m} micro-batches; use more or larger devices, fewer "
-                              "micro-batches in flight (1f1b) or a finer --granularity")
+        raise InfeasibleError(no_fit_message(problem, "dp"))
     return best[0], best[1], tried
 
 

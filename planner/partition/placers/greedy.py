@@ -32,8 +32,8 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
-from planner.partition.model.cost import evaluate, infeasible_reason, transfer_s
-from planner.partition.model.feasibility import max_stages, shape_violations
+from planner.partition.model.cost import evaluate, transfer_s
+from planner.partition.model.feasibility import max_stages, no_fit_message, shape_violations
 from planner.partition.placers.fill import FillContext, FillDevice, fill, work
 from planner.partition.placers.mapping import exact_mapping_fits, map_stages
 from planner.partition.model.problem import Partition, Problem
@@ -65,8 +65,7 @@ def place(problem: Problem, *, weights: Mapping[str, float] | None = None, **opt
         ctx = _fewer_assumed_stages(ctx)
         widest = fill(ctx, math.inf) if ctx is not None else None
     if widest is None:
-        reason = infeasible_reason(problem)
-        raise InfeasibleError(reason or _no_fit_message(problem))
+        raise InfeasibleError(no_fit_message(problem, "greedy"))
     assert ctx is not None
     candidates: dict[Partition, float] = {}
     for weight, slack in SEARCHES:
@@ -226,11 +225,5 @@ def _estimate(ctx: FillContext, partition: Partition, transfer_weight: float) ->
         loads[i] += pair
     return sum(loads) + (problem.microbatches - 1) * max(loads)
 
-
-def _no_fit_message(problem: Problem) -> str:
-    largest = max(problem.cluster.devices, key=lambda d: (d.memory_bytes, d.id))
-    return (f"greedy found no placement that fits in memory on {len(problem.cluster.devices)} devices under "
-            f"{problem.schedule} with {problem.microbatches} micro-batches (largest device {largest.id!r}: "
-            f"{largest.memory_bytes} bytes); use more or larger devices, fewer micro-batches in flight, or --method ilp")
 
 

@@ -25,8 +25,7 @@ import numpy as np
 import pulp
 
 from planner.errors import InfeasibleError, PlannerError
-from planner.partition.model.cost import infeasible_reason
-from planner.partition.model.feasibility import check_fits, max_stages
+from planner.partition.model.feasibility import check_fits, max_stages, no_fit_message
 from planner.partition.model.problem import Placed
 from planner.partition.placers import greedy
 from planner.partition.placers.highs import HiGHS, solver_output_to_log, tolerances
@@ -295,9 +294,7 @@ def _choose(problem: Problem, found: Partition | None, start: Partition | None, 
     found_s = step_time_formula_s(problem, found) if found else np.inf
     start_s = step_time_formula_s(problem, start) if start else np.inf
     if found is None and start is None:
-        raise InfeasibleError(infeasible_reason(problem) or
-                              f"the ILP found no split that fits in memory (HiGHS: {record['status']}); use more or "
-                              "larger devices, the 1f1b schedule, or fewer micro-batches")
+        raise InfeasibleError(no_fit_message(problem, f"ilp (HiGHS: {record['status']})"))
     if found is not None and found_s <= start_s:
         chosen, value, returned = found, found_s, "solver"
     else:

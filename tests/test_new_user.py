@@ -1,0 +1,133 @@
+"""Issue 11: what a new user hit in a trial run, one test per item, each reproducing the command.
+
+Every refusal must end as one ``error:`` line, a non-zero exit, no traceback and no partial file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT_TINY = ROOT / "tests" / "golden" / "profiles" / "gpt_tiny.json"
+runner = CliRunner()
+
+
+def run(*args: str | Path) -> tuple[int, str, str]:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def plan_cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The installed command in a fresh process (what a user runs; output at the file-descriptor level)."""
+    return subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+# 1. `plan partition -m ilp --json` printed HiGHS's banner before the JSON.
+def test_1_ilp_json_is_one_json_document(tmp_path: Path) -> None:
+    done = plan_cli("partition", GPT_TINY, "--cluster", "a100-4", "-m", "ilp", "--json", "-o", tmp_path / "p.json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["method"] == "ilp" and "HiGHS" not in done.stdout.split("{", 1)[0]
+
+
+# 7. YAML clusters: 12.0e9 is a number, a one-host cluster needs no inter_host, advice fits a hand-written file.
+def test_7_hand_written_yaml_cluster(tmp_path: Path) -> None:
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text("schema_version: 1\nname: lab\ndevices:\n"
+                       "  - {id: g0, type: a100-80g, host: box, memory_bytes: 80e9}\n"
+                       "  - {id: g1, type: v100-32g, host: box, memory_bytes: 32e9}\n"
+                       "links:\n  intra_host: {bandwidth_Bps: 12.0e9, latency_s: 5.0e-6}\n")
+    code, out, err = run("partition", GPT_TINY, "--cluster", cluster, "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    cluster.write_text(cluster.read_text().replace("host: box, memory_bytes: 32e9", "host: other, memory_bytes: 32e9"))
+    code, _, err = run("partition", GPT_TINY, "--cluster", cluster, "-o", tmp_path / "two-hosts.json")
+    line = one_error_line(err)
+    assert code == 1 and "links.inter_host" in line and "2 hosts" in line and "regenerate" not in line
+    assert not (tmp_path / "two-hosts.json").exists()
+    cluster.write_text(cluster.read_text().replace("bandwidth_Bps: 12.0e9", "bandwidth_Bps: fast"))
+    line = one_error_line(run("partition", GPT_TINY, "--cluster", cluster)[2])
+    assert "bandwidth_Bps" in line and "fix that field in the cluster file" in line
+
+
+# 8. An infeasible memory budget under dp names the least memory any split needs, the capacity and the stage.
+@pytest.mark.parametrize("method", ["dp", "ilp", "greedy"])
+def test_8_infeasible_memory_gives_sizes(tmp_path: Path, method: str) -> None:
+    cluster = tmp_path / "tight.json"
+    cluster.write_text(json.dumps({"schema_version": 1, "name": "tight", "links": {
+        "intra_host": {"bandwidth_Bps": 1e10, "latency_s": 1e-6}}, "devices": [
+        {"id": f"g{i}", "type": "cpu", "host": "h", "memory_bytes": 729446} for i in range(2)]}))
+    code, _, err = run("partition", GPT_TINY, "--cluster", cluster, "-m", method, "-s", "gpipe", "-n", "8",
+                       "-o", tmp_path / "plan.json")
+    line = one_error_line(err)
+    assert code == 1 and "least memory" in line and "818688 bytes" in line and "729446 bytes" in line
+    assert "on stage 0 (blocks 0-" in line
+    assert not (tmp_path / "plan.json").exists()
+
+
+# 12. A plan carrying measured speed factors says so, and check notes that the two plans assume different speeds.
+def test_12_speed_factors_are_shown_and_checked(tmp_path: Path) -> None:
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.plan import save_plan
+    from planner.formats.profile import load_profile
+    from planner.partition import partition
+
+    profile, cluster = load_profile(GPT_TINY), load_cluster_spec("cpu-2")
+    args = dict(method="dp", microbatches=4, schedule="1f1b", catalog=load_catalog())
+    save_plan(partition(profile, cluster, **args), tmp_path / "base.json")
+    save_plan(partition(profile, cluster, speed_factors={"cpu1": 2.0}, **args), tmp_path / "measured.json")
+    code, out, _ = run("show", tmp_path / "measured.json", "--no-files")
+    flat = " ".join(out.split())
+    assert code == 0 and "measured speed factors" in flat and "cpu1 x2.00" in flat
+    code, out, _ = run("check", tmp_path / "measured.json", "--baseline", tmp_path / "base.json",
+                       "--profile", GPT_TINY, "--tolerance", "1000%")
+    assert code == 0
+    assert "different device speeds" in " ".join(out.split()) and "cpu1 x2.00" in " ".join(out.split())
+
+
+# 13. The --live table's last line ends with a newline, so the summary starts on its own line.
+def test_13_live_table_ends_with_a_newline() -> None:
+    from rich.console import Console
+
+    from planner.report.rounds import LiveRounds
+
+    sink = io.StringIO()
+    live = LiveRounds(Console(file=sink, force_terminal=True, width=100))
+    live.start()
+    live.update([{"round": 0, "first_step": 0, "steps": 2, "step_time_s": 0.5, "imbalance": 0.1,
+                  "plan_changed": False, "converged": False, "devices": {"cpu0": {"compute_s": 1, "wait_s": 0}}}])
+    live.stop()
+    assert sink.getvalue().endswith("\n")
+
+
+# 14. Every option of every command is in the docs (--granularity was missing from docs/commands.md).
+@pytest.mark.parametrize("command, page", [("partition", "commands.md"), ("show", "commands.md"),
+                                           ("check", "commands.md"), ("diff", "commands.md"),
+                                           ("run", "run.md"), ("profile", "profiling.md")])
+def test_14_every_option_is_documented(command: str, page: str) -> None:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    options = [name for param in group.commands[command].params for name in param.opts if name.startswith("--")]
+    text = (ROOT / "docs" / page).read_text()
+    import re
+
+    missing = [name for name in options if name != "--help" and not re.search(rf"`[^`]*(?<![\w-]){re.escape(name)}(?![\w-])", text)]
+    assert missing == [], f"docs/{page} does not document {missing}"
