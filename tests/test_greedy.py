@@ -118,7 +118,7 @@ def test_unknown_option_is_a_usage_error() -> None:
 
 def test_infeasible_when_blocks_fit_alone_but_not_on_the_devices_together() -> None:
     prof = ops([1.0, 1.0, 1.0], params=[75, 75, 75])  # 300 bytes each with Adam; two never share 500 bytes
-    with pytest.raises(InfeasibleError, match="greedy found no placement that fits in memory on 2 devices"):
+    with pytest.raises(InfeasibleError, match="greedy: no split of the 4 blocks fits in memory.*needs 600 B.*has 500 B"):
         partition(prof, free_cluster(2, memory_bytes=500), method="greedy", microbatches=2, schedule="gpipe")
 
 
