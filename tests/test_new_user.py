@@ -131,3 +131,34 @@ def test_14_every_option_is_documented(command: str, page: str) -> None:
 
     missing = [name for name in options if name != "--help" and not re.search(rf"`[^`]*(?<![\w-]){re.escape(name)}(?![\w-])", text)]
     assert missing == [], f"docs/{page} does not document {missing}"
+
+
+# 5. A plan made for A100s ran on CPU ranks without a word; now it is refused unless --allow-device-mismatch.
+def test_5_a_plan_for_other_devices_is_refused_unless_allowed(tmp_path: Path) -> None:
+    from planner.app.run import run_config
+    from planner.runtime.launch.prepare import preflight
+
+    code, _, err = run("partition", GPT_TINY, "--cluster", "a100-4", "-m", "dp", "-n", "4", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    code, _, err = run("run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--steps", "2")
+    line = one_error_line(err)
+    assert code == 1 and "made for a100-80g devices but the ranks run on cpu" in line and "--allow-device-mismatch" in line
+    allowed = run_config(plan=str(tmp_path / "plan.json"), model="planner.examples.gpt:gpt_tiny", steps=2, round_steps=1,
+                         timeout_s=30, options={}, allow_device_mismatch=True)
+    assert preflight(allowed) >= 1
+
+
+# 10. Usage errors of every command come at once, before torch is imported.
+@pytest.mark.parametrize("args", [["run", "plan.json", "m:f", "--steps", "0"],
+                                  ["partition", "p.json", "-c", "cpu-2", "-n", "0"],
+                                  ["profile", "m:f", "--repeats", "0"],
+                                  ["profile", "m:f", "--estimate", "h900"],
+                                  ["check", "p.json", "--tolerance", "bad"],
+                                  ["run", "plan.json", "m:f", "--emulate-slowdown", "x"]])
+def test_10_usage_errors_come_before_torch_is_imported(args: list[str]) -> None:
+    script = ("import sys\nfrom planner.cli import main\nsys.argv = ['plan'] + sys.argv[1:]\n"
+              "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+              "print('torch' in sys.modules, code)")
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "2"], (done.stdout, done.stderr)
+    one_error_line(done.stderr)

@@ -63,6 +63,9 @@ def run_cmd(
                               "resumes from its newest checkpoint.", show_default=False)] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints "
                                 "(0: none).")] = 0,
+    allow_device_mismatch: Annotated[bool, typer.Option("--allow-device-mismatch", help="Train with a plan made "
+                                     "for other device types than the ranks have (refused by default: its split "
+                                     "and predicted step time were made for those devices).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")] = False,
 ) -> None:
     """Train with a plan: one pipeline stage per rank, torch.distributed.pipelining schedules.
@@ -90,6 +93,7 @@ def run_cmd(
         plan=str(plan), model=model, steps=steps, round_steps=round_steps, timeout_s=timeout_s,
         max_restarts=max_restarts, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr, seed=seed, data=data,
         profile=str(profile) if profile else None, params_out=str(params_out) if params_out else None,
+        allow_device_mismatch=allow_device_mismatch,
         options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
                      log=log, live=live, output=output, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every))

@@ -95,7 +95,11 @@ def render_run(console: Console, result: Mapping[str, Any]) -> None:
         console.print(Text(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
                            f"{losses[-1]:.6f} in {result['wall_s']:.2f} s"), soft_wrap=True)
     measured, predicted = result.get("step_time_s"), result.get("predicted_step_time_s")
-    if measured and predicted:
+    if result.get("device_mismatch"):
+        console.print(Text(f"note: the plan was made for {', '.join(result['device_mismatch'])} devices "
+                           f"(--allow-device-mismatch); its prediction does not apply here", style="yellow"),
+                      soft_wrap=True)
+    elif measured and predicted:
         console.print(Text(f"step time {measured:.3f} s measured (last rounds after the first), {predicted:.3f} s "
                            f"predicted by the plan in force ({measured / predicted - 1:+.0%})"), soft_wrap=True)
 

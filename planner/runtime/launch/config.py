@@ -45,6 +45,8 @@ class RunConfig:
     """Timeout of the process group's collectives and point-to-point transfers."""
     params_out: str | None = None
     """Directory: each rank writes ``rank{R}.pt`` (its parameters by canonical name) at the end."""
+    allow_device_mismatch: bool = False
+    """Train with a plan made for other device types (its split and predictions do not hold here)."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
     config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.

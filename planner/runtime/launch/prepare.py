@@ -6,14 +6,15 @@ launches), so a mismatch ends the run with one message instead of ranks waiting 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from planner.errors import DistributedError, InputFileError
+from planner.errors import DistributedError, InputFileError, PlanMismatchError
+from planner.profile.device import detect_device_type
 from planner.formats.plan import Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.profile.capture import Captured, capture
@@ -41,6 +42,8 @@ class Prepared:
     settings: TrainSettings
     batch: BatchFn
     """Step -> (inputs, target) of the whole batch, on CPU."""
+    device_mismatch: tuple[str, ...] = ()
+    """The plan's device types that differ from the ranks' (allowed by ``--allow-device-mismatch``)."""
 
 
 def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, Profile, str]:
@@ -65,6 +68,7 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
 
     ``world_size``: the ranks started, which must be the plan's device count (``None``: not checked)."""
     plan, profile, where = load_checked_plan(config.plan, config.profile)
+    mismatch = check_device_types(plan, device, config.allow_device_mismatch)
     need = world_size_of(plan)
     if world_size is not None and world_size != need:
         raise DistributedError(f"the plan places stages on {need} devices but {world_size} ranks were started; "
@@ -81,12 +85,43 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     settings = TrainSettings(name, lr, plan.microbatches, mbs, config.seed)
     batch = make_batch_fn(spec, settings, config.data)
     split_batch(batch(0)[0], plan.microbatches)
-    return Prepared(plan, profile, module, captured, spec, settings, batch)
+    return Prepared(plan, profile, module, captured, spec, settings, batch, mismatch)
 
 
 def preflight(config: "RunConfig") -> int:
-    """Every check ``prepare`` makes, in this process on CPU, before ranks start; returns the world size."""
-    return world_size_of(prepare(config, None, torch.device("cpu")).plan)
+    """Every check ``prepare`` makes, in this process on CPU, before ranks start; returns the world size.
+
+    The device-type check uses the device the ranks will get (a GPU where CUDA is available)."""
+    rank_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plan, _, _ = load_checked_plan(config.plan, config.profile)
+    check_device_types(plan, rank_device, config.allow_device_mismatch)
+    return world_size_of(prepare(replace(config, allow_device_mismatch=True), None, torch.device("cpu")).plan)
+
+
+def plan_device_types(plan: Plan) -> dict[str, str]:
+    """Device id -> type, for the plan's stages: from each stage's ``device_type``, else the embedded cluster."""
+    types = {}
+    cluster = plan.extra.get("cluster")
+    listed = {str(d.get("id")): str(d.get("type")) for d in (cluster or {}).get("devices", ()) if isinstance(d, dict)} \
+        if isinstance(cluster, dict) else {}
+    for stage in plan.stages:
+        kind = stage.extra.get("device_type") or listed.get(stage.device)
+        if kind:
+            types[stage.device] = str(kind)
+    return types
+
+
+def check_device_types(plan: Plan, device: torch.device, allow: bool) -> tuple[str, ...]:
+    """The plan's device types that differ from the type of ``device`` (what the ranks run on); refused unless
+    ``allow`` (``--allow-device-mismatch``): the plan's split and its predictions were made for other devices."""
+    local = detect_device_type(device)
+    other = tuple(sorted({t for t in plan_device_types(plan).values() if t != local}))
+    if other and not allow:
+        raise PlanMismatchError(
+            f"the plan was made for {', '.join(other)} devices but the ranks run on {local}, so its split and "
+            f"predicted step time do not hold here; re-partition for a cluster of {local} devices (for CPU ranks: "
+            f"--cluster cpu-2), or pass --allow-device-mismatch to train with it anyway")
+    return other
 
 
 def make_batch_fn(spec: data_mod.DataSpec, settings: TrainSettings, data: str | None) -> BatchFn:

@@ -170,6 +170,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "wall_s": time.perf_counter() - start,
         "step_time_s": steady_step_time_s(run.rounds),
         "predicted_step_time_s": run.plan.step_time_s,
+        "device_mismatch": list(prepared.device_mismatch),
         "rounds": [dataclasses.asdict(r) for r in run.rounds],
         "stages": [s.stage_index for s in run.stages.stages],
         "plan": run.plan.to_dict(),
