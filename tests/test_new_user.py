@@ -162,3 +162,116 @@ def test_10_usage_errors_come_before_torch_is_imported(args: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["False", "2"], (done.stdout, done.stderr)
     one_error_line(done.stderr)
+
+
+def _profile_and_plan(tmp_path: Path, model: str, *extra: str) -> tuple[int, str, Path]:
+    code, out, err = run("profile", model, "-o", tmp_path / "profile.json", "--repeats", "1", "--warmup", "0", *extra)
+    assert code == 0, err
+    code, _, perr = run("partition", tmp_path / "profile.json", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    assert code == 0, perr
+    return code, out + err, tmp_path / "plan.json"
+
+
+# 3. A --data factory with the wrong signature, one that raises, or batches that do not fit the model:
+#    checked once in the launcher, before ranks start, as one line.
+FACTORIES = '''
+import torch
+def no_batch_size(seed, step): return torch.zeros(8, 16, dtype=torch.int64), None
+def positional_only(seed, step, batch_size, /): return torch.zeros(batch_size, 16, dtype=torch.int64), None
+def wrong_shape(seed, step, batch_size): return torch.zeros(batch_size, 3, 5), None
+def raises(seed, step, batch_size): raise FileNotFoundError("data.bin")
+def float_target(seed, step, batch_size): return torch.zeros(batch_size, 16, dtype=torch.int64), torch.zeros(3)
+'''
+
+
+@pytest.mark.parametrize("factory, words", [
+    ("no_batch_size", "must accept the keyword arguments seed, step, batch_size, but its signature is no_batch_size(seed, step)"),
+    ("positional_only", "signature is positional_only(seed, step, batch_size, /)"),
+    ("wrong_shape", "returned input 0 as float32[16, 3, 5]; the profiled model takes int64[16, 16]"),
+    ("raises", "raised FileNotFoundError: data.bin"),
+    ("float_target", "a target of float32[3]; a language model trains on next-token ids of int64[16, 16]"),
+])
+def test_3_a_bad_data_factory_is_one_line_before_ranks_start(tmp_path: Path, factory: str, words: str) -> None:
+    (tmp_path / "batches.py").write_text(FACTORIES)
+    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    done = plan_cli("run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--steps", "2",
+                    "--profile", GPT_TINY, "--data", f"{tmp_path / 'batches.py'}:{factory}", timeout=120)
+    line = one_error_line(done.stderr)
+    assert done.returncode == 2 and words in line and "starting" not in done.stdout, line
+
+
+# 4. A model whose forward returns a dict or tuple: flagged at profile, trained with --model-output.
+MULTI_OUTPUT = '''
+import torch
+from torch import nn
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 8), nn.Linear(8, 4)
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return {"logits": self.head(h), "hidden": h}
+class Pair(Heads):
+    def forward(self, x):
+        out = super().forward(x)
+        return out["logits"], out["hidden"]
+def heads(): return Heads(), (torch.randn(4, 8),)
+def pair(): return Pair(), (torch.randn(4, 8),)
+'''
+
+
+@pytest.mark.parametrize("factory, selector, kind", [("heads", "logits", "a dict with keys 'logits', 'hidden'"),
+                                                     ("pair", "0", "a tuple of 2")])
+def test_4_several_outputs_are_flagged_at_profile_and_named_with_model_output(
+        tmp_path: Path, factory: str, selector: str, kind: str) -> None:
+    from planner.app.run import run_config
+    from planner.runtime.launch.prepare import preflight
+
+    (tmp_path / "heads.py").write_text(MULTI_OUTPUT)
+    model = f"{tmp_path / 'heads.py'}:{factory}"
+    _, said, plan = _profile_and_plan(tmp_path, model)
+    assert f"warning: the model returns {kind}; plan run trains on one tensor" in " ".join(said.split())
+    code, _, err = run("run", plan, model, "--steps", "2")
+    line = one_error_line(err)
+    assert code == 1 and f"the model returns {kind}" in line and "--model-output KEY|INDEX" in line
+    code, _, err = run("profile", model, "-o", tmp_path / "bad.json", "--model-output", "nope")
+    line = one_error_line(err)
+    assert code == 1 and "does not select an output" in line and not (tmp_path / "bad.json").exists()
+    _, said, plan = _profile_and_plan(tmp_path, model, "--model-output", selector)
+    assert "warning" not in said
+    assert json.loads((tmp_path / "profile.json").read_text())["model"]["output"] == selector
+    config = run_config(plan=str(plan), model=model, steps=2, round_steps=1, timeout_s=30, options={})
+    assert preflight(config) == 2
+
+
+# 9. A plan from an fx-traced profile: the run captures with the profile's tracer (it used to fail with
+#    "graph does not match profile"); a graph that does not match names the tracers.
+def test_9_an_fx_profile_runs_with_its_tracer(tmp_path: Path) -> None:
+    from planner.app.run import run_config
+    from planner.errors import PlanMismatchError
+    from planner.formats.profile import load_profile
+    from planner.profile.capture import capture
+    from planner.profile.loader import load_factory
+    from planner.runtime.launch.prepare import preflight
+    from planner.runtime.pipeline.training import check_graph
+
+    _, _, plan = _profile_and_plan(tmp_path, "planner.examples.gpt:gpt_tiny", "--tracer", "fx")
+    config = run_config(plan=str(plan), model="planner.examples.gpt:gpt_tiny", steps=2, round_steps=1,
+                        timeout_s=30, options={})
+    assert preflight(config) == 2
+    module, example = load_factory("planner.examples.gpt:gpt_tiny")
+    profile = load_profile(tmp_path / "profile.json")
+    with pytest.raises(PlanMismatchError, match="the profile was traced with fx, this graph with export"):
+        check_graph(capture(module, example, "export"), profile, 2, "profile")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_9_an_fx_profile_trains_on_two_ranks(tmp_path: Path) -> None:
+    _, _, plan = _profile_and_plan(tmp_path, "planner.examples.gpt:gpt_tiny", "--tracer", "fx")
+    done = plan_cli("run", plan, "planner.examples.gpt:gpt_tiny", "--steps", "2", "--round-steps", "1",
+                    "--timeout-s", "60", "--json", timeout=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["steps"] == 2 and len(summary["losses"]) == 2

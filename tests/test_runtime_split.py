@@ -191,3 +191,14 @@ def test_micro_batch_counts_the_schedules_cannot_run_are_refused():
     with pytest.raises(PlanMismatchError, match="splits into 2 equal rounds"):
         rank_of_stages(Plan("hand", "interleaved-1f1b", 5, stages, plan.predicted))
     assert rank_of_stages(Plan("hand", "interleaved-1f1b", 6, stages, plan.predicted)) == (0, 1, 0, 1)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_fx_graphs_of_gpt_split_anywhere(parts):
+    """fx keeps shape arithmetic (``x.size(1)``) as nodes; a cut after one must not try to send an int."""
+    module, inputs = gpt_tiny()
+    captured = capture(module, inputs, tracer="fx")
+    assert any(type(n.meta.get("val")) is int for n in captured.graph_module.graph.nodes)
+    stage_of = assign_nodes(captured, _even(captured, parts), parts)
+    stages = split_graph(captured, module, stage_of, parts)
+    torch.testing.assert_close(_chain(stages, inputs), module(*inputs))

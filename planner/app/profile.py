@@ -35,6 +35,7 @@ class ProfileRequest:
     probe_links: bool = False
     cluster_out: Path | None = None
     top: int = 10
+    model_output: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def _profile(request: ProfileRequest, path: Path, progress: Progress | None) -> 
     profile = profile_model(request.model, input_spec=request.input_spec, microbatch_size=request.microbatch_size,
                             tracer=request.tracer, repeats=request.repeats, warmup=request.warmup,
                             estimate=request.estimate, progress=progress, threads=request.threads or None,
-                            estimate_precision=request.estimate_precision)
+                            estimate_precision=request.estimate_precision, model_output=request.model_output)
     save_profile(profile, path)
     return {**profile_summary(profile, request.top), "output": str(path)}
 

@@ -23,6 +23,9 @@ def profile_cmd(
                           "'int64[8,128]<50257' bounds integer values.", show_default=False)] = None,
     microbatch_size: Annotated[Optional[int], typer.Option("--microbatch-size", help="Rescale dimension 0 of the "
                                "inputs to this many samples.", show_default=False)] = None,
+    model_output: Annotated[Optional[str], typer.Option("--model-output", help="When forward returns a dict, tuple "
+                            "or list: the output to train on, a KEY or an INDEX (e.g. logits, 0). Recorded in the "
+                            "profile; plan run trains on the same one.", show_default=False)] = None,
     tracer: Annotated[str, typer.Option("--tracer", help="auto (torch.export, then torch.fx), export or fx.")] = "auto",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed repeats per op (the median is kept).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls before the repeats.")] = 2,
@@ -64,7 +67,7 @@ def profile_cmd(
                              tracer=tracer, repeats=repeats, warmup=warmup, threads=threads,
                              estimate=tuple(dict.fromkeys(t.strip() for t in estimate.split(",") if t.strip())),
                              estimate_precision=estimate_precision, probe_links=probe_links,
-                             cluster_out=cluster_out, top=top)
+                             cluster_out=cluster_out, top=top, model_output=model_output)
     check_request(request)  # usage errors before torch is imported
     with _progress(not as_json and model is not None) as progress:
         result = profile_command(request, progress)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -27,7 +28,10 @@ import torch.nn.functional as F
 
 from planner.errors import ModelError, UsageError
 
-__all__ = ["TensorSpec", "DataSpec", "data_spec", "make_batch", "load_data_factory", "loss_fn"]
+__all__ = ["TensorSpec", "DataSpec", "data_spec", "make_batch", "load_data_factory", "check_data_factory", "loss_fn"]
+
+FACTORY_ARGS = ("seed", "step", "batch_size")
+"""The keyword arguments a ``--data`` factory is called with."""
 
 LM_CROSS_ENTROPY = "lm-cross-entropy"
 MSE = "mse"
@@ -58,8 +62,11 @@ class DataSpec:
 def data_spec(example_inputs: Sequence[Any], example_output: Any) -> DataSpec:
     """Describe the micro-batch from example inputs and the model's output on them."""
     if not isinstance(example_output, torch.Tensor):
-        raise ModelError(f"plan run needs a model that returns one tensor, found {type(example_output).__name__}; "
-                         f"wrap the model so forward returns the logits or prediction tensor")
+        from planner.profile.loader import describe_output
+
+        raise ModelError(f"plan run trains on one tensor but the model returns {describe_output(example_output)}; "
+                         f"profile it again with --model-output KEY|INDEX (the output to train on) and partition "
+                         f"that profile, or wrap the model so forward returns one tensor")
     inputs = []
     for x in example_inputs:
         if not isinstance(x, torch.Tensor):
@@ -113,6 +120,70 @@ def load_data_factory(spec: str) -> Callable[..., Any]:
     if not callable(factory):
         raise UsageError(f"--data {spec!r}: {target} has no callable {attr!r}; name a function")
     return factory
+
+
+def check_data_factory(factory: Callable[..., Any], name: str, spec: DataSpec, seed: int, batch_size: int,
+                       microbatches: int) -> None:
+    """Check a ``--data`` factory once, before any rank starts: that it takes ``seed``, ``step`` and
+    ``batch_size`` by keyword, that one call (step 0) returns ``(inputs, target)``, and that those have the
+    number, shapes and dtypes of the profiled inputs and the model's output. Raises ``UsageError``."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        params = signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for arg in FACTORY_ARGS:
+            param = params.get(arg)
+            if (param is not None and param.kind is param.POSITIONAL_ONLY) or (param is None and not takes_any):
+                raise UsageError(f"--data {name}: the factory must accept the keyword arguments "
+                                 f"{', '.join(FACTORY_ARGS)}, but its signature is {name.rpartition(':')[2]}{signature}; "
+                                 f"define it as def factory(seed, step, batch_size)")
+        required = [p.name for p in params.values() if p.default is p.empty and p.name not in FACTORY_ARGS
+                    and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if required:
+            raise UsageError(f"--data {name}: the factory also requires {', '.join(required)}, but plan run passes "
+                             f"only {', '.join(FACTORY_ARGS)}; give the others defaults")
+    call = f"{name.rpartition(':')[2]}(seed={seed}, step=0, batch_size={batch_size})"
+    try:
+        inputs, target = custom_batch(factory, spec, seed, 0, batch_size)
+    except UsageError as exc:
+        raise UsageError(f"--data {name}: {call}: {exc}") from None
+    except Exception as exc:
+        line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
+        raise UsageError(f"--data {name}: {call} raised {type(exc).__name__}: {line}; "
+                         f"fix the factory (it is called once per step on every rank)") from None
+    where = f"--data {name}: {call} returned"
+    if len(inputs) != len(spec.inputs) or not all(isinstance(x, torch.Tensor) for x in (*inputs, target)):
+        raise UsageError(f"{where} {len(inputs)} input(s) and a {type(target).__name__} target; the model takes "
+                         f"{len(spec.inputs)} tensor input(s) ({_shapes(spec.inputs, batch_size)}): return them as "
+                         f"(inputs, target) with a tensor or None as target")
+    rows = f"batch_size ({batch_size} = {microbatches} micro-batches x {batch_size // microbatches})"
+    for i, (x, want) in enumerate(zip(inputs, spec.inputs)):
+        shape = (batch_size, *want.shape[1:])
+        if tuple(x.shape) != shape or x.dtype != want.dtype:
+            raise UsageError(f"{where} input {i} as {_describe(x.dtype, tuple(x.shape))}; the profiled model takes "
+                             f"{_describe(want.dtype, shape)} (dimension 0 is {rows}); return inputs of that shape "
+                             f"and dtype, or profile the model with inputs like these")
+    if spec.loss == LM_CROSS_ENTROPY:
+        ids = inputs[spec.token_input]
+        if tuple(target.shape) != tuple(ids.shape) or target.dtype.is_floating_point:
+            raise UsageError(f"{where} a target of {_describe(target.dtype, tuple(target.shape))}; a language model "
+                             f"trains on next-token ids of {_describe(ids.dtype, tuple(ids.shape))}; return those "
+                             f"(or None for the inputs shifted left by one)")
+    elif tuple(target.shape) != (batch_size, *spec.output.shape[1:]) or not target.dtype.is_floating_point:
+        raise UsageError(f"{where} a target of {_describe(target.dtype, tuple(target.shape))}; the mean-squared "
+                         f"error needs one shaped like the output, "
+                         f"{_describe(spec.output.dtype, (batch_size, *spec.output.shape[1:]))}")
+
+
+def _describe(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
+    return f"{str(dtype).replace('torch.', '')}{list(shape)}"
+
+
+def _shapes(specs: Sequence[TensorSpec], batch_size: int) -> str:
+    return ", ".join(_describe(s.dtype, (batch_size, *s.shape[1:])) for s in specs)
 
 
 def _import_file(path: str) -> Any:

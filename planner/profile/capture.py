@@ -98,13 +98,13 @@ def capture(module: nn.Module, example_inputs: Sequence[Any], tracer: str = "aut
         if tracer == "export":
             return _capture_export(module, inputs)
         if tracer == "fx":
-            return _capture_fx(module)
+            return _capture_fx(module, inputs)
         try:
             return _capture_export(module, inputs)
         except CaptureError as export_error:
             log.info("torch.export failed, trying torch.fx: %s", export_error)
             try:
-                return _capture_fx(module)
+                return _capture_fx(module, inputs)
             except CaptureError as fx_error:
                 reasons = (str(e).rsplit("; try --tracer", 1)[0] for e in (export_error, fx_error))
                 raise CaptureError("neither tracer could capture the model: " + "; and ".join(reasons) +
@@ -154,11 +154,12 @@ def _capture_export(module: nn.Module, inputs: tuple[Any, ...]) -> Captured:
     return Captured(program.graph_module, "export", tuple(ops), program, names)
 
 
-def _capture_fx(module: nn.Module) -> Captured:
+def _capture_fx(module: nn.Module, inputs: tuple[Any, ...]) -> Captured:
     try:
         graph_module = fx.symbolic_trace(module)
     except Exception as exc:
         raise CaptureError(f"torch.fx.symbolic_trace failed {_where(exc)}: {_first_line(exc)}; try --tracer export") from None
+    _record_values(graph_module, inputs)
     attrs = {n.name: str(n.target) for n in graph_module.graph.nodes if n.op == "get_attr"}
     ops = []
     for node in graph_module.graph.nodes:
@@ -229,3 +230,24 @@ def _where(exc: BaseException) -> str:
     frame = frames[-1]
     code = f" `{frame.line.strip()}`" if frame.line else ""
     return f"at {frame.filename}:{frame.lineno}{code}"
+
+
+def _record_values(graph_module: fx.GraphModule, inputs: tuple[Any, ...]) -> None:
+    """Give an fx graph what torch.export's has: ``meta["val"]`` on every node, from one run on the example
+    inputs (tensors as ``meta``-device tensors of the same shape and dtype; sizes and ints as they are). The
+    runtime reads it to keep tuples and shape arithmetic (``x.size(1)``) from crossing a stage boundary."""
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, node: fx.Node) -> Any:
+            value = super().run_node(node)
+            node.meta["val"] = torch.utils._pytree.tree_map(
+                lambda v: torch.empty_like(v, device="meta") if isinstance(v, torch.Tensor) else v, value)
+            return value
+
+    devices = sorted({x.device.index for x in inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda"})
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            Recorder(graph_module).run(*inputs)
+    except Exception as exc:  # the profile's own measurement reports a model that does not run
+        log.info("could not record the fx graph's values: %s", exc)
+

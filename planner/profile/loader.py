@@ -8,6 +8,7 @@ whose leading size equals the batch size of the first input.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -175,3 +176,47 @@ def _import_file(path: Path, spec: str) -> Any:
 def _line(exc: BaseException) -> str:
     text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
     return text[:240] or type(exc).__name__
+
+
+def describe_output(value: Any) -> str:
+    """What a forward returned, in words: ``one tensor``, ``a dict with keys 'logits', 'loss'``, ``a tuple of 2``."""
+    if isinstance(value, torch.Tensor):
+        return "one tensor"
+    if isinstance(value, dict):
+        return f"a {type(value).__name__} with keys {', '.join(repr(str(k)) for k in value)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def pick_output(value: Any, selector: str) -> Any:
+    """``value[selector]``: a dict's key, or an index (``0``, ``-1``) of a tuple or list; ``ModelError`` otherwise."""
+    try:
+        if isinstance(value, dict):
+            return value[selector]
+        if isinstance(value, (tuple, list)):
+            return value[int(selector)]
+    except (KeyError, IndexError, ValueError):
+        pass
+    choices = (f"one of {', '.join(map(str, value))}" if isinstance(value, dict)
+               else f"an index below {len(value)}" if isinstance(value, (tuple, list)) else "no selection")
+    raise ModelError(f"--model-output {selector!r} does not select an output: the model returns "
+                     f"{describe_output(value)}; pass {choices}")
+
+
+def select_output(module: nn.Module, selector: str | None) -> nn.Module:
+    """The module, trained on one output (``--model-output KEY|INDEX``) of a forward that returns a dict, tuple or
+    list. The module's class is swapped for a subclass whose forward picks that output, so parameter names (and
+    so the profile's node and parameter names) stay those of the model."""
+    if selector is None:
+        return module
+    base = type(module)
+
+    @functools.wraps(base.forward)  # tracers read the arguments from the wrapped forward
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return pick_output(base.forward(self, *args, **kwargs), selector)
+
+    module.__class__ = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__,
+                                                     "__qualname__": base.__qualname__})
+    return module
+

@@ -15,20 +15,22 @@ from planner.profile.capture import Captured, capture
 from planner.formats.catalog import device_spec, load_catalog
 from planner.profile.device import detect_device_type
 from planner.roofline import FREE_CLASSES, add_estimates, check_precision
-from planner.profile.loader import batch_size, load_factory
+from planner.profile.loader import batch_size, describe_output, load_factory, pick_output, select_output
 from planner.profile.measure import Measurement, Progress, measure
 
 
 def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: int | None = None,
                   tracer: str = "auto", repeats: int = 5, warmup: int = 2, estimate: Sequence[str] = (),
                   progress: Progress | None = None, device: str | None = None, threads: int | None = 1,
-                  estimate_precision: str | None = None) -> Profile:
+                  estimate_precision: str | None = None, model_output: str | None = None) -> Profile:
     """Profile the model of ``spec`` (``pkg.mod:factory`` or ``file.py:factory``) on the local device.
 
     ``estimate`` lists catalog device types to add roofline estimates for, assuming
     ``estimate_precision`` (``None``: the profiled dtype; ``fp32``, ``tf32``, ``bf16``: see
     ``planner.roofline``), recorded as ``estimate_precision``; ``threads`` pins CPU
     intra-op threads while timing (1 by default, so per-op and whole-model times compare fairly).
+    ``model_output`` (``--model-output KEY|INDEX``) picks the output to train on when forward returns a dict,
+    tuple or list; it is recorded as ``model.output`` and ``plan run`` picks the same one.
     """
     check_precision(estimate_precision)
     catalog = load_catalog()
@@ -39,12 +41,18 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     module = module.to(dev).train()
     inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
-    check_inputs(module, inputs, input_spec)
+    output = check_inputs(module, inputs, input_spec)
+    if model_output is not None:
+        output = pick_output(output, model_output)
+        module = select_output(module, model_output)
     captured = capture(module, inputs, tracer)
     measurement = measure(captured, module, inputs, device=dev, repeats=repeats, warmup=warmup,
                           threads=threads, progress=progress)
     device_type = detect_device_type(dev)
     profile = build_profile(spec, module, inputs, captured, measurement, device_type)
+    model = dict(profile.model, output_kind=describe_output(output))
+    if model_output is not None:
+        model["output"] = model_output
     extra = dict(profile.extra, measurement=dict(profile.extra["measurement"], repeats=repeats, warmup=warmup))
     estimated = tuple(d for d in estimate if d != device_type)
     if estimated:
@@ -52,14 +60,15 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
         if estimate_precision is not None:
             extra["estimate_precision"] = estimate_precision
     nodes = add_estimates(profile.nodes, estimated, catalog, estimate_precision)
-    return Profile(model=profile.model, nodes=nodes, extra=MappingProxyType(extra))
+    return Profile(model=MappingProxyType(model), nodes=nodes, extra=MappingProxyType(extra))
 
 
-def check_inputs(module: nn.Module, inputs: Sequence[Any], input_spec: str | None) -> None:
-    """Run the model once eagerly so a shape or dtype mismatch is reported as such, not as a capture failure."""
+def check_inputs(module: nn.Module, inputs: Sequence[Any], input_spec: str | None) -> Any:
+    """Run the model once eagerly so a shape or dtype mismatch is reported as such, not as a capture failure;
+    return its output."""
     try:
         with torch.no_grad():
-            module(*inputs)
+            return module(*inputs)
     except Exception as exc:
         line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:240]
         shapes = ", ".join(f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}" for x in inputs if isinstance(x, torch.Tensor))

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from planner.formats.profile import Profile
 from planner.partition.model.times import calibration_factors
@@ -54,7 +55,17 @@ def profile_summary(profile: Profile, top: int = 10) -> dict[str, Any]:
         "uncounted_flops": [{"op": u["op"], "count": u["count"]} for u in profile.extra.get("uncounted_flops", [])],
         "tied_parameters": [g["params"] for g in profile.extra.get("tied_parameters", [])],
         "measure_failures": list(profile.extra.get("measure_failures", [])),
+        "warnings": output_warnings(profile),
     }
+
+
+def output_warnings(profile: Profile) -> list[str]:
+    """Why ``plan run`` would refuse the profiled model (its forward returns more than one tensor), with the fix."""
+    kind = str(profile.model.get("output_kind", "one tensor"))
+    if kind == "one tensor" or profile.model.get("output") is not None:
+        return []
+    return [f"the model returns {kind}; plan run trains on one tensor: profile it again with --model-output "
+            f"KEY|INDEX to name the output to train on, or wrap the model so forward returns one tensor"]
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
@@ -94,6 +105,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                   f"uncounted (estimated from bytes moved): {gaps}")
     if summary["tied_parameters"]:
         console.print("shared parameters: " + "; ".join(" = ".join(g) for g in summary["tied_parameters"]))
+    for warning in summary.get("warnings", ()):
+        console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     for failure in summary["measure_failures"]:
         console.print(f"[yellow]not timed[/]: {failure['node']}: {failure['error']}")
 

@@ -18,7 +18,7 @@ from planner.profile.device import detect_device_type
 from planner.formats.plan import Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.profile.capture import Captured, capture
-from planner.profile.loader import batch_size, load_factory
+from planner.profile.loader import batch_size, load_factory, select_output
 from planner.data import factory as data_mod
 from planner.runtime.launch.config import RunConfig
 from planner.runtime.data_parallel import sync_for
@@ -77,10 +77,14 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     torch.manual_seed(config.seed)  # factories that do not seed themselves still build the same model on every rank
     module, example = load_factory(config.model, microbatch_size=mbs)
     mbs = mbs or batch_size(example)
+    selector = profile.model.get("output")  # plan profile --model-output: the output to train on
+    module = select_output(module, None if selector is None else str(selector))
     module.to(device).train()
-    captured = capture(module, tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example))
+    example = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example)
+    tracer = str(profile.extra.get("tracer") or "auto")  # the graph the profile's node names come from
+    captured = capture(module, example, tracer)
     check_graph(captured, profile, mbs, where)
-    spec = data_mod.data_spec(example, _output_meta(captured))
+    spec = data_mod.data_spec(example, _example_output(module, example, device))
     name, lr = resolve_optimizer(plan, config.optimizer, config.lr)
     settings = TrainSettings(name, lr, plan.microbatches, mbs, config.seed)
     batch = make_batch_fn(spec, settings, config.data)
@@ -130,13 +134,14 @@ def make_batch_fn(spec: data_mod.DataSpec, settings: TrainSettings, data: str | 
     if data is None:
         return lambda step: data_mod.make_batch(spec, settings.seed, step, rows)
     factory = data_mod.load_data_factory(data)
+    data_mod.check_data_factory(factory, data, spec, settings.seed, rows, settings.microbatches)
     return lambda step: data_mod.custom_batch(factory, spec, settings.seed, step, rows)
 
 
-def _output_meta(captured: Captured) -> Any:
-    out = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
-    values = [a.meta.get("val") for a in out.all_input_nodes]
-    return values[0] if len(values) == 1 else tuple(values)
+def _example_output(module: nn.Module, example: tuple[Any, ...], device: torch.device) -> Any:
+    """The model's output on the example inputs (one eager forward; the random streams are left as they were)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        return module(*example)
 
 
 def _profile_path(plan: Plan, plan_path: str, override: str | None) -> Path:

@@ -160,9 +160,21 @@ def _last_use(nodes: Sequence[fx.Node], stage_of: Mapping[str, int], model_outpu
 
 def _live_across(cut: int, nodes: Sequence[fx.Node], stage_of: Mapping[str, int], last_use: Mapping[str, int],
                  order: Mapping[str, int]) -> list[str]:
-    """Values produced at or before stage ``cut`` and read after it, in graph order."""
-    live = [n.name for n in nodes if stage_of[n.name] <= cut < last_use[n.name]]
+    """Values produced at or before stage ``cut`` and read after it, in graph order (shape constants are not
+    sent: the stages that read them use their value, see ``_shape_constant``)."""
+    live = [n.name for n in nodes if stage_of[n.name] <= cut < last_use[n.name] and _shape_constant(n) is None]
     return sorted(live, key=order.__getitem__)
+
+
+def _shape_constant(node: fx.Node) -> Any:
+    """The value of a shape computation (``x.size(1)``, ``x.shape``: ints, sizes; fx graphs have them, export's
+    fold them), ``None`` for anything else. The micro-batch shape is fixed for a run, so a stage reading one
+    from an earlier stage uses the value instead of receiving it (p2p sends carry tensors only)."""
+    val = node.meta.get("val")
+    flat = torch.utils._pytree.tree_leaves(val) if isinstance(val, (tuple, list)) else [val]
+    if val is None or isinstance(val, bool) or not flat or not all(type(v) is int for v in flat):
+        return None
+    return val
 
 
 def _check_tensors(k: int, names: Sequence[str], by_name: Mapping[str, fx.Node]) -> None:
@@ -207,9 +219,12 @@ def _stage_module(members: Sequence[fx.Node], inputs: Sequence[str], outputs: Se
     env: dict[str, fx.Node] = {name: graph.placeholder(name) for name in inputs}
     attrs: dict[str, Any] = {}
 
-    def lookup(arg: fx.Node) -> fx.Node:
+    def lookup(arg: fx.Node) -> Any:
         if arg.name in env:
             return env[arg.name]
+        constant = _shape_constant(arg)
+        if constant is not None:
+            return constant
         if arg.name not in sources:
             raise PlanMismatchError(f"value {arg.name!r} is read before it reaches this stage; re-partition")
         target, obj = sources[arg.name]

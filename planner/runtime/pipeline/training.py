@@ -116,9 +116,12 @@ def check_graph(captured: Captured, profile: Profile, microbatch_size: int, wher
     extra = [n for n in ops if n not in known]
     if missing or extra:
         first = f"the profile's {missing[0]!r} is not in the graph" if missing else f"the graph's {extra[0]!r} is not in the profile"
+        traced = str(profile.extra.get("tracer") or "")
+        tracer = (f"; the profile was traced with {traced}, this graph with {captured.tracer}, and the two tracers "
+                  f"name nodes differently" if traced and traced != captured.tracer else "")
         raise PlanMismatchError(
             f"the model's graph does not match {where}: {len(missing)} profile node(s) missing, {len(extra)} "
-            f"unexpected ({first}); profile and partition this model again, or pass the right MODEL")
+            f"unexpected ({first}){tracer}; profile and partition this model again, or pass the right MODEL")
     same_batch = int(profile.model.get("microbatch_size", microbatch_size)) == microbatch_size
     for node in profile.nodes:
         op = ops[node.name]
