@@ -41,3 +41,10 @@ class PlanMismatchError(PlannerError):
 
 class DistributedError(PlannerError):
     """A distributed job that cannot start or continue (wrong world size, a rank that stopped answering)."""
+
+
+class Interrupted(PlannerError):
+    """The user interrupted a command (Ctrl-C, SIGTERM); the shell's code for SIGINT."""
+
+    exit_code = 130
+

@@ -145,7 +145,7 @@ def test_5_a_plan_for_other_devices_is_refused_unless_allowed(tmp_path: Path) ->
     assert code == 1 and "made for a100-80g devices but the ranks run on cpu" in line and "--allow-device-mismatch" in line
     allowed = run_config(plan=str(tmp_path / "plan.json"), model="planner.examples.gpt:gpt_tiny", steps=2, round_steps=1,
                          timeout_s=30, options={}, allow_device_mismatch=True)
-    assert preflight(allowed) >= 1
+    assert preflight(allowed).plan.stages
 
 
 # 10. Usage errors of every command come at once, before torch is imported.
@@ -242,7 +242,7 @@ def test_4_several_outputs_are_flagged_at_profile_and_named_with_model_output(
     assert "warning" not in said
     assert json.loads((tmp_path / "profile.json").read_text())["model"]["output"] == selector
     config = run_config(plan=str(plan), model=model, steps=2, round_steps=1, timeout_s=30, options={})
-    assert preflight(config) == 2
+    assert len({s.device for s in preflight(config).plan.stages}) == 2
 
 
 # 9. A plan from an fx-traced profile: the run captures with the profile's tracer (it used to fail with
@@ -259,7 +259,7 @@ def test_9_an_fx_profile_runs_with_its_tracer(tmp_path: Path) -> None:
     _, _, plan = _profile_and_plan(tmp_path, "planner.examples.gpt:gpt_tiny", "--tracer", "fx")
     config = run_config(plan=str(plan), model="planner.examples.gpt:gpt_tiny", steps=2, round_steps=1,
                         timeout_s=30, options={})
-    assert preflight(config) == 2
+    assert len({s.device for s in preflight(config).plan.stages}) == 2
     module, example = load_factory("planner.examples.gpt:gpt_tiny")
     profile = load_profile(tmp_path / "profile.json")
     with pytest.raises(PlanMismatchError, match="the profile was traced with fx, this graph with export"):
@@ -275,3 +275,147 @@ def test_9_an_fx_profile_trains_on_two_ranks(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["steps"] == 2 and len(summary["losses"]) == 2
+
+
+# 2. Ctrl-C during `plan run`: one line, exit 130, every rank stopped, and what the run can resume from.
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_2_ctrl_c_stops_every_rank_and_says_what_resumes(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", "from planner.cli import main; main()", "run", tmp_path / "plan.json",
+                             "planner.examples.gpt:gpt_tiny", "--profile", GPT_TINY, "--steps", "1000000",
+                             "--checkpoint-dir", ckpt, "--checkpoint-every", "2", "--timeout-s", "60"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not list(ckpt.glob("step_*/meta.json")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert list(ckpt.glob("step_*/meta.json")), "no checkpoint was written"
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    line = one_error_line(stderr)
+    assert proc.returncode == 130 and "Traceback" not in stderr
+    assert line.startswith("error: interrupted; every rank was stopped; the same command resumes from step ")
+    deadline = time.monotonic() + 20  # no rank left (spawn's resource tracker may take a moment to follow)
+    while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "processes of the run outlived it"
+        time.sleep(0.5)
+
+
+# 6. Resuming: the checkpoint records what the run depends on; a change is refused naming the checkpoint,
+#    --steps at or below the checkpoint's step is refused, and the summary says what resumed from where.
+def test_6_resume_is_checked_against_what_the_checkpoint_recorded(tmp_path: Path) -> None:
+    from planner.app.run import run_config
+    from planner.runtime.launch.prepare import preflight
+
+    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    ckpt = tmp_path / "ckpt"
+    config = run_config(plan=str(tmp_path / "plan.json"), model="planner.examples.gpt:gpt_tiny", steps=8,
+                        round_steps=2, timeout_s=30, options={"checkpoint_dir": str(ckpt)}, profile=str(GPT_TINY))
+    first = preflight(config)
+    assert first.resume is None
+    sealed = ckpt / "step_00000004"
+    sealed.mkdir(parents=True)
+    (sealed / "meta.json").write_text(json.dumps({
+        "schema_version": 1, "step": 4, "world_size": 2, "plan": first.plan.to_dict(),
+        "extra": {"run": first.identity, "rebalance": {}, "losses": [1.0] * 4}}))
+    assert preflight(config).resume.info.step == 4
+    base = ["run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--profile", GPT_TINY,
+            "--checkpoint-dir", ckpt]
+    code, _, err = run(*base, "--steps", "4")
+    line = one_error_line(err)
+    assert code == 2 and "--steps 4 is not above step 4 of checkpoint" in line and "step_00000004" in line
+    for option, value, words in (("--seed", "7", "with --seed 0, this run has 7"),
+                                 ("--data", f"{tmp_path / 'batches.py'}:ids", "with --data 'synthetic'"),
+                                 ("--lr", "0.5", "with --lr 0.001, this run has 0.5")):
+        (tmp_path / "batches.py").write_text("import torch\ndef ids(seed, step, batch_size):\n"
+                                             "    return torch.zeros(batch_size, 16, dtype=torch.int64), None\n")
+        code, _, err = run(*base, "--steps", "8", option, value)
+        line = one_error_line(err)
+        assert code == 1 and line.startswith(f"error: checkpoint '{sealed}' was written by a run") and words in line
+    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-m", "uniform", "-s", "gpipe",
+                       "-o", tmp_path / "other.json")
+    assert code == 0, err
+    other = run_config(plan=str(tmp_path / "other.json"), model="planner.examples.gpt:gpt_tiny", steps=8,
+                       round_steps=2, timeout_s=30, options={"checkpoint_dir": str(ckpt)}, profile=str(GPT_TINY))
+    resume = preflight(other).resume  # the checkpoint's plan wins, and the words say so
+    assert resume is not None and resume.plan_changed and resume.other_start
+
+
+def test_6_the_summary_says_what_resumed_and_pairs_losses_with_this_run() -> None:
+    from rich.console import Console
+
+    from planner.report.render import render_run
+
+    console = Console(file=io.StringIO(), width=200)
+    render_run(console, {"losses": [9.0, 8.0, 3.0, 2.0], "first_step": 2, "steps": 4, "world_size": 2,
+                         "backend": "gloo", "schedule": "1f1b", "microbatches": 2, "microbatch_size": 2,
+                         "optimizer": "adam", "lr": 1e-3, "loss": "mse", "wall_s": 0.5,
+                         "resumed": {"step": 2, "path": "ck/step_00000002", "plan_changed": True}})
+    text = console.file.getvalue()
+    assert "resumed from step 2 of checkpoint ck/step_00000002, under the plan in force there" in text
+    assert "trained steps 2-3 (2 steps)" in text and "loss 3.000000 -> 2.000000 in 0.50 s" in text
+
+
+# 11. `-s interleaved-1f1b` with dp, greedy or ilp gave exactly the 1F1B plan and said nothing. The placers'
+#     plan is now split into v chunks per device when that simulates faster, and the plan says why it did or not.
+@pytest.mark.parametrize("method", ["dp", "greedy", "ilp"])
+def test_11_interleaved_plans_hold_several_chunks_per_device(tmp_path: Path, method: str) -> None:
+    from planner.formats.plan import load_plan
+    from planner.partition.sim.schedules import pipeline_layout
+
+    code, out, err = run("partition", GPT_TINY, "--cluster", "a100-4", "-m", method, "-s", "interleaved-1f1b",
+                         "-n", "8", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    plan = load_plan(tmp_path / "plan.json")
+    ranks, chunks = pipeline_layout([s.device for s in plan.stages], plan.schedule)
+    record = plan.extra["interleave"]
+    assert chunks == record["chunks"] >= 2 and len(ranks) == 4
+    assert record["step_time_s"][str(chunks)] < record["step_time_s"]["1"]
+    assert plan.step_time_s == pytest.approx(record["step_time_s"][str(chunks)])
+    assert f"interleaved: {chunks} chunks per device simulate fastest" in " ".join(out.split())
+
+
+def test_11_an_interleaved_plan_that_stays_at_one_chunk_says_why(tmp_path: Path) -> None:
+    code, out, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-m", "dp", "-s", "interleaved-1f1b",
+                         "-n", "4", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    record = json.loads((tmp_path / "plan.json").read_text())["interleave"]
+    text = " ".join(out.split())
+    if record["chunks"] == 1:
+        assert "one chunk per device simulates fastest" in text and "the plan runs as 1F1B" in text
+    else:
+        assert f"{record['chunks']} chunks per device simulate fastest" in text
+    assert len(record["step_time_s"]) >= 2
+
+
+def test_11_chunks_cover_the_model_round_robin() -> None:
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.partition.model.problem import build_problem
+    from planner.partition.search.interleave import chunked
+
+    from planner.clusters import resolve_cluster
+
+    from planner.formats.catalog import load_catalog
+
+    problem = build_problem(load_profile(GPT_TINY), load_cluster(resolve_cluster("mixed-3type-2host")), microbatches=8,
+                            schedule="interleaved-1f1b", optimizer="adam", catalog=load_catalog())
+    devices = list(problem.cluster.device_ids)[:3]
+    for v in (2, 3):
+        parts = chunked(problem, devices, v)
+        assert parts is not None and len(parts) == 3 * v
+        assert parts[0].start == 0 and parts[-1].stop == len(problem.blocks)
+        assert all(a.stop == b.start and a.start < a.stop for a, b in zip(parts, parts[1:]))
+        assert [s.device for s in parts] == [devices[k % 3] for k in range(3 * v)]
+    assert chunked(problem, devices, len(problem.blocks)) is None

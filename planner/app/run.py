@@ -54,16 +54,21 @@ def run_plan(config: RunConfig, launch: Launch = Launch(),
         result = rank_main(config)
         return result if result["rank"] == 0 else None
     from planner.runtime.launch.elastic import LaunchOptions, launch as start, parse_nnodes
-    from planner.runtime.launch.prepare import preflight
+    from planner.runtime.launch.prepare import preflight, world_size_of
 
     min_nodes, max_nodes = parse_nnodes(launch.nnodes)
-    world = preflight(config)
+    checked = preflight(config)
+    world = world_size_of(checked.plan)
     nproc = launch.nproc_per_node or max(1, world // max_nodes)
     if min_nodes == max_nodes and nproc * max_nodes != world:
         raise UsageError(f"the plan places stages on {world} devices but {max_nodes} node(s) x {nproc} ranks "
                          f"= {nproc * max_nodes} would start; pass --nproc-per-node {world // max_nodes or 1} "
                          f"or re-partition for {nproc * max_nodes} devices")
     if announce is not None:
+        if checked.resume is not None:
+            from planner.report.render import describe_resume
+
+            announce(f"resuming from {describe_resume(checked.resume.to_dict())}")
         announce(f"starting {nproc} rank(s) per node on {max_nodes} node(s) ...")
     results = start(config, LaunchOptions(nproc_per_node=nproc, nnodes=launch.nnodes, rdzv_endpoint=launch.rdzv_endpoint,
                                           rdzv_id=launch.rdzv_id, max_restarts=launch.max_restarts))

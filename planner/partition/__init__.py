@@ -20,6 +20,7 @@ from planner.partition.model.cost import infeasible_reason
 from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
 from planner.partition.model.problem import build_problem
+from planner.partition.search.interleave import interleave
 from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
 from planner.partition.search.refine import RefineConfig, refine as refine_loop
 
@@ -64,6 +65,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     else:
         chosen, used = entry.fn(problem, weights=start, **method_options), start
     extra.update(methods.facts_of(chosen))
+    chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b: v chunks per device when faster
+    if interleaved:
+        extra["interleave"] = interleaved
     if entry.takes_weights:
         extra["weights"] = used
     try:

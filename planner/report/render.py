@@ -87,9 +87,15 @@ def render_diff(console: Console, result: PlanDiff) -> None:
 
 def render_run(console: Console, result: Mapping[str, Any]) -> None:
     """``plan run``: what trained, the loss, and the measured step time against the plan's prediction."""
-    losses = result["losses"]
+    first = int(result.get("first_step") or 0)
+    losses = result["losses"][first:]  # this run's part: a resumed run's earlier losses came from the checkpoint
     ranks = f"{result['world_size']} rank{'s' if result['world_size'] != 1 else ''}"
-    console.print(Text(f"trained {result['steps']} steps on {ranks} ({result['backend']}, {result['schedule']}, "
+    resumed = result.get("resumed")
+    if resumed:
+        console.print(Text(f"resumed from {describe_resume(resumed)}", style="cyan"), soft_wrap=True)
+    steps = (f"steps {first}-{result['steps'] - 1} ({result['steps'] - first} steps)" if first
+             else f"{result['steps']} steps")
+    console.print(Text(f"trained {steps} on {ranks} ({result['backend']}, {result['schedule']}, "
                        f"{result['microbatches']} x {result['microbatch_size']} micro-batches)"), soft_wrap=True)
     if losses:
         console.print(Text(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
@@ -123,3 +129,16 @@ def _names(names: tuple[str, ...], limit: int = 3) -> str:
         return ""
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown} (+{len(names) - limit})"
+
+
+def describe_resume(resumed: Mapping[str, Any]) -> str:
+    """``step N of checkpoint P`` and, when it differs from the plan given, the plan the run continues under
+    (``Resume.to_dict``): the words ``plan run`` prints before the ranks start and in its summary."""
+    text = f"step {resumed['step']} of checkpoint {resumed['path']!s}"
+    if resumed.get("other_start"):
+        return (f"{text}, under the plan in force there, not the plan given (the checkpoint's run started from "
+                f"another plan)")
+    if resumed.get("plan_changed"):
+        return f"{text}, under the plan in force there (rebalanced from the plan given)"
+    return text
+

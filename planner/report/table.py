@@ -57,6 +57,10 @@ def summary_text(plan: Plan) -> Text:
     estimated = plan.extra.get("estimated_types")
     if estimated:
         text.append(f" · estimated times for {', '.join(map(str, estimated))}", style="yellow")
+    interleaved = plan.extra.get("interleave")
+    if isinstance(interleaved, Mapping) and interleaved.get("reason"):
+        text.append(f" · interleaved: {interleaved['reason']}",
+                    style="yellow" if interleaved.get("chunks") == 1 else "")
     return text
 
 
@@ -75,6 +79,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "method": plan.method, "schedule": plan.schedule, "microbatches": plan.microbatches,
         "step_time_s": plan.step_time_s, "bubble_fraction": plan.predicted.get("bubble_fraction"),
         "peak_memory_bytes": plan.peak_memory_bytes, "stages": stages,
+        **({"interleave": dict(plan.extra["interleave"])} if isinstance(plan.extra.get("interleave"), Mapping) else {}),
     }
 
 

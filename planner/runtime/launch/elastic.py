@@ -12,16 +12,19 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from planner import errors
-from planner.errors import DistributedError, UsageError
+from planner.errors import DistributedError, Interrupted, UsageError
+from planner.runtime.checkpoint import latest_checkpoint
 from planner.runtime.launch.config import RunConfig
-from planner.runtime.launch.main import elastic_main
+from planner.runtime.launch.main import INTERRUPTED_EXIT, elastic_main
 
 __all__ = ["LaunchOptions", "launch", "parse_nnodes"]
 
@@ -74,10 +77,16 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
     # dead attempt's addresses ("connectFullMesh ... Connection refused"); a fresh store per attempt works.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
-        with _omp_threads(options.nproc_per_node):
+        with _omp_threads(options.nproc_per_node), _quiet_agent():
             results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config))
     except ChildFailedError as exc:
+        if any(f.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT) for f in exc.failures.values()):
+            raise Interrupted(_interrupted_line(config)) from None
         raise DistributedError(_failure_line(exc)) from None
+    except (SignalException, KeyboardInterrupt):
+        # The agent stopped every rank before raising (its handler for SIGINT/SIGTERM); the ranks ignore
+        # SIGINT themselves (``main.elastic_main``), so a terminal's Ctrl-C reaches them only this way.
+        raise Interrupted(_interrupted_line(config)) from None
     _raise_first_error(results)
     return dict(sorted(results.items()))
 
@@ -93,6 +102,40 @@ def _omp_threads(nproc: int) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("OMP_NUM_THREADS", None)
+
+
+@contextlib.contextmanager
+def _quiet_agent() -> Iterator[None]:
+    """The elastic agent's and spawn's warnings (each rank's start, a signal, workers shut down) held back;
+    their errors, which name a failed rank's traceback, still print."""
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
+    loggers = [logging.getLogger(name) for name in (*prefixes, *logging.root.manager.loggerDict)
+               if name.startswith(prefixes)]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.ERROR))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _interrupted_line(config: RunConfig) -> str:
+    """What an interrupted run can resume from (``plan run`` resumes from the newest checkpoint by itself)."""
+    directory = config.options.get("checkpoint_dir")
+    if not directory:
+        return ("interrupted; every rank was stopped; no checkpoint was kept (pass --checkpoint-dir DIR "
+                "--checkpoint-every N to make a run resumable)")
+    try:
+        info = latest_checkpoint(directory)
+    except errors.PlannerError as exc:
+        return f"interrupted; every rank was stopped; the checkpoints in {directory!r} cannot be read ({exc})"
+    if info is None:
+        return (f"interrupted; every rank was stopped; no checkpoint was written to {directory!r} yet, so the "
+                f"same command starts afresh")
+    return (f"interrupted; every rank was stopped; the same command resumes from step {info.step} "
+            f"(checkpoint {str(info.path)!r})")
 
 
 def _raise_first_error(results: dict[int, Any]) -> None:

@@ -7,6 +7,7 @@ elastic launcher (``planner.runtime.launch.elastic``), which turns a ``PlannerEr
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -16,7 +17,10 @@ from planner.runtime.launch.config import RunConfig, load_plugins
 from planner.runtime.launch.worker import run_rank
 from planner.runtime.rebalancing.hooks import make_hooks
 
-__all__ = ["rank_main", "elastic_main"]
+__all__ = ["rank_main", "elastic_main", "INTERRUPTED_EXIT"]
+
+INTERRUPTED_EXIT = 130
+"""A rank's exit code when interrupted (the shell's code for SIGINT)."""
 
 
 def rank_main(config: RunConfig) -> dict[str, Any]:
@@ -31,6 +35,10 @@ def elastic_main(config: dict[str, Any]) -> dict[str, Any]:
     A ``PlannerError`` (bad plan, mismatch) is returned as ``{"error": ..., "exit_code": ...}`` so the
     launcher can print one line; anything else propagates and the launcher reports the failed rank.
     """
+    # A terminal's Ctrl-C goes to the whole process group: a rank leaves at once and quietly (no traceback
+    # from the middle of a collective; checkpoints are sealed last, so one half-written is ignored), and
+    # the launcher says what can resume.
+    signal.signal(signal.SIGINT, lambda *_: os._exit(INTERRUPTED_EXIT))
     try:
         return rank_main(RunConfig(**config))
     except PlannerError as exc:

@@ -6,9 +6,9 @@ launches), so a mismatch ends the run with one message instead of ranks waiting 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from planner.profile.capture import Captured, capture
 from planner.profile.loader import batch_size, load_factory, select_output
 from planner.data import factory as data_mod
 from planner.runtime.launch.config import RunConfig
+from planner.runtime.launch.resume import Resume, check_resume, run_identity
 from planner.runtime.data_parallel import sync_for
 from planner.runtime.pipeline.stages import rank_of_stages
 from planner.runtime.pipeline.training import TrainSettings, check_graph, check_plan_nodes, resolve_optimizer, split_batch
@@ -44,6 +45,10 @@ class Prepared:
     """Step -> (inputs, target) of the whole batch, on CPU."""
     device_mismatch: tuple[str, ...] = ()
     """The plan's device types that differ from the ranks' (allowed by ``--allow-device-mismatch``)."""
+    identity: Mapping[str, Any] = field(default_factory=dict)
+    """What the run depends on (``resume.run_identity``), recorded in its checkpoints."""
+    resume: Resume | None = None
+    """The checkpoint this run resumes from, checked against the run (``None``: it starts afresh)."""
 
 
 def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, Profile, str]:
@@ -89,17 +94,20 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     settings = TrainSettings(name, lr, plan.microbatches, mbs, config.seed)
     batch = make_batch_fn(spec, settings, config.data)
     split_batch(batch(0)[0], plan.microbatches)
-    return Prepared(plan, profile, module, captured, spec, settings, batch, mismatch)
+    identity = run_identity(config, captured, module, settings, plan)
+    resume = check_resume(config.options.get("checkpoint_dir"), config.steps, identity, plan, config.plan)
+    return Prepared(plan, profile, module, captured, spec, settings, batch, mismatch, identity, resume)
 
 
-def preflight(config: "RunConfig") -> int:
-    """Every check ``prepare`` makes, in this process on CPU, before ranks start; returns the world size.
+def preflight(config: "RunConfig") -> Prepared:
+    """Every check ``prepare`` makes, in this process on CPU, before ranks start (``world_size_of(result.plan)``
+    ranks are to start; ``result.resume`` is the checkpoint they will resume from).
 
     The device-type check uses the device the ranks will get (a GPU where CUDA is available)."""
     rank_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plan, _, _ = load_checked_plan(config.plan, config.profile)
     check_device_types(plan, rank_device, config.allow_device_mismatch)
-    return world_size_of(prepare(replace(config, allow_device_mismatch=True), None, torch.device("cpu")).plan)
+    return prepare(replace(config, allow_device_mismatch=True), None, torch.device("cpu"))
 
 
 def plan_device_types(plan: Plan) -> dict[str, str]:

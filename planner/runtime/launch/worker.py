@@ -148,6 +148,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
     run = RankRun(config, prepared, rank, device)
     for hook in hooks:
         hook.on_start(run)
+    first_step = run.step  # above 0 when a hook resumed from a checkpoint
     start = time.perf_counter()
     while run.step < config.steps:
         for hook in hooks:
@@ -167,6 +168,8 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "schedule": run.plan.schedule, "microbatches": run.plan.microbatches,
         "microbatch_size": prepared.settings.microbatch_size, "optimizer": prepared.settings.optimizer,
         "lr": prepared.settings.lr, "loss": prepared.spec.loss, "steps": run.step, "losses": run.losses,
+        "first_step": first_step,
+        "resumed": prepared.resume.to_dict() if prepared.resume is not None and first_step else None,
         "wall_s": time.perf_counter() - start,
         "step_time_s": steady_step_time_s(run.rounds),
         "predicted_step_time_s": run.plan.step_time_s,

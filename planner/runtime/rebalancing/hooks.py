@@ -41,6 +41,7 @@ from planner.runtime.pipeline.stages import RankStages
 from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
 from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
+from planner.runtime.launch.resume import IDENTITY_KEY
 from planner.runtime.launch.worker import RankRun
 
 __all__ = ["DynamicHooks", "make_hooks"]
@@ -207,19 +208,15 @@ class DynamicHooks(RunHooks):
                              tensors={n: tensors[n] for n in owned},
                              optim=optimizer_state_by_name([run.optimizer], name_of), plan=plan,
                              extra={"rebalance": self.state.to_dict(), "round": self.round_index,
-                                    "losses": list(run.losses)},
+                                    "losses": list(run.losses), IDENTITY_KEY: dict(run.prepared.identity)},
                              keep=int(self.opt["keep_checkpoints"]))
         self.saved_step = run.step
 
     def _resume(self, run: RankRun) -> None:
-        info = ckpt.latest_checkpoint(self.opt["checkpoint_dir"])
-        if info is None:
+        resume = run.prepared.resume  # found and checked against this run by ``prepare``
+        if resume is None:
             return
-        plan = plan_from_dict(dict(info.plan), f"checkpoint {str(info.path)!r} plan")
-        if device_order(plan) != self.ranks:
-            raise DistributedError(f"checkpoint {str(info.path)!r} runs devices {list(device_order(plan))} on ranks "
-                                   f"0..{len(device_order(plan)) - 1}, this job {list(self.ranks)}; resume with the "
-                                   f"plan the checkpoint was made from, or pass another --checkpoint-dir")
+        info, plan = resume.info, resume.plan
         run.install(run.build(plan))
         tensors, optim = ckpt.load_owned(info, _owned(run.stages))
         live = _named_tensors(run.prepared.module)
