@@ -419,3 +419,37 @@ def test_11_chunks_cover_the_model_round_robin() -> None:
         assert all(a.stop == b.start and a.start < a.stop for a, b in zip(parts, parts[1:]))
         assert [s.device for s in parts] == [devices[k % 3] for k in range(3 * v)]
     assert chunked(problem, devices, len(problem.blocks)) is None
+
+
+# 15. Docs and help pointed at design.md and "seed 003 S2-S6", which a user cannot open; the docs now carry
+#     their own account of each method (docs/methods.md) with the paper or patent it comes from.
+def test_15_docs_and_help_point_only_at_what_a_user_can_open() -> None:
+    import re
+
+    pages = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"] + sorted((ROOT / "docs" / "schema").glob("*.json"))
+    outside = re.compile(r"design\.md|\.\./shared|seeds/|\bseed[ -]?00\d", re.IGNORECASE)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in pages for m in outside.finditer(p.read_text())]
+    for command in ("profile", "partition", "show", "check", "diff", "run"):
+        code, out, err = run(command, "--help")
+        found += [f"plan {command} --help: {m.group(0)}" for m in outside.finditer(out + err)]
+    assert found == []
+    methods = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    for citation in ("patent", "doi:10.11918/202407052", "Journal of Jilin University", "CAAI Transactions",
+                     "GPipe", "PipeDream", "Megatron-LM", "torchgpipe"):
+        assert citation in methods
+    for link in re.findall(r"\]\(([\w-]+\.md)", methods):
+        assert (ROOT / "docs" / link).is_file(), link
+
+
+# Done-when: docs/ lists every error a user can meet, by command (generated from the raise sites).
+def test_the_errors_page_lists_every_error_by_command_and_is_current() -> None:
+    done = subprocess.run([sys.executable, "scripts/errors_page.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = " ".join((ROOT / "docs" / "errors.md").read_text().split())
+    for command in ("## plan run", "## plan profile", "## plan partition", "## plan check, plan diff"):
+        assert command in text
+    for message in ("1f1b needs at least as many micro-batches as stages", "interrupted; every rank was stopped",
+                    "the factory must accept the keyword arguments",
+                    "does not select an output", "is not above step", "was written by a run with"):
+        assert message in text, message

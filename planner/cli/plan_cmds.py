@@ -23,7 +23,7 @@ def partition_cmd(
     schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b or interleaved-1f1b.")] = "1f1b",
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam (optimizer state in the memory model).")] = "adam",
     refine: Annotated[bool, typer.Option("--refine", help="Re-weight devices from simulated waits and re-plan "
-                                         "until stable (seed 003 S3-S6, offline; one round for methods without "
+                                         "until stable (the rebalancing loop of docs/methods.md, offline; one round for methods without "
                                          "weights), then polish the cuts against the simulator.")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the plan JSON "
                                                    "(atomically; nothing is written on error).")] = None,

@@ -46,7 +46,7 @@ def run_cmd(
     params_out: Annotated[Optional[Path], typer.Option("--params-out", help="Directory where every rank writes "
                           "rank{R}.pt: its trained parameters by name.", show_default=False)] = None,
     rebalance: Annotated[bool, typer.Option("--rebalance/--no-rebalance", help="Rebalance between rounds from "
-                         "measured waits (seed 003 S3-S6; docs/rebalancing.md).")] = True,
+                         "measured waits (the rebalancing loop; docs/rebalancing.md, docs/methods.md).")] = True,
     threshold: Annotated[float, typer.Option("--rebalance-threshold", help="A round is unbalanced when the max "
                          "wait exceeds the mean by this fraction of the round.")] = 0.05,
     patience: Annotated[int, typer.Option("--patience", help="Stop rebalancing after this many rounds without "
