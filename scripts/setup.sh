@@ -11,4 +11,4 @@ fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[hf,dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[hf,data,dev]"

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from planner.errors import UsageError
 from planner.runtime.launch.config import RunConfig
-from planner.runtime.options import run_options
+from planner.runtime.options import parse_link, parse_target, run_options
 
 __all__ = ["Launch", "run_config", "run_plan"]
 
@@ -38,8 +38,25 @@ def run_config(*, plan: str, model: str, steps: int, round_steps: int, timeout_s
             raise UsageError(f"{name} must be at least {low}, found {value}")
     if not timeout_s > 0:
         raise UsageError(f"--timeout-s must be positive, found {timeout_s}")
+    check_learning_options(fields)
     return RunConfig(plan=plan, model=model, steps=steps, round_steps=round_steps, timeout_s=timeout_s,
                      options=run_options(**options), **fields)
+
+
+def check_learning_options(fields: Mapping[str, Any]) -> None:
+    """Evaluation, target, loss and link options, checked before torch is imported."""
+    eval_every, eval_batches = int(fields.get("eval_every") or 0), int(fields.get("eval_batches", 4))
+    if eval_every < 0 or eval_batches < 1:
+        raise UsageError(f"--eval-every must be >= 0 and --eval-batches >= 1, found {eval_every} and {eval_batches}")
+    target = parse_target(fields.get("target"))
+    if target is not None and not eval_every:
+        raise UsageError(f"--target {fields['target']} is judged on evaluations; pass --eval-every K as well")
+    if fields.get("stop_at_target") and target is None:
+        raise UsageError("--stop-at-target needs --target METRIC=VALUE")
+    parse_link(fields.get("emulate_link"))
+    loss = fields.get("loss")
+    if loss is not None and (":" not in str(loss) or not str(loss).rpartition(":")[2]):
+        raise UsageError(f"--loss must look like pkg.mod:fn or file.py:fn, found {loss!r}")
 
 
 def run_plan(config: RunConfig, launch: Launch = Launch(),

@@ -29,8 +29,24 @@ def run_cmd(
                   "adam).", show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the model factory and the synthetic data.")] = 0,
     data: Annotated[Optional[str], typer.Option("--data", help="'pkg.mod:factory' returning (inputs, target) "
-                    "for factory(seed=, step=, batch_size=) (default: seeded synthetic batches).",
+                    "for factory(seed=, step=, batch_size=, split='train'|'val') (default: seeded synthetic "
+                    "batches). Bundled: planner.data.digits:batches, planner.data.text:batches.",
                     show_default=False)] = None,
+    loss: Annotated[Optional[str], typer.Option("--loss", help="'pkg.mod:fn' with fn(output, target) -> scalar "
+                    "(default: from the task: next-token or class cross-entropy, else MSE).",
+                    show_default=False)] = None,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Evaluate on held-out batches every K steps "
+                          "(0: never); logged and in the summary's eval.")] = 0,
+    eval_batches: Annotated[int, typer.Option("--eval-batches", help="Held-out batches per evaluation (the "
+                            "same ones each time).")] = 4,
+    target: Annotated[Optional[str], typer.Option("--target", help="accuracy=A or loss=L: record "
+                      "time_to_target_s, the training time to the first evaluation that reaches it.",
+                      show_default=False)] = None,
+    stop_at_target: Annotated[bool, typer.Option("--stop-at-target", help="End the run at the evaluation that "
+                              "reaches --target.")] = False,
+    emulate_link: Annotated[Optional[str], typer.Option("--emulate-link", help="BANDWIDTH[,LATENCY] in bytes/s "
+                            "and s: every transfer between ranks takes latency + bytes/bandwidth longer "
+                            "(testing aid; the prediction uses the same figures).", show_default=False)] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
                        "(default: the plan's profile.path).", show_default=False)] = None,
     round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "
@@ -93,7 +109,8 @@ def run_cmd(
         plan=str(plan), model=model, steps=steps, round_steps=round_steps, timeout_s=timeout_s,
         max_restarts=max_restarts, microbatch_size=microbatch_size, optimizer=optimizer, lr=lr, seed=seed, data=data,
         profile=str(profile) if profile else None, params_out=str(params_out) if params_out else None,
-        allow_device_mismatch=allow_device_mismatch,
+        allow_device_mismatch=allow_device_mismatch, loss=loss, eval_every=eval_every, eval_batches=eval_batches,
+        target=target, stop_at_target=stop_at_target, emulate_link=emulate_link,
         options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
                      log=log, live=live, output=output, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every))

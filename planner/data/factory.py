@@ -28,13 +28,19 @@ import torch.nn.functional as F
 
 from planner.errors import ModelError, UsageError
 
-__all__ = ["TensorSpec", "DataSpec", "data_spec", "make_batch", "load_data_factory", "check_data_factory", "loss_fn"]
+__all__ = ["TensorSpec", "DataSpec", "data_spec", "make_batch", "load_data_factory", "check_data_factory", "loss_fn",
+           "task_spec", "takes_split", "load_loss", "has_accuracy"]
 
 FACTORY_ARGS = ("seed", "step", "batch_size")
 """The keyword arguments a ``--data`` factory is called with."""
 
 LM_CROSS_ENTROPY = "lm-cross-entropy"
 MSE = "mse"
+CROSS_ENTROPY = "cross-entropy"
+"""Classification: a float output ``(batch, classes)`` and an integer target ``(batch,)``."""
+CUSTOM = "custom"
+"""``--loss pkg.mod:fn``."""
+SPLITS = ("train", "val")
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,11 @@ def data_spec(example_inputs: Sequence[Any], example_output: Any) -> DataSpec:
     return DataSpec(tuple(inputs), out, MSE)
 
 
-def make_batch(spec: DataSpec, seed: int, step: int, batch_size: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """The synthetic ``(inputs, target)`` of ``step``: a pure function of ``(seed, step)`` (on CPU)."""
-    gen = torch.Generator().manual_seed(_stream(seed, step))
+def make_batch(spec: DataSpec, seed: int, step: int, batch_size: int,
+               split: str = "train") -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The synthetic ``(inputs, target)`` of ``step``: a pure function of ``(seed, step)`` (on CPU); ``val``
+    batches come from streams no training step uses."""
+    gen = torch.Generator().manual_seed(_stream(seed, step) if split == "train" else _stream(seed + 7_919, -1 - step))
     inputs = tuple(_draw(s, batch_size, gen) for s in spec.inputs)
     return inputs, default_target(spec, inputs, gen)
 
@@ -100,26 +108,64 @@ def default_target(spec: DataSpec, inputs: Sequence[torch.Tensor], gen: torch.Ge
     return torch.randn((batch, *spec.output.shape[1:]), generator=gen, dtype=spec.output.dtype)
 
 
-def loss_fn(spec: DataSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The default objective's loss for one micro-batch (mean-reduced)."""
+def loss_fn(spec: DataSpec, custom: Callable[..., Any] | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss for one micro-batch (mean-reduced): ``custom`` (``--loss``), else the task's."""
+    if custom is not None:
+        return custom
     if spec.loss == LM_CROSS_ENTROPY:
         return _lm_cross_entropy
+    if spec.loss == CROSS_ENTROPY:
+        return F.cross_entropy
     return F.mse_loss
+
+
+def has_accuracy(spec: DataSpec) -> bool:
+    """Whether evaluation reports accuracy (classification; next-token accuracy for language models)."""
+    return spec.loss in (CROSS_ENTROPY, LM_CROSS_ENTROPY)
+
+
+def task_spec(spec: DataSpec, target: torch.Tensor, custom_loss: bool = False) -> DataSpec:
+    """The task as the data shows it: an integer target ``(batch,)`` for a ``(batch, classes)`` output is
+    classification (cross-entropy, and accuracy in evaluation); ``--loss`` makes it ``custom``."""
+    if custom_loss:
+        return DataSpec(spec.inputs, spec.output, CUSTOM, spec.token_input)
+    if spec.loss != LM_CROSS_ENTROPY and not target.dtype.is_floating_point and target.dim() == 1 \
+            and len(spec.output.shape) == 2 and spec.output.dtype.is_floating_point:
+        return DataSpec(spec.inputs, spec.output, CROSS_ENTROPY, spec.token_input)
+    return spec
+
+
+def takes_split(factory: Callable[..., Any]) -> bool:
+    """Whether a ``--data`` factory serves held-out batches (has a ``split`` argument or ``**kwargs``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "split" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def load_loss(spec: str) -> Callable[..., Any]:
+    """Import ``--loss pkg.mod:fn`` (``fn(output, target) -> scalar tensor``)."""
+    return _load_callable(spec, "--loss", "fn")
 
 
 def load_data_factory(spec: str) -> Callable[..., Any]:
     """Import ``pkg.mod:factory`` or ``path/to/file.py:factory`` for ``--data``."""
+    return _load_callable(spec, "--data", "factory")
+
+
+def _load_callable(spec: str, option: str, what: str) -> Callable[..., Any]:
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
-        raise UsageError(f"--data must look like pkg.mod:factory or file.py:factory, found {spec!r}")
+        raise UsageError(f"{option} must look like pkg.mod:{what} or file.py:{what}, found {spec!r}")
     try:
         module = _import_file(target) if target.endswith(".py") else importlib.import_module(target)
     except (ImportError, OSError) as exc:
-        raise UsageError(f"--data {spec!r}: cannot import {target!r} ({exc}); check the module path") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UsageError(f"--data {spec!r}: {target} has no callable {attr!r}; name a function")
-    return factory
+        raise UsageError(f"{option} {spec!r}: cannot import {target!r} ({exc}); check the module path") from None
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise UsageError(f"{option} {spec!r}: {target} has no callable {attr!r}; name a function")
+    return found
 
 
 def check_data_factory(factory: Callable[..., Any], name: str, spec: DataSpec, seed: int, batch_size: int,
@@ -140,7 +186,7 @@ def check_data_factory(factory: Callable[..., Any], name: str, spec: DataSpec, s
                 raise UsageError(f"--data {name}: the factory must accept the keyword arguments "
                                  f"{', '.join(FACTORY_ARGS)}, but its signature is {name.rpartition(':')[2]}{signature}; "
                                  f"define it as def factory(seed, step, batch_size)")
-        required = [p.name for p in params.values() if p.default is p.empty and p.name not in FACTORY_ARGS
+        required = [p.name for p in params.values() if p.default is p.empty and p.name not in (*FACTORY_ARGS, "split")
                     and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if required:
             raise UsageError(f"--data {name}: the factory also requires {', '.join(required)}, but plan run passes "
@@ -172,10 +218,13 @@ def check_data_factory(factory: Callable[..., Any], name: str, spec: DataSpec, s
             raise UsageError(f"{where} a target of {_describe(target.dtype, tuple(target.shape))}; a language model "
                              f"trains on next-token ids of {_describe(ids.dtype, tuple(ids.shape))}; return those "
                              f"(or None for the inputs shifted left by one)")
+    elif task_spec(spec, target).loss == CROSS_ENTROPY:
+        return
     elif tuple(target.shape) != (batch_size, *spec.output.shape[1:]) or not target.dtype.is_floating_point:
         raise UsageError(f"{where} a target of {_describe(target.dtype, tuple(target.shape))}; the mean-squared "
                          f"error needs one shaped like the output, "
-                         f"{_describe(spec.output.dtype, (batch_size, *spec.output.shape[1:]))}")
+                         f"{_describe(spec.output.dtype, (batch_size, *spec.output.shape[1:]))} (or, for "
+                         f"classification, integer labels {_describe(torch.int64, (batch_size,))})")
 
 
 def _describe(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
@@ -197,9 +246,11 @@ def _import_file(path: str) -> Any:
 
 
 def custom_batch(factory: Callable[..., Any], spec: DataSpec, seed: int, step: int,
-                 batch_size: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """Call a ``--data`` factory and normalise its ``(inputs, target)``."""
-    got = factory(seed=seed, step=step, batch_size=batch_size)
+                 batch_size: int, split: str = "train") -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Call a ``--data`` factory and normalise its ``(inputs, target)`` (``split`` is passed only for held-out
+    batches, so factories without it keep working for training)."""
+    extra = {} if split == "train" else {"split": split}
+    got = factory(seed=seed, step=step, batch_size=batch_size, **extra)
     if not (isinstance(got, tuple) and len(got) == 2):
         raise UsageError(f"--data factory must return (inputs, target), found {type(got).__name__}")
     inputs, target = got

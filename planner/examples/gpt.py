@@ -76,6 +76,19 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2 and nanoGPT
+        self.apply(self._init_weights)
+        for name, param in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2 x layers)
+            if name.endswith("proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / (2 * cfg.n_layer) ** 0.5)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """GPT-2's initialisation: weights normal with std 0.02, biases zero. PyTorch's default N(0, 1) tied
+        embedding gives huge logits (a first loss far above ln(vocab))."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -106,3 +119,10 @@ def gpt_small() -> tuple[GPT, tuple[torch.Tensor]]:
 def gpt_medium() -> tuple[GPT, tuple[torch.Tensor]]:
     """12 layers, width 512, vocab 8192, batch 4 x 256 tokens (~42M parameters)."""
     return build(GPTConfig(vocab_size=8192, block_size=512, n_layer=12, n_head=8, n_embd=512), batch=4, seq=256)
+
+
+def gpt_bytes() -> tuple[GPT, tuple[torch.Tensor]]:
+    """Byte-level (vocab 256) for the text corpus (``planner.data.text``): 4 layers, width 128, context 64,
+    batch 8 x 64 bytes (~0.8M parameters)."""
+    return build(GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=4, n_embd=128), batch=8, seq=64)
+

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -37,6 +37,12 @@ class Link:
     def copy_s(self, nbytes: float) -> float:
         """Seconds each endpoint spends moving ``nbytes`` itself (0 unless ``host_copy``)."""
         return nbytes / self.bandwidth_Bps if self.host_copy and nbytes > 0 else 0.0
+
+    def slowed(self, bandwidth_Bps: float, latency_s: float) -> "Link":
+        """This link followed by another of ``bandwidth_Bps`` and ``latency_s`` (``--emulate-link``): the
+        latencies add, and so do the seconds per byte."""
+        return Link(1.0 / (1.0 / self.bandwidth_Bps + 1.0 / bandwidth_Bps), self.latency_s + latency_s,
+                    f"{self.source or 'link'} + emulated {bandwidth_Bps:.3g} B/s, {latency_s:g} s", self.host_copy)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
@@ -107,6 +113,12 @@ class Cluster:
 
     def transfer_s(self, a: str, b: str, nbytes: float) -> float:
         return self.link(a, b).transfer_s(nbytes)
+
+    def slowed(self, bandwidth_Bps: float, latency_s: float) -> "Cluster":
+        """The same cluster with every link between devices followed by an emulated one (``Link.slowed``)."""
+        return replace(self, intra_host=self.intra_host.slowed(bandwidth_Bps, latency_s),
+                       inter_host=self.inter_host.slowed(bandwidth_Bps, latency_s),
+                       pairs={k: v.slowed(bandwidth_Bps, latency_s) for k, v in self.pairs.items()})
 
     def to_dict(self) -> dict[str, Any]:
         links: dict[str, Any] = {"intra_host": self.intra_host.to_dict(), "inter_host": self.inter_host.to_dict()}

@@ -100,6 +100,22 @@ def render_run(console: Console, result: Mapping[str, Any]) -> None:
     if losses:
         console.print(Text(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
                            f"{losses[-1]:.6f} in {result['wall_s']:.2f} s"), soft_wrap=True)
+    for record in result.get("eval") or ():
+        accuracy = f", accuracy {record['accuracy']:.2%}" if record.get("accuracy") is not None else ""
+        console.print(Text(f"eval at step {record['step']} ({record['wall_s']:.2f} s of training): loss "
+                           f"{record['loss']:.4f}{accuracy}"), soft_wrap=True)
+    target = result.get("target")
+    if target:
+        reached = result.get("time_to_target_s")
+        console.print(Text(f"target {target['metric']} {'>=' if target['metric'] == 'accuracy' else '<='} "
+                           f"{target['value']:g}: " + (f"reached after {reached:.2f} s of training" if reached is not None
+                                                       else "not reached"),
+                           style="green" if reached is not None else "yellow"), soft_wrap=True)
+    if result.get("bytes_sent") is not None:
+        link = result.get("emulated_link")
+        emulated = (f"; emulated link {link['bandwidth_Bps']:.3g} B/s + {link['latency_s'] * 1e3:g} ms added "
+                    f"{result.get('emulated_link_s', 0.0):.2f} s over all ranks" if link else "")
+        console.print(Text(f"sent {result['bytes_sent'] / 1e6:.2f} MB between ranks{emulated}"), soft_wrap=True)
     measured, predicted = result.get("step_time_s"), result.get("predicted_step_time_s")
     if result.get("device_mismatch"):
         console.print(Text(f"note: the plan was made for {', '.join(result['device_mismatch'])} devices "

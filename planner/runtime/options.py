@@ -6,6 +6,7 @@ so a bad value is one usage error line, at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.errors import UsageError
@@ -13,7 +14,8 @@ from planner.formats.jsonio import check_writable
 from planner.partition.search.rebalance import RebalanceConfig
 from planner.runtime.slowdown import parse_slowdowns
 
-__all__ = ["OPTIONS", "run_options", "rebalance_config"]
+__all__ = ["OPTIONS", "run_options", "rebalance_config", "EmulatedLink", "parse_link", "Target", "parse_target",
+           "METRICS"]
 
 OPTIONS: Mapping[str, Any] = {
     "rebalance": True,            # seed 003 S3-S6 between rounds
@@ -65,3 +67,67 @@ def rebalance_config(options: Mapping[str, Any]) -> RebalanceConfig:
     """The rebalancer's knobs from run options (``RebalanceConfig`` validates them)."""
     return RebalanceConfig(threshold=float(options["threshold"]), gain=float(options["gain"]),
                            patience=int(options["patience"]), min_improvement=float(options["min_improvement"]))
+
+
+@dataclass(frozen=True)
+class EmulatedLink:
+    """``--emulate-link BANDWIDTH[,LATENCY]``: every transfer between ranks costs ``latency + bytes / bandwidth``
+    more wall time (a testing aid, ``planner.runtime.netem``)."""
+
+    bandwidth_Bps: float
+    latency_s: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s}
+
+
+def parse_link(spec: str | None) -> EmulatedLink | None:
+    """``"1e8,0.005"`` -> 1e8 bytes/s and 5 ms per transfer; ``"1e9"`` -> no added latency."""
+    if spec is None:
+        return None
+    parts = [p.strip() for p in str(spec).split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or not values[0] > 0 or (len(values) == 2 and values[1] < 0) \
+            or any(v != v or v == float("inf") for v in values):
+        raise UsageError(f"--emulate-link must be BANDWIDTH[,LATENCY] in bytes per second and seconds, e.g. "
+                         f"1e8,0.005 (100 MB/s, 5 ms), with a positive bandwidth; found {spec!r}")
+    return EmulatedLink(values[0], values[1] if len(values) == 2 else 0.0)
+
+
+METRICS = ("accuracy", "loss")
+"""What ``--target`` may name: validation accuracy reaches at least, or validation loss at most, the value."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """``--target METRIC=VALUE``: the evaluation that reaches it sets ``time_to_target_s``."""
+
+    metric: str
+    value: float
+
+    def reached(self, loss: float, accuracy: float | None) -> bool:
+        if self.metric == "loss":
+            return loss <= self.value
+        return accuracy is not None and accuracy >= self.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": self.value}
+
+
+def parse_target(spec: str | None) -> Target | None:
+    """``"accuracy=0.95"`` or ``"loss=2.1"``."""
+    if spec is None:
+        return None
+    metric, sep, raw = str(spec).partition("=")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not sep or metric.strip() not in METRICS or value != value:
+        raise UsageError(f"--target must be METRIC=VALUE with METRIC one of {', '.join(METRICS)}, e.g. accuracy=0.95 "
+                         f"or loss=2.1; found {spec!r}")
+    return Target(metric.strip(), value)
+

@@ -47,6 +47,18 @@ class RunConfig:
     """Directory: each rank writes ``rank{R}.pt`` (its parameters by canonical name) at the end."""
     allow_device_mismatch: bool = False
     """Train with a plan made for other device types (its split and predictions do not hold here)."""
+    loss: str | None = None
+    """``pkg.mod:fn`` with ``fn(output, target) -> scalar tensor``; default: chosen from the task (docs/run.md)."""
+    eval_every: int = 0
+    """Evaluate on the validation batches every this many steps (0: never)."""
+    eval_batches: int = 4
+    """Validation batches per evaluation (the same ones every time)."""
+    target: str | None = None
+    """``accuracy=0.95`` or ``loss=2.1``: the first evaluation that reaches it sets ``time_to_target_s``."""
+    stop_at_target: bool = False
+    """End the run at the evaluation that reaches ``target``."""
+    emulate_link: str | None = None
+    """``BANDWIDTH[,LATENCY]``: every transfer between ranks takes that much longer (testing aid)."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
     config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.
@@ -79,6 +91,10 @@ class RunHooks:
 
     def on_round(self, run: "RankRun", stats: RoundEnd) -> None:
         """After each round (may ``run.install(run.build(new_plan))`` after moving parameters)."""
+
+    def on_eval(self, run: "RankRun", result: Mapping[str, Any]) -> None:
+        """After an evaluation (``--eval-every``): ``step``, ``wall_s`` (training time so far), ``loss``,
+        ``accuracy``."""
 
     def on_end(self, run: "RankRun") -> None:
         """After the last step, before results are gathered."""

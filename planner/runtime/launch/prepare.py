@@ -6,6 +6,8 @@ launches), so a mismatch ends the run with one message instead of ranks waiting 
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -13,7 +15,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from planner.errors import DistributedError, InputFileError, PlanMismatchError
+from planner.errors import DistributedError, InputFileError, PlanMismatchError, UsageError
 from planner.profile.device import detect_device_type
 from planner.formats.plan import Plan, load_plan
 from planner.formats.profile import Profile, load_profile
@@ -21,6 +23,7 @@ from planner.profile.capture import Captured, capture
 from planner.profile.loader import batch_size, load_factory, select_output
 from planner.data import factory as data_mod
 from planner.runtime.launch.config import RunConfig
+from planner.runtime.options import parse_link
 from planner.runtime.launch.resume import Resume, check_resume, run_identity
 from planner.runtime.data_parallel import sync_for
 from planner.runtime.pipeline.stages import rank_of_stages
@@ -43,6 +46,12 @@ class Prepared:
     settings: TrainSettings
     batch: BatchFn
     """Step -> (inputs, target) of the whole batch, on CPU."""
+    val_batch: BatchFn | None = None
+    """Held-out batch number -> (inputs, target), on CPU (``None``: the data has no validation split)."""
+    custom_loss: Callable[..., Any] | None = None
+    """``--loss``: the user's ``fn(output, target)``."""
+    data_fingerprint: str | None = None
+    """A fingerprint of the data set when its module offers one (``fingerprint()``, e.g. the text corpus)."""
     device_mismatch: tuple[str, ...] = ()
     """The plan's device types that differ from the ranks' (allowed by ``--allow-device-mismatch``)."""
     identity: Mapping[str, Any] = field(default_factory=dict)
@@ -74,6 +83,7 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     ``world_size``: the ranks started, which must be the plan's device count (``None``: not checked)."""
     plan, profile, where = load_checked_plan(config.plan, config.profile)
     mismatch = check_device_types(plan, device, config.allow_device_mismatch)
+    plan = with_emulated_link(plan, profile, config)
     need = world_size_of(plan)
     if world_size is not None and world_size != need:
         raise DistributedError(f"the plan places stages on {need} devices but {world_size} ranks were started; "
@@ -92,11 +102,13 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     spec = data_mod.data_spec(example, _example_output(module, example, device))
     name, lr = resolve_optimizer(plan, config.optimizer, config.lr)
     settings = TrainSettings(name, lr, plan.microbatches, mbs, config.seed)
-    batch = make_batch_fn(spec, settings, config.data)
-    split_batch(batch(0)[0], plan.microbatches)
+    data = make_data(spec, settings, config)
+    split_batch(data.batch(0)[0], plan.microbatches)
     identity = run_identity(config, captured, module, settings, plan)
     resume = check_resume(config.options.get("checkpoint_dir"), config.steps, identity, plan, config.plan)
-    return Prepared(plan, profile, module, captured, spec, settings, batch, mismatch, identity, resume)
+    return Prepared(plan, profile, module, captured, data.spec, settings, data.batch, val_batch=data.val_batch,
+                    custom_loss=data.custom_loss, data_fingerprint=data.fingerprint, device_mismatch=mismatch,
+                    identity=identity, resume=resume)
 
 
 def preflight(config: "RunConfig") -> Prepared:
@@ -108,6 +120,29 @@ def preflight(config: "RunConfig") -> Prepared:
     plan, _, _ = load_checked_plan(config.plan, config.profile)
     check_device_types(plan, rank_device, config.allow_device_mismatch)
     return prepare(replace(config, allow_device_mismatch=True), None, torch.device("cpu"))
+
+
+def with_emulated_link(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
+    """Under ``--emulate-link``, the plan as the cost model sees those links: its embedded cluster's links
+    slowed by the same figures (so re-plans use them too) and its step time re-simulated on them."""
+    link = parse_link(config.emulate_link)
+    raw = plan.extra.get("cluster")
+    if link is None:
+        return plan
+    if not isinstance(raw, Mapping):
+        raise UsageError("--emulate-link needs the plan's cluster to predict the slowed links, and this plan embeds "
+                         "none; make the plan with plan partition, which embeds it")
+    from planner.formats.catalog import load_catalog
+    from planner.formats.cluster import cluster_from_dict
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    cluster = cluster_from_dict(dict(raw), "the plan's cluster").slowed(link.bandwidth_Bps, link.latency_s)
+    extra = {**plan.extra, "cluster": cluster.to_dict(), "emulated_link": link.to_dict()}
+    slowed = replace(plan, extra=extra)
+    model = RoundModel.build(profile, cluster, slowed, config.microbatch_size, load_catalog())
+    step = model.step_time_s(slowed, dict(plan.extra.get("speed_factors") or {}))
+    return replace(slowed, predicted={**plan.predicted, "step_time_s": step,
+                                      "step_time_s_without_emulated_link": plan.step_time_s})
 
 
 def plan_device_types(plan: Plan) -> dict[str, str]:
@@ -136,14 +171,39 @@ def check_device_types(plan: Plan, device: torch.device, allow: bool) -> tuple[s
     return other
 
 
-def make_batch_fn(spec: data_mod.DataSpec, settings: TrainSettings, data: str | None) -> BatchFn:
-    """Step -> whole batch (``microbatches x microbatch_size`` rows), synthetic or from ``--data``."""
+@dataclass(frozen=True)
+class Data:
+    """The run's batches and task, as ``make_data`` finds them."""
+
+    spec: data_mod.DataSpec
+    batch: BatchFn
+    val_batch: BatchFn | None
+    custom_loss: Callable[..., Any] | None
+    fingerprint: str | None
+
+
+def make_data(spec: data_mod.DataSpec, settings: TrainSettings, config: "RunConfig") -> Data:
+    """Step -> whole batch (``microbatches x microbatch_size`` rows), synthetic or from ``--data``; the held-out
+    batches for ``--eval-every``; the task (``data_mod.task_spec``) and the loss."""
     rows = settings.microbatches * settings.microbatch_size
-    if data is None:
-        return lambda step: data_mod.make_batch(spec, settings.seed, step, rows)
-    factory = data_mod.load_data_factory(data)
-    data_mod.check_data_factory(factory, data, spec, settings.seed, rows, settings.microbatches)
-    return lambda step: data_mod.custom_batch(factory, spec, settings.seed, step, rows)
+    custom = data_mod.load_loss(config.loss) if config.loss else None
+    if config.data is None:
+        spec = data_mod.task_spec(spec, torch.zeros(0), custom is not None)
+        return Data(spec, lambda step: data_mod.make_batch(spec, settings.seed, step, rows),
+                    lambda step: data_mod.make_batch(spec, settings.seed, step, rows, "val"), custom, None)
+    factory = data_mod.load_data_factory(config.data)
+    data_mod.check_data_factory(factory, config.data, spec, settings.seed, rows, settings.microbatches)
+    spec = data_mod.task_spec(spec, data_mod.custom_batch(factory, spec, settings.seed, 0, rows)[1], custom is not None)
+    val = None
+    if data_mod.takes_split(factory):
+        val = lambda step: data_mod.custom_batch(factory, spec, settings.seed, step, rows, "val")  # noqa: E731
+    elif config.eval_every:
+        raise UsageError(f"--eval-every needs held-out batches, but the --data factory {config.data} has no split "
+                         f"argument; give it split: str = 'train' and return validation batches for split='val'")
+    module = importlib.import_module(factory.__module__) if factory.__module__ in sys.modules else None
+    probe = getattr(module, "fingerprint", None)
+    return Data(spec, lambda step: data_mod.custom_batch(factory, spec, settings.seed, step, rows), val, custom,
+                str(probe()) if callable(probe) else None)
 
 
 def _example_output(module: nn.Module, example: tuple[Any, ...], device: torch.device) -> Any:

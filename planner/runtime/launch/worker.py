@@ -38,7 +38,9 @@ from planner.profile.timer import steady_cpu_allocator
 from planner.errors import DistributedError
 from planner.formats.plan import Plan
 from planner.data import factory as data_mod
+from planner.runtime import netem
 from planner.runtime.data_parallel import sync_for
+from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
 from planner.runtime.pipeline.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
@@ -79,7 +81,7 @@ class RankRun:
     def install(self, stages: RankStages, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
         self.stages = stages
-        self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec))
+        self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss))
         self.sync = sync_for(stages.plan)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
@@ -105,6 +107,35 @@ class RankRun:
         self.update_s += time.perf_counter() - start
         self.step += 1
         return float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
+
+    def evaluate(self, batches: int) -> dict[str, Any]:
+        """Loss (and accuracy, where the task has one) on the first ``batches`` validation batches, forward only
+        through the same stages; parameters and buffers are as they were before (a training-mode BatchNorm's
+        running statistics are restored). Collective; every rank returns the same numbers."""
+        assert self.prepared.val_batch is not None
+        spec = self.prepared.spec
+        buffers = [b for st in self.stages.stages for b in st.submod.buffers()]
+        saved = [b.detach().clone() for b in buffers]
+        criterion = data_mod.loss_fn(spec, self.prepared.custom_loss)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss x rows, correct, rows
+        with torch.no_grad():
+            for index in range(batches):
+                inputs, target = self.prepared.val_batch(index)
+                inputs, target = tuple(x.to(self.device) for x in inputs), target.to(self.device)
+                kwargs: dict[str, Any] = {"target": target} if self.stages.has_last else {}
+                out = self.schedule.eval(*(inputs if self.stages.has_first else ()), **kwargs)
+                if self.stages.has_last and isinstance(out, torch.Tensor):
+                    rows = float(target.shape[0])
+                    sums[0] += float(criterion(out, target)) * rows
+                    sums[2] += rows
+                    if data_mod.has_accuracy(spec):
+                        sums[1] += float((out.argmax(-1) == target).float().mean()) * rows
+            for buffer, value in zip(buffers, saved):
+                buffer.copy_(value)
+        dist.broadcast(sums, src=self.stages.rank_of_stage[-1])
+        loss, correct, rows = sums.tolist()
+        return {"loss": loss / max(rows, 1.0),
+                "accuracy": correct / max(rows, 1.0) if data_mod.has_accuracy(spec) else None}
 
     def train_round(self, steps: int) -> RoundEnd:
         """``steps`` steps, then the losses broadcast from the last stage's rank."""
@@ -135,8 +166,14 @@ def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any
     prepared = prepare(config, world, device)  # everything that can be refused, before any collective
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
+    link = parse_link(config.emulate_link)
     try:
-        summary = _train(config, prepared, rank, device, hooks)
+        with netem.instrument(netem.Traffic(), link) as traffic:
+            summary = _train(config, prepared, rank, device, hooks)
+        sent = torch.tensor([traffic.bytes_sent, traffic.emulated_s], dtype=torch.float64, device=device)
+        dist.all_reduce(sent)  # after the instrumented part: the totals do not count themselves
+        summary.update(bytes_sent=int(sent[0]), emulated_link=link.to_dict() if link else None,
+                       emulated_link_s=float(sent[1]))
         dist.barrier()  # leave together: gloo aborts a peer torn down mid-transfer
         return summary
     finally:
@@ -149,14 +186,38 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
     for hook in hooks:
         hook.on_start(run)
     first_step = run.step  # above 0 when a hook resumed from a checkpoint
+    target = parse_target(config.target)
+    evals: list[dict[str, Any]] = []
+    eval_s = 0.0
+    reached: float | None = None
     start = time.perf_counter()
-    while run.step < config.steps:
+
+    def evaluate() -> bool:
+        """Evaluate (time excluded from training), tell the hooks; True when the run should stop at the target."""
+        nonlocal eval_s, reached
+        began = time.perf_counter()
+        result = {"step": run.step, "wall_s": began - start - eval_s, **run.evaluate(config.eval_batches)}
+        eval_s += time.perf_counter() - began
+        evals.append(result)
+        for hook in hooks:
+            hook.on_eval(run, result)
+        if target is not None and reached is None and target.reached(result["loss"], result["accuracy"]):
+            reached = result["wall_s"]
+            return config.stop_at_target
+        return False
+
+    stop = bool(config.eval_every) and evaluate()
+    while run.step < config.steps and not stop:
         for hook in hooks:
             hook.before_round(run)
         stats = run.train_round(min(config.round_steps, config.steps - run.step))
         log.info("rank %d round %d: loss %.6f wall %.3fs", rank, stats.index, stats.losses[-1], stats.wall_s)
         for hook in hooks:
             hook.on_round(run, stats)
+        every = config.eval_every
+        if every and (run.step // every > stats.first_step // every or run.step >= config.steps):
+            stop = evaluate()
+    wall_s = time.perf_counter() - start - eval_s
     for hook in hooks:
         hook.on_end(run)
     if config.params_out:
@@ -170,7 +231,11 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "lr": prepared.settings.lr, "loss": prepared.spec.loss, "steps": run.step, "losses": run.losses,
         "first_step": first_step,
         "resumed": prepared.resume.to_dict() if prepared.resume is not None and first_step else None,
-        "wall_s": time.perf_counter() - start,
+        "wall_s": wall_s, "eval_s": eval_s, "eval": evals,
+        "target": target.to_dict() if target is not None else None, "time_to_target_s": reached,
+        "bytes_sent": None,  # filled in by run_rank (every rank's, summed)
+        "data": {"source": config.data or "synthetic", "task": prepared.spec.loss,
+                 "fingerprint": prepared.data_fingerprint},
         "step_time_s": steady_step_time_s(run.rounds),
         "predicted_step_time_s": run.plan.step_time_s,
         "device_mismatch": list(prepared.device_mismatch),

@@ -144,6 +144,10 @@ class DynamicHooks(RunHooks):
         if self.opt["checkpoint_dir"] and every > 0 and run.step // every > self.saved_step // every:
             self._save(run)
 
+    def on_eval(self, run: RankRun, result: Mapping[str, Any]) -> None:
+        if self.log is not None:
+            self.log.write({"eval": dict(result)})
+
     def _decide_safely(self, run: RankRun, stats: Any) -> dict[str, Any]:
         """Rank 0 must always answer the broadcast: a failed decision keeps the plan and says why."""
         try:

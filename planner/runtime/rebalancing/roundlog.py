@@ -74,7 +74,7 @@ class RoundLog:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
         if self._live is not None:
-            self._live.update(self.records)
+            self._live.update([r for r in self.records if "round" in r])
 
     def close(self) -> None:
         if self._live is not None:
