@@ -17,7 +17,7 @@ import torch
 
 from planner.errors import UsageError
 
-__all__ = ["batches", "load", "TRAIN", "CLASSES"]
+__all__ = ["batches", "load", "split_indices", "TRAIN", "CLASSES"]
 
 TRAIN = 1500
 """Images in the training split (the remaining 297 are the validation split)."""
@@ -35,9 +35,14 @@ def load() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.int64)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
-    train, val = order[:TRAIN], order[TRAIN:]
+    train, val = split_indices(len(labels))
     return (images[train], labels[train]), (images[val], labels[val])
+
+
+def split_indices(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the training and validation images: one permutation drawn with seed 0, cut at ``TRAIN``."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    return order[:TRAIN], order[TRAIN:]
 
 
 def batches(seed: int, step: int, batch_size: int, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,16 +87,22 @@ def instrument(traffic: Traffic, link: EmulatedLink | None = None) -> Iterator[T
         original = getattr(c10d, name)
         return name, (original, make(original))
 
+    # ``send``/``recv`` may be built on ``isend``/``irecv`` (torch 2.13's are): count and delay once.
     def send(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            traffic.bytes_sent += _nbytes(tensor)
-            return original(tensor, *args, **kwargs)
+            before = traffic.bytes_sent
+            result = original(tensor, *args, **kwargs)
+            if traffic.bytes_sent == before:
+                traffic.bytes_sent += _nbytes(tensor)
+            return result
         return call
 
     def recv(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            before = traffic.emulated_s
             result = original(tensor, *args, **kwargs)
-            _sleep(p2p_s(_nbytes(tensor)), traffic)
+            if traffic.emulated_s == before:
+                _sleep(p2p_s(_nbytes(tensor)), traffic)
             return result
         return call
 

@@ -23,7 +23,7 @@ from planner.profile.capture import Captured, capture
 from planner.profile.loader import batch_size, load_factory, select_output
 from planner.data import factory as data_mod
 from planner.runtime.launch.config import RunConfig
-from planner.runtime.options import parse_link
+from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.resume import Resume, check_resume, run_identity
 from planner.runtime.data_parallel import sync_for
 from planner.runtime.pipeline.stages import rank_of_stages
@@ -103,6 +103,10 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     name, lr = resolve_optimizer(plan, config.optimizer, config.lr)
     settings = TrainSettings(name, lr, plan.microbatches, mbs, config.seed)
     data = make_data(spec, settings, config)
+    target = parse_target(config.target)
+    if target is not None and target.metric == "accuracy" and not data_mod.has_accuracy(data.spec):
+        raise UsageError(f"--target {config.target}: this task has no accuracy (its loss is {data.spec.loss}: "
+                         f"accuracy needs class labels or next-token ids); use --target loss=VALUE")
     split_batch(data.batch(0)[0], plan.microbatches)
     identity = run_identity(config, captured, module, settings, plan)
     resume = check_resume(config.options.get("checkpoint_dir"), config.steps, identity, plan, config.plan)
