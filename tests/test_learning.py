@@ -204,7 +204,8 @@ def test_an_emulated_link_adds_latency_plus_bytes_over_bandwidth_to_a_ping_pong(
 def test_evaluation_changes_no_parameter_and_the_digits_learn(mlp_plan: Path, tmp_path: Path) -> None:
     """Two runs, one evaluating every step, end with byte-identical parameters; the evaluations learn."""
     summaries = {}
-    for name, extra in (("plain", []), ("eval", ["--eval-every", "1", "--eval-batches", "2", "--target", "accuracy=0.5"])):
+    for name, extra in (("plain", []), ("eval", ["--eval-every", "1", "--eval-batches", "2", "--target", "accuracy=0.5"]),
+                        ("stop", ["--eval-every", "5", "--target", "accuracy=0.5", "--stop-at-target"])):
         done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(mlp_plan),
                                "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches",
                                "--steps", "30", "--round-steps", "5", "--no-rebalance", "--lr", "0.005",
@@ -220,3 +221,6 @@ def test_evaluation_changes_no_parameter_and_the_digits_learn(mlp_plan: Path, tm
     assert [e["step"] for e in evals] == list(range(0, 31, 5))  # at step 0 and at each round's end
     assert evals[-1]["accuracy"] > evals[0]["accuracy"] + 0.3 and summaries["eval"]["time_to_target_s"] is not None
     assert summaries["eval"]["bytes_sent"] > 0 and summaries["eval"]["data"]["task"] == "cross-entropy"
+    stopped = summaries["stop"]
+    assert stopped["steps"] < 30 and stopped["eval"][-1]["accuracy"] >= 0.5 and stopped["eval"][-2]["accuracy"] < 0.5
+

@@ -19,8 +19,9 @@ def draw(runs: Sequence[Any], output: Path) -> tuple[str, ...]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    targeted = [r.target.metric for r in runs if r.target is not None]
     accuracy = any(e.get("accuracy") is not None for r in runs for e in r.evals)
-    metric = "accuracy" if accuracy else "loss"
+    metric = targeted[0] if targeted else ("accuracy" if accuracy else "loss")  # the target's metric first
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     for run in runs:
         if run.evals:
