@@ -20,6 +20,7 @@ from planner.partition.model.cost import infeasible_reason
 from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
 from planner.partition.model.problem import build_problem
+from planner.partition.search import guard
 from planner.partition.search.interleave import interleave
 from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
 from planner.partition.search.refine import RefineConfig, refine as refine_loop
@@ -64,6 +65,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         extra["refine"] = result.record
     else:
         chosen, used = entry.fn(problem, weights=start, **method_options), start
+    polish_on = not refine or (refine_config or RefineConfig()).polish is not None
+    chosen = guard.check(problem, chosen, polish_on)  # "optimal" (dp, ilp) never loses to a baseline when simulated
     extra.update(methods.facts_of(chosen))
     chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b: v chunks per device when faster
     if interleaved:
