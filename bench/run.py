@@ -69,7 +69,8 @@ def parallel_capacity() -> float:
 
 
 def profile_path(name: str, reprofile: bool) -> Path:
-    """Measure (once, cached) the model's profile with one intra-op thread, like each rank runs."""
+    """Measure (once, cached) the model's profile with one intra-op thread, like each rank runs, and under
+    co-location with a second training process, as the two ranks share this host (``--colocate 2``)."""
     import torch
 
     from planner.profile import profile_model
@@ -77,7 +78,7 @@ def profile_path(name: str, reprofile: bool) -> Path:
     path = CACHE / f"{name}.profile.json"
     if reprofile or not path.is_file():
         torch.set_num_threads(1)
-        save_profile(profile_model(MODELS[name], repeats=5, warmup=2, threads=1), path)
+        save_profile(profile_model(MODELS[name], repeats=5, warmup=2, threads=1, colocate=2), path)
     return path
 
 

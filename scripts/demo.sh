@@ -9,7 +9,7 @@ bash scripts/setup.sh
 plan=.venv/bin/plan
 model=planner.examples.gpt:gpt_small
 mkdir -p out
-"$plan" profile "$model" --estimate h100-sxm,a100-80g -o out/profile.json
+"$plan" profile "$model" --estimate h100-sxm,a100-80g --colocate 2 -o out/profile.json
 "$plan" partition out/profile.json --cluster cpu-2 --method greedy --refine \
   --microbatches 8 --schedule 1f1b -o out/plan.json
 "$plan" show out/plan.json

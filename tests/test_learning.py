@@ -224,3 +224,14 @@ def test_evaluation_changes_no_parameter_and_the_digits_learn(mlp_plan: Path, tm
     stopped = summaries["stop"]
     assert stopped["steps"] < 30 and stopped["eval"][-1]["accuracy"] >= 0.5 and stopped["eval"][-2]["accuracy"] < 0.5
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_colocate_records_the_slowdown_of_a_shared_host(tmp_path: Path) -> None:
+    """Issue 12: plan profile --colocate 2 times a training micro-batch beside a second training process."""
+    result = runner.invoke(app, ["profile", "planner.examples.gpt:gpt_tiny", "-o", str(tmp_path / "p.json"),
+                                 "--repeats", "3", "--warmup", "1", "--colocate", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    colocation = json.loads((tmp_path / "p.json").read_text())["whole_model"]["colocation"]
+    assert colocation["ranks"] == 2 and colocation["train_s"] > 0 and colocation["factor"] > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from planner.errors import UsageError
@@ -188,3 +190,30 @@ def test_build_problem_estimates_in_the_requested_precision() -> None:
         assert default.blocks[0].time_s[dev_type][0] - launch == pytest.approx(1e13 / (fp32_peak * 0.7))
         assert bf16.blocks[0].time_s[dev_type][0] - launch == pytest.approx(1e13 / (bf16_peak * 0.7))
     assert set(bf16.estimated_types) == {"a100-80g", "v100-32g"}
+
+
+def test_colocation_scales_measured_times_only_where_a_host_shares_its_devices() -> None:
+    """Issue 12: a profile measured under co-location (plan profile --colocate N) carries the slowdown;
+    the cost model applies it on a host with N or more devices of the profiled type, nowhere else."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from planner.clusters import resolve_cluster
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.partition.model.times import calibration_factors
+
+    profile = load_profile(Path(__file__).resolve().parent / "golden" / "profiles" / "gpt_tiny.json")
+    local = str(profile.extra["device_type"])
+    ops_s = sum(n.time_s[local].fwd + n.time_s[local].bwd for n in profile.nodes)
+    measured = dict(profile.extra["whole_model"], train_s=1.1 * ops_s)
+    profile = replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=measured)))
+    plain = calibration_factors(profile)[local]
+    assert plain == pytest.approx(1.1)
+    whole = dict(measured, colocation={"ranks": 2, "train_s": 1.375 * ops_s, "factor": 1.25})
+    colocated = replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=whole)))
+    shared = load_cluster(resolve_cluster("cpu-2"))  # two cpu devices on one host
+    assert calibration_factors(colocated, shared)[local] == pytest.approx(plain * 1.25)
+    assert calibration_factors(colocated)[local] == pytest.approx(plain)  # no cluster: the profile alone
+    alone = replace(shared, devices=(shared.devices[0],))
+    assert calibration_factors(colocated, alone)[local] == pytest.approx(plain)

@@ -36,6 +36,7 @@ class ProfileRequest:
     cluster_out: Path | None = None
     top: int = 10
     model_output: str | None = None
+    colocate: int = 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def check_request(request: ProfileRequest) -> tuple[Path | None, Path | None]:
         device_spec(dev, catalog)
     for name, value, low in (("--repeats", request.repeats, 1), ("--warmup", request.warmup, 0),
                              ("--threads", request.threads, 0), ("--top", request.top, 0),
-                             ("--microbatch-size", request.microbatch_size, 1)):
+                             ("--microbatch-size", request.microbatch_size, 1), ("--colocate", request.colocate, 1)):
         if value is not None and value < low:
             raise UsageError(f"{name} must be an integer >= {low}, found {value}")
     if request.model is None and not request.probe_links:
@@ -93,7 +94,8 @@ def _profile(request: ProfileRequest, path: Path, progress: Progress | None) -> 
     profile = profile_model(request.model, input_spec=request.input_spec, microbatch_size=request.microbatch_size,
                             tracer=request.tracer, repeats=request.repeats, warmup=request.warmup,
                             estimate=request.estimate, progress=progress, threads=request.threads or None,
-                            estimate_precision=request.estimate_precision, model_output=request.model_output)
+                            estimate_precision=request.estimate_precision, model_output=request.model_output,
+                            colocate=request.colocate)
     save_profile(profile, path)
     return {**profile_summary(profile, request.top), "output": str(path)}
 

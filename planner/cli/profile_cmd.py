@@ -26,6 +26,9 @@ def profile_cmd(
     model_output: Annotated[Optional[str], typer.Option("--model-output", help="When forward returns a dict, tuple "
                             "or list: the output to train on, a KEY or an INDEX (e.g. logits, 0). Recorded in the "
                             "profile; plan run trains on the same one.", show_default=False)] = None,
+    colocate: Annotated[int, typer.Option("--colocate", help="Also time a training micro-batch while N-1 other "
+                        "processes train the same model, as the ranks sharing this host will; the cost model applies "
+                        "the slowdown on hosts with N or more devices of this type (1: off).")] = 1,
     tracer: Annotated[str, typer.Option("--tracer", help="auto (torch.export, then torch.fx), export or fx.")] = "auto",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed repeats per op (the median is kept).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls before the repeats.")] = 2,
@@ -67,7 +70,8 @@ def profile_cmd(
                              tracer=tracer, repeats=repeats, warmup=warmup, threads=threads,
                              estimate=tuple(dict.fromkeys(t.strip() for t in estimate.split(",") if t.strip())),
                              estimate_precision=estimate_precision, probe_links=probe_links,
-                             cluster_out=cluster_out, top=top, model_output=model_output)
+                             cluster_out=cluster_out, top=top, model_output=model_output,
+                             colocate=colocate)
     check_request(request)  # usage errors before torch is imported
     with _progress(not as_json and model is not None) as progress:
         result = profile_command(request, progress)

@@ -311,6 +311,15 @@ def _measure_whole(module: nn.Module, inputs: Sequence[Any], grads_out: list[tor
     return fwd_s, bwd_s
 
 
+def time_training(module: nn.Module, inputs: Sequence[Any], device: torch.device, repeats: int, warmup: int,
+                  threads: int | None) -> float:
+    """One training micro-batch of the whole model, timed as ``measure`` times it (for ``--colocate``)."""
+    with _num_threads(threads if device.type == "cpu" else None):
+        timer = Timer(device, repeats, warmup)
+        _, grads_out = _probe(module, inputs)
+        return _measure_training(module, inputs, grads_out, timer)
+
+
 def _measure_training(module: nn.Module, inputs: Sequence[Any], grads_out: list[torch.Tensor], timer: Timer) -> float:
     """Seconds of one training micro-batch: forward, then backward into the parameters' ``.grad``.
 

@@ -22,13 +22,16 @@ from planner.profile.measure import Measurement, Progress, measure
 def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: int | None = None,
                   tracer: str = "auto", repeats: int = 5, warmup: int = 2, estimate: Sequence[str] = (),
                   progress: Progress | None = None, device: str | None = None, threads: int | None = 1,
-                  estimate_precision: str | None = None, model_output: str | None = None) -> Profile:
+                  estimate_precision: str | None = None, model_output: str | None = None,
+                  colocate: int = 1) -> Profile:
     """Profile the model of ``spec`` (``pkg.mod:factory`` or ``file.py:factory``) on the local device.
 
     ``estimate`` lists catalog device types to add roofline estimates for, assuming
     ``estimate_precision`` (``None``: the profiled dtype; ``fp32``, ``tf32``, ``bf16``: see
     ``planner.roofline``), recorded as ``estimate_precision``; ``threads`` pins CPU
     intra-op threads while timing (1 by default, so per-op and whole-model times compare fairly).
+    ``colocate`` (``--colocate N``, N >= 2) also times one training micro-batch while N - 1 other processes
+    train the same model (``planner.profile.colocate``), recorded as ``whole_model.colocation``.
     ``model_output`` (``--model-output KEY|INDEX``) picks the output to train on when forward returns a dict,
     tuple or list; it is recorded as ``model.output`` and ``plan run`` picks the same one.
     """
@@ -54,6 +57,15 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
     if model_output is not None:
         model["output"] = model_output
     extra = dict(profile.extra, measurement=dict(profile.extra["measurement"], repeats=repeats, warmup=warmup))
+    if colocate > 1 and measurement.whole.train_s:
+        from planner.profile.colocate import measure_colocated
+        from planner.profile.measure import time_training
+
+        alone = measurement.whole.train_s
+        loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1,
+                                   lambda: time_training(module, inputs, dev, repeats, warmup, threads))
+        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": loaded, "factor": loaded / alone})
+        extra["whole_model"] = whole
     estimated = tuple(d for d in estimate if d != device_type)
     if estimated:
         extra["estimated_device_types"] = list(estimated)

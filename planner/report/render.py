@@ -124,6 +124,13 @@ def render_run(console: Console, result: Mapping[str, Any]) -> None:
     elif measured and predicted:
         console.print(Text(f"step time {measured:.3f} s measured (last rounds after the first), {predicted:.3f} s "
                            f"predicted by the plan in force ({measured / predicted - 1:+.0%})"), soft_wrap=True)
+        calibration = result.get("calibration")
+        if calibration and calibration.get("calibrated_step_time_s"):
+            calibrated = float(calibration["calibrated_step_time_s"])
+            factors = ", ".join(f"{d} x{f:.2f}" for d, f in calibration["compute_factors"].items())
+            console.print(Text(f"calibrated on this machine ({calibration['rounds']} steady rounds; compute measured "
+                               f"/ predicted: {factors}): {calibrated:.3f} s predicted "
+                               f"({measured / calibrated - 1:+.0%})"), soft_wrap=True)
 
 
 def render_links(console: Console, summary: Mapping[str, Any]) -> None:

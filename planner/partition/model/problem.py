@@ -205,7 +205,7 @@ def build_problem(
     names = [[n] for n in (node.name for node in profile.nodes)] if groups is None else [list(g) for g in groups]
     _check_groups(profile, names)
     types = sorted({d.type for d in cluster.devices})
-    calibration = {t: f for t, f in calibration_factors(profile).items() if t in types}
+    calibration = {t: f for t, f in calibration_factors(profile, cluster).items() if t in types}
     times, estimated = node_times(profile, cluster, types, estimate_precision, calibration, catalog)
     if estimated and catalog is None:
         raise PlannerError(f"device type(s) {', '.join(sorted(estimated))} have estimated times; their loss and "

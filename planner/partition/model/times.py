@@ -69,7 +69,7 @@ CALIBRATION_RANGE = (0.5, 2.0)
 """Factors outside this range mean the per-op method failed on the model: they are not applied."""
 
 
-def calibration_factors(profile: Profile) -> dict[str, float]:
+def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dict[str, float]:
     """Device type -> (one training micro-batch of the whole model) / (sum of its per-op times).
 
     ``plan profile`` times, besides every op alone, one training micro-batch of the whole model as
@@ -79,6 +79,10 @@ def calibration_factors(profile: Profile) -> dict[str, float]:
     the profiled type by this ratio makes the stages' compute add up to what training costs; the
     split between ops keeps the per-op shape. Profiles without ``train_s`` (older ones, or a model
     without trainable parameters) get no factor; see docs/cost-model.md, "Calibration".
+
+    With ``cluster``, a profile measured under co-location (``plan profile --colocate N``:
+    ``whole_model.colocation``) also scales by the co-location factor when some host of the cluster holds
+    ``N`` or more devices of the profiled type (they will share that host's cores and memory as measured).
     """
     whole = profile.extra.get("whole_model") or {}
     device_type = str(profile.extra.get("device_type", ""))
@@ -92,7 +96,17 @@ def calibration_factors(profile: Profile) -> dict[str, float]:
         return {}
     factor = train_s / total
     low, high = CALIBRATION_RANGE
-    return {device_type: factor} if low <= factor <= high else {}
+    if not low <= factor <= high:
+        return {}
+    colocation = whole.get("colocation") or {}
+    if cluster is not None and colocation.get("factor"):
+        per_host: dict[str, int] = {}
+        for device in cluster.devices:
+            if device.type == device_type:
+                per_host[device.host] = per_host.get(device.host, 0) + 1
+        if max(per_host.values(), default=0) >= int(colocation.get("ranks", 2)):
+            factor *= float(colocation["factor"])
+    return {device_type: factor}
 
 
 def node_times(profile: Profile, cluster: Cluster, types: Sequence[str], precision: str | None,

@@ -65,6 +65,8 @@ class RankRun:
         """Seconds spent in optimizer steps (with gradient averaging) so far; hooks read differences."""
         self.losses: list[float] = []
         self.rounds: list[RoundEnd] = []
+        self.report: dict[str, Any] = {}
+        """What hooks add to this rank's summary (the rebalancing hooks: ``calibration`` on rank 0)."""
         self.stages: RankStages
         self.optimizer: torch.optim.Optimizer
         self.install(self.build(prepared.plan))
@@ -242,6 +244,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "rounds": [dataclasses.asdict(r) for r in run.rounds],
         "stages": [s.stage_index for s in run.stages.stages],
         "plan": run.plan.to_dict(),
+        **run.report,
     }
 
 

@@ -64,6 +64,8 @@ class DynamicHooks(RunHooks):
         self.saved_step = 0
         self.warm_up = True
         """The first round after the stages were (re)built pays one-off costs; it is logged, not judged."""
+        self.calibration_rounds: list[tuple[dict[str, float], dict[str, float]]] = []
+        """Rank 0: (measured, predicted) compute seconds per device of every steady round."""
 
     # ------------------------------------------------------------------ start / end
 
@@ -99,6 +101,8 @@ class DynamicHooks(RunHooks):
 
     def on_end(self, run: RankRun) -> None:
         self._p2p.__exit__(None, None, None)
+        if run.rank == 0 and self.model is not None and self.calibration_rounds:
+            run.report["calibration"] = self._calibrate(run)
         if self.log is not None:
             self.log.close()
         if run.rank == 0 and self.opt["output"]:
@@ -107,6 +111,22 @@ class DynamicHooks(RunHooks):
                           "rebalance": self.state.to_dict()})
             save_plan(Plan(run.plan.method, run.plan.schedule, run.plan.microbatches, run.plan.stages,
                            run.plan.predicted, extra), self.opt["output"])
+
+    def _calibrate(self, run: RankRun) -> dict[str, Any]:
+        """The cost model calibrated on this machine: each device's compute factor (measured over predicted,
+        summed over the steady rounds; emulated slowdowns included) and the plan's step time re-simulated
+        with them, beside the prediction before calibration."""
+        measured: dict[str, float] = {}
+        predicted: dict[str, float] = {}
+        for got, want in self.calibration_rounds:
+            for device, seconds in got.items():
+                measured[device] = measured.get(device, 0.0) + seconds
+                predicted[device] = predicted.get(device, 0.0) + want.get(device, 0.0)
+        factors = {d: measured[d] / predicted[d] for d in sorted(measured) if predicted.get(d, 0.0) > 0}
+        assert self.model is not None
+        before = self.model.step_time_s(run.plan, dict(run.plan.extra.get("speed_factors") or {}))
+        return {"rounds": len(self.calibration_rounds), "compute_factors": factors,
+                "predicted_step_time_s": before, "calibrated_step_time_s": self.model.step_time_s(run.plan, factors)}
 
     # ------------------------------------------------------------------ rounds
 
@@ -122,6 +142,9 @@ class DynamicHooks(RunHooks):
         mine = self.timer.end_round()
         _monitored_barrier(self.config.timeout_s)
         stats_all = gather_round(mine, round_index=self.round_index, first_step=stats.first_step, steps=stats.steps)
+        if run.rank == 0 and self.model is not None and not self.warm_up:  # what the first steady rounds calibrate
+            predicted = self.model.predicted_compute_s(run.plan, stats_all.steps)
+            self.calibration_rounds.append(({d.device: d.compute_s for d in stats_all.devices}, predicted))
         payload = self._decide_safely(run, stats_all) if run.rank == 0 else None
         box = [payload]
         dist.broadcast_object_list(box, src=0)
