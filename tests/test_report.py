@@ -180,3 +180,31 @@ def test_trace_carries_one_memory_counter_per_device() -> None:
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert {e["name"] for e in counters} == {"memory gpu0", "memory gpu1"}
     assert [(e["ts"], e["args"]["bytes"]) for e in counters if e["name"] == "memory gpu0"] == [(0.0, 105), (7000.0, 100)]
+
+
+@pytest.mark.parametrize("cluster, schedule, method", [("cpu-2", "1f1b", "dp"), ("cpu-2", "gpipe", "uniform"),
+                                                       ("a100-4", "interleaved-1f1b", "greedy"),
+                                                       ("mixed-3type-2host", "1f1b", "greedy"), ("t4-4-pcie", "gpipe", "dp")])
+def test_every_device_row_adds_up_to_the_step(cluster: str, schedule: str, method: str) -> None:
+    """Issue 12: compute, transfer (host copies), runtime overhead, optimizer step and idle per device sum to
+    the step time (a 4-stage CPU plan showed 4 x 460 us compute + 1.3 ms idle against a 4.9 ms step)."""
+    from pathlib import Path
+
+    from planner.clusters import resolve_cluster
+    from planner.formats.catalog import load_catalog
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.partition import partition
+    from planner.report.table import DEVICE_PARTS, device_table
+
+    profile = load_profile(Path(__file__).resolve().parent / "golden" / "profiles" / "gpt_tiny.json")
+    plan = partition(profile, load_cluster(resolve_cluster(cluster)), method=method, microbatches=8,
+                     schedule=schedule, catalog=load_catalog())
+    devices = plan.predicted["devices"]
+    assert devices and device_table(plan) is not None
+    for device, parts in devices.items():
+        total = sum(parts[key] for _, key in DEVICE_PARTS)
+        assert total == pytest.approx(plan.step_time_s, rel=1e-9), (device, parts)
+        assert parts["compute_s"] > 0
+    if cluster == "cpu-2":
+        assert any(p["overhead_s"] > 0 and p["copy_s"] > 0 for p in devices.values())

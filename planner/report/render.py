@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.formats.plan import Plan
-from planner.report.table import fmt_bytes, fmt_time, stage_table, summary_text
+from planner.report.table import device_table, fmt_bytes, fmt_time, stage_table, summary_text
 
 if TYPE_CHECKING:
     from planner.app.check import CheckResult, PlanDiff
@@ -25,6 +25,9 @@ def render_plan(console: Console, plan: Plan, *, title: str | None = None, simul
                 files: Mapping[str, Any] | None = None) -> None:
     """The stage table and summary of ``plan`` (``plan partition``, ``plan show``) and the files written."""
     console.print(stage_table(plan, title=title))
+    devices = device_table(plan)
+    if devices is not None:
+        console.print(devices)
     console.print(summary_text(plan))
     predicted = plan.step_time_s
     if simulated_step_time_s is not None and abs(simulated_step_time_s - predicted) > 1e-9 * max(predicted, 1e-12):

@@ -17,10 +17,12 @@ from planner.formats.plan import Plan, Stage
 
 
 def stage_table(plan: Plan, title: str | None = None) -> Table:
-    """One row per stage: device and type, layers and op count, compute, transfer, memory, idle."""
+    """One row per stage: device and type, layers and op count, compute and transfer per micro-batch, memory,
+    and the device's idle time per step (``device_table`` breaks the step down per device)."""
     types = device_types(plan)
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
-    table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold")
+    table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold",
+                  caption="compute and transfer per micro-batch, idle per step", caption_justify="left")
     for name, justify in (("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
                           ("transfer", "right"), ("memory / capacity", "right"), ("idle", "right")):
         short = name in ("#", "compute", "transfer", "idle")  # never wrapped; the others wrap when narrow
@@ -32,6 +34,30 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
             str(stage.index), Text(device), Text(layer_span(stage)), fmt_time(x.get("compute_s")), fmt_time(x.get("transfer_s")),
             _memory_cell(x.get("memory_bytes"), x.get("capacity_bytes")), fmt_time(x.get("idle_s")),
         )
+    return table
+
+
+DEVICE_PARTS = (("compute", "compute_s"), ("transfer", "copy_s"), ("runtime", "overhead_s"), ("optimizer", "update_s"),
+                ("idle", "idle_s"))
+"""The per-device columns of ``device_table``: they add up to the step (``predicted.devices``)."""
+
+
+def device_table(plan: Plan) -> Table | None:
+    """One row per device, over one step: compute, transfer it moves itself (host copies), runtime overhead
+    per pass, optimizer step and idle, which add up to the step time (``None`` for plans made before these
+    figures were recorded)."""
+    devices = plan.predicted.get("devices") or {}
+    if not devices or not all("compute_s" in d for d in devices.values()):
+        return None
+    table = Table(title=Text(f"per device, over one step of {fmt_time(plan.step_time_s)}"), title_justify="left",
+                  header_style="bold")
+    table.add_column("device")
+    for name, _ in DEVICE_PARTS:
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("sum", justify="right", no_wrap=True)
+    for device, parts in devices.items():
+        values = [float(parts.get(key, 0.0)) for _, key in DEVICE_PARTS]
+        table.add_row(Text(str(device)), *(fmt_time(v) for v in values), fmt_time(sum(values)))
     return table
 
 
@@ -80,6 +106,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "step_time_s": plan.step_time_s, "bubble_fraction": plan.predicted.get("bubble_fraction"),
         "peak_memory_bytes": plan.peak_memory_bytes, "stages": stages,
         **({"interleave": dict(plan.extra["interleave"])} if isinstance(plan.extra.get("interleave"), Mapping) else {}),
+        "devices": {str(d): dict(v) for d, v in (plan.predicted.get("devices") or {}).items()},
     }
 
 

@@ -58,7 +58,9 @@ def predicted(result: SimResult) -> dict[str, Any]:
     return {
         "step_time_s": result.step_time_s,
         "bubble_fraction": result.bubble_fraction,
-        "devices": {dev: {"busy_s": s.busy_s, "idle_s": s.idle_s, "peak_memory_bytes": s.peak_memory_bytes}
+        "devices": {dev: {"busy_s": s.busy_s, "idle_s": s.idle_s, "peak_memory_bytes": s.peak_memory_bytes,
+                          "compute_s": s.compute_s, "copy_s": s.copy_s, "overhead_s": s.overhead_s,
+                          "update_s": s.update_s}
                     for dev, s in result.devices.items()},
     }
 

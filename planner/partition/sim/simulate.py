@@ -67,6 +67,14 @@ class DeviceStats:
     busy_s: float
     idle_s: float
     peak_memory_bytes: int
+    compute_s: float = 0.0
+    """Forward and backward passes over the step (``busy_s`` = compute + copy + overhead + update)."""
+    copy_s: float = 0.0
+    """Moving transfers' bytes itself (host copies: gloo between CPU processes), over the step."""
+    overhead_s: float = 0.0
+    """The runtime's fixed cost per pass (``cluster.pass_overhead_s``), over the step."""
+    update_s: float = 0.0
+    """The optimizer step of its stages' parameters."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,8 @@ class _State:
     free_at: list[float]
     running: list[bool]
     busy_s: list[float]
+    parts: list[list[float]]
+    """Per rank: compute, copy, overhead, update seconds (their sum is ``busy_s``)."""
     live_bytes: list[int]
     peak_bytes: list[int]
     live_mb: list[int]
@@ -160,6 +170,7 @@ def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: i
         fwd_ready=fwd_ready,
         bwd_ready=[[None] * m for _ in range(n)],
         position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,
+        parts=[[0.0, 0.0, 0.0, 0.0] for _ in range(p)],
         live_bytes=[0] * p, peak_bytes=[0] * p, live_mb=[0] * n, peak_mb=[0] * n,
         send_fwd_s=[0.0] * n, send_bwd_s=[0.0] * n, copy_fwd_s=[0.0] * n, copy_bwd_s=[0.0] * n,
         link_free={}, heap=[], pass_overhead_s=0.0, events=[] if record_events else None,
@@ -209,6 +220,10 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
     state.running[rank] = True
     state.free_at[rank] = start + duration
     state.busy_s[rank] += duration
+    parts = state.parts[rank]
+    parts[0] += stage.fwd_s if kind == FWD else stage.bwd_s
+    parts[1] += state.copy_fwd_s[s] if kind == FWD else state.copy_bwd_s[s]
+    parts[2] += state.pass_overhead_s
     if state.events is not None:
         state.events.append(Event(ranks[rank], "fwd" if kind == FWD else "bwd", s, j, start, start + duration))
     state.seq += 1
@@ -262,6 +277,7 @@ def _updates(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) 
                                       -1, state.free_at[r], state.free_at[r] + update))
         state.free_at[r] += update
         state.busy_s[r] += update
+        state.parts[r][3] += update
 
 
 def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> SimResult:
@@ -272,7 +288,8 @@ def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -
         static[state.rank_of_stage[s]] += stage.static_bytes
     devices = {
         dev: DeviceStats(busy_s=state.busy_s[r], idle_s=max(step - state.busy_s[r], 0.0),
-                         peak_memory_bytes=static[r] + state.peak_bytes[r])
+                         peak_memory_bytes=static[r] + state.peak_bytes[r], compute_s=state.parts[r][0],
+                         copy_s=state.parts[r][1], overhead_s=state.parts[r][2], update_s=state.parts[r][3])
         for r, dev in enumerate(ranks)
     }
     idle = sum(d.idle_s for d in devices.values())
