@@ -119,6 +119,7 @@ def test_13_live_table_ends_with_a_newline() -> None:
 
 # 14. Every option of every command is in the docs (--granularity was missing from docs/commands.md).
 @pytest.mark.parametrize("command, page", [("partition", "commands.md"), ("show", "commands.md"), ("curves", "commands.md"),
+                                           ("export", "commands.md"),
                                            ("check", "commands.md"), ("diff", "commands.md"),
                                            ("run", "run.md"), ("profile", "profiling.md")])
 def test_14_every_option_is_documented(command: str, page: str) -> None:

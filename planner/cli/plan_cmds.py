@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -167,3 +168,31 @@ def diff_cmd(
         emit_json(result.to_dict())
         return
     render_diff(console, result)
+
+
+@command("export")
+def export_cmd(
+    plan: Annotated[Path, typer.Argument(help="Plan file (JSON).", show_default=False)],
+    to: Annotated[str, typer.Option("--to", help="torchtitan (the [parallelism] TOML table) or pipelining "
+                  "(split_spec for torch.distributed.pipelining.pipeline).", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the TOML (torchtitan) or the "
+                      "Python snippet (pipelining) here.", show_default=False)] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from (default: "
+                       "the plan's profile.path).", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the export as JSON data.")] = False,
+) -> None:
+    """Write a plan in the form torchtitan or torch.distributed.pipelining reads: module FQNs per stage.
+
+    Plans that cut inside a module (from --granularity op) are refused with the cost of cutting at layers.
+
+    Example: plan export plan.json --to torchtitan -o parallelism.toml
+    """
+    from planner.app.export import export_file
+
+    result = export_file(plan, to, output, profile)
+    if as_json:
+        emit_json({"format": result.format, **result.data, "output": result.output})
+    elif result.output is None:
+        sys.stdout.write(result.text)  # as written to -o: no wrapping
+    else:
+        console.print(f"wrote {result.output}")

@@ -1,0 +1,156 @@
+"""``plan export``: a plan in the form other trainers read, split at module boundaries.
+
+* ``torchtitan``: the ``[parallelism]`` table of torchtitan's config (``ParallelismConfig``):
+  ``module_fqns_per_model_part`` (one list of module FQNs per stage, in plan order), the degrees, the
+  schedule under torchtitan's name and the micro-batch size; the device order the plan chose is a comment.
+* ``pipelining``: the ``split_spec`` of ``torch.distributed.pipelining.pipeline`` (the module that begins
+  each stage after the first -> ``SplitPoint.BEGINNING``), as data and as a Python snippet.
+
+A module is a *layer* (``layer_of``: a repeated module's entry such as ``blocks.3``, else a top-level
+module such as ``wte``). Module lists cannot express a cut inside a layer, so a plan that makes one (from
+``--granularity op``) is refused in one line that names the first such cut and gives the simulated step
+time of the same method's plan with ``--granularity layer``, so the user sees what the boundary costs.
+Ops outside every module (the root's own arithmetic) and shared parameters (a tied LM head) are left to
+the trainer, as torchtitan's model code does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanMismatchError, PlannerError, UsageError
+from planner.formats.catalog import load_catalog
+from planner.formats.cluster import cluster_from_dict
+from planner.formats.jsonio import check_writable, write_bytes_atomic
+from planner.formats.plan import Plan, load_plan
+from planner.formats.profile import Profile, load_profile
+from planner.partition.model.problem import layer_of
+
+__all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module_parts"]
+
+FORMATS = ("torchtitan", "pipelining")
+TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+"""Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes)."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    format: str
+    data: dict[str, Any]
+    text: str
+    """What ``-o`` writes: TOML for torchtitan, a Python snippet for pipelining."""
+    output: str | None
+
+
+def module_parts(plan: Plan, profile: Profile) -> list[list[str]]:
+    """Module FQNs per stage, in plan and execution order; ``PlanMismatchError`` for a cut inside a module."""
+    stage_of = {name: k for k, stage in enumerate(plan.stages) for name in stage.nodes}
+    owner: dict[str, tuple[int, str]] = {}
+    parts: list[list[str]] = [[] for _ in plan.stages]
+    for node in profile.nodes:
+        layer = layer_of(node.module_path)
+        if not layer or node.name not in stage_of:
+            continue
+        k = stage_of[node.name]
+        if layer in owner and owner[layer][0] != k:
+            first_stage, first_node = owner[layer]
+            raise _CutInside(layer, first_stage, first_node, k, node.name)
+        if layer not in owner:
+            owner[layer] = (k, node.name)
+            parts[k].append(layer)
+    return parts
+
+
+class _CutInside(PlanMismatchError):
+    def __init__(self, layer: str, a: int, node_a: str, b: int, node_b: str) -> None:
+        super().__init__(layer)
+        self.where = (f"the plan cuts inside module {layer!r} (its op {node_a!r} is on stage {a}, {node_b!r} on "
+                      f"stage {b})")
+
+
+def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = None,
+                profile_path: str | Path | None = None) -> Exported:
+    """Export ``plan_path`` to ``fmt``; write the text form to ``output`` when given."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--to must be one of {', '.join(FORMATS)}, found {fmt!r}")
+    if output is not None:
+        check_writable(output, f"{fmt} export")
+    from planner.app.check import profile_path_of
+
+    plan = load_plan(plan_path)
+    profile = load_profile(profile_path or profile_path_of(plan, Path(plan_path)))
+    try:
+        parts = module_parts(plan, profile)
+    except _CutInside as cut:
+        raise PlanMismatchError(f"{cut.where}, and {fmt} splits only at module boundaries; re-partition with "
+                                f"--granularity layer ({_layer_cost(plan, profile)}) or --granularity depth:N") from None
+    empty = [k for k, part in enumerate(parts) if not part]
+    if empty:
+        raise PlanMismatchError(f"stage {empty[0]} of the plan holds no module (only the root's own ops), which "
+                                f"{fmt} cannot express; re-partition with --granularity layer")
+    data = _torchtitan(plan, profile, parts) if fmt == "torchtitan" else _pipelining(parts)
+    text = _toml(plan, data, str(plan_path)) if fmt == "torchtitan" else _snippet(data)
+    if output is not None:
+        write_bytes_atomic(Path(output), text.encode())
+    return Exported(fmt, data, text, None if output is None else str(output))
+
+
+def _devices(plan: Plan) -> list[str]:
+    return list(dict.fromkeys(stage.device for stage in plan.stages))
+
+
+def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[str, Any]:
+    return {"parallelism": {
+        "pipeline_parallel_degree": len(_devices(plan)),
+        "pipeline_parallel_schedule": TORCHTITAN_SCHEDULES[plan.schedule],
+        "pipeline_parallel_microbatch_size": int(profile.model.get("microbatch_size", 1)),
+        "module_fqns_per_model_part": parts,
+        "data_parallel_replicate_degree": 1,
+    }, "device_order": _devices(plan)}
+
+
+def _pipelining(parts: list[list[str]]) -> dict[str, Any]:
+    return {"split_spec": {part[0]: "BEGINNING" for part in parts[1:]}, "stages": parts}
+
+
+def _toml(plan: Plan, data: dict[str, Any], plan_path: str) -> str:
+    table = data["parallelism"]
+    order = ", ".join(f"rank {r}: {d}" for r, d in enumerate(data["device_order"]))
+    lines = [f"# from plan export of {plan_path}: {plan.method}, {plan.schedule}, {plan.microbatches} micro-batches, "
+             f"predicted step {plan.step_time_s:.6g} s",
+             f"# device order the plan chose ({order}): start torchrun so that rank r runs on that device",
+             "[parallelism]"]
+    for key, value in table.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _snippet(data: dict[str, Any]) -> str:
+    spec = ", ".join(f"{fqn!r}: SplitPoint.BEGINNING" for fqn in data["split_spec"])
+    return ("# from plan export --to pipelining: the plan's stages as torch.distributed.pipelining's split_spec\n"
+            "from torch.distributed.pipelining import SplitPoint, pipeline\n\n"
+            f"split_spec = {{{spec}}}\n"
+            "# pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)\n")
+
+
+def _layer_cost(plan: Plan, profile: Profile) -> str:
+    """The same method's plan at layer granularity, simulated, against this plan's step time."""
+    from planner.partition import partition
+    from planner.partition.placers import registry
+
+    raw = plan.extra.get("cluster")
+    if not isinstance(raw, dict):
+        return "the plan embeds no cluster, so its cost was not simulated"
+    method = plan.method if plan.method in registry.names() else "dp"
+    try:
+        coarse = partition(profile, cluster_from_dict(dict(raw), "the plan's cluster"), method=method,
+                           microbatches=plan.microbatches, schedule=plan.schedule,
+                           optimizer=str(plan.extra.get("optimizer", "adam")), granularity="layer",
+                           catalog=load_catalog())
+    except PlannerError as exc:
+        return f"no {method} plan at layer granularity: {exc}"
+    return (f"{method} at layer granularity simulates {coarse.step_time_s * 1e3:.3f} ms per step against this plan's "
+            f"{plan.step_time_s * 1e3:.3f} ms, {coarse.step_time_s / plan.step_time_s - 1:+.1%}")

@@ -1,0 +1,81 @@
+"""Issue 18 (part): plan export to torchtitan's parallelism table and torch.distributed.pipelining's split_spec."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ROOT / "tests" / "golden" / "profiles"
+runner = CliRunner()
+
+
+def _plan(tmp_path: Path, model: str, cluster: str, *extra: str) -> Path:
+    out = tmp_path / f"{model}-{cluster}.json"
+    result = runner.invoke(app, ["partition", str(PROFILES / f"{model}.json"), "--cluster", cluster, "-n", "8",
+                                 "-o", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize("model, factory, cluster", [("resnet_small", "planner.examples.resnet:resnet_small", "a100-4"),
+                                                     ("unet_small", "planner.examples.unet:unet_small", "t4-4-pcie"),
+                                                     ("gpt_tiny", "planner.examples.gpt:gpt_tiny", "a100-4")])
+def test_the_module_lists_cover_every_parameter_once_in_stage_order(tmp_path: Path, model: str, factory: str,
+                                                                   cluster: str) -> None:
+    from planner.profile.loader import load_factory
+
+    plan = _plan(tmp_path, model, cluster, "--granularity", "layer")
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 0, result.output
+    table = tomllib.loads((tmp_path / "p.toml").read_text())["parallelism"]
+    parts = table["module_fqns_per_model_part"]
+    stages = json.loads(plan.read_text())["stages"]
+    assert len(parts) == len(stages) and table["pipeline_parallel_degree"] == len({s["device"] for s in stages})
+    assert table["pipeline_parallel_schedule"] == "1F1B"
+    module, _ = load_factory(factory)
+    owners: dict[int, list[int]] = {}
+    for k, part in enumerate(parts):
+        for fqn in part:
+            for _, param in module.get_submodule(fqn).named_parameters():
+                owners.setdefault(id(param), []).append(k)
+    shared = {id(p) for n, p in module.named_parameters(remove_duplicate=False)
+              if sum(1 for _, q in module.named_parameters(remove_duplicate=False) if q is p) > 1}
+    for name, param in module.named_parameters():
+        stages_of = owners.get(id(param), [])
+        assert stages_of, f"{name} is in no stage"
+        assert len(stages_of) == 1 or id(param) in shared, (name, stages_of)  # a tied weight sits where it is used
+    from planner.formats.profile import load_profile
+
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    order = [min(owners[id(tensors[n])]) for node in load_profile(PROFILES / f"{model}.json").nodes
+             for n in node.params if n in tensors]
+    assert order == sorted(order)  # in execution order, every parameter's stage comes after the ones before it
+
+
+def test_pipelining_split_spec_begins_each_later_stage(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "gpt_tiny", "a100-4", "--granularity", "layer")
+    result = runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert list(data["split_spec"]) == [part[0] for part in data["stages"][1:]]
+    assert set(data["split_spec"].values()) == {"BEGINNING"}
+    snippet = runner.invoke(app, ["export", str(plan), "--to", "pipelining"]).stdout
+    compile(snippet, "snippet", "exec")
+
+
+def test_a_cut_inside_a_module_is_one_line_with_the_cost_of_cutting_at_layers(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "gpt_tiny", "a100-4")  # --granularity op cuts inside blocks
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: the plan cuts inside module")
+    assert "--granularity layer (dp at layer granularity simulates" in lines[0] and "ms per step" in lines[0]
+    assert not (tmp_path / "p.toml").exists()
+    bad = runner.invoke(app, ["export", str(plan), "--to", "deepspeed"])
+    assert bad.exit_code == 2 and "--to must be one of torchtitan, pipelining" in bad.output
