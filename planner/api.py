@@ -1,0 +1,110 @@
+"""A small library API for people with their own training loop: load a plan, get this rank's pipeline
+stages and torch's own schedule for it, and rebalance from waits measured yourself.
+
+    import planner
+    plan = planner.load_plan("plan.json")
+    pipe = planner.build_pipeline(model, example_inputs, plan, rank=rank, loss_fn=F.cross_entropy)
+    optimizer = torch.optim.SGD(pipe.parameters(), lr=0.05)
+    for step in range(steps):
+        optimizer.zero_grad()
+        losses = []
+        pipe.schedule.step(*(inputs if pipe.is_first else ()), target=target if pipe.is_last else None,
+                           losses=losses)
+        pipe.finish_backward()          # mean over micro-batches; tied weights summed over their ranks
+        optimizer.step()
+
+``build_pipeline`` cuts the model exactly as ``plan run`` does (``runtime.pipeline.graph_split``) and
+returns ``torch.distributed.pipelining`` objects (``PipelineStage`` subclasses and ``Schedule1F1B``,
+``ScheduleGPipe`` or ``ScheduleInterleaved1F1B``); a process group must be initialised (``torchrun``).
+``examples/own_loop.py`` is a complete loop; ``tests/test_api.py`` checks that it trains exactly as
+``plan run``. Torch is imported only when these functions are called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from planner.formats.plan import Plan, load_plan
+
+__all__ = ["Pipeline", "load_plan", "build_pipeline", "rebalance"]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """This rank's part of a plan: its stages, torch's schedule over them, and the parameters they train."""
+
+    stages: tuple[Any, ...]
+    """``torch.distributed.pipelining.PipelineStage`` objects (one per stage this rank holds)."""
+    schedule: Any
+    """The plan's schedule (``scale_grads=False``: call ``finish_backward`` after each ``step``)."""
+    rank_stages: Any
+    """The runtime's record of the split (``planner.runtime.pipeline.stages.RankStages``)."""
+
+    @property
+    def is_first(self) -> bool:
+        """This rank feeds the model inputs to ``schedule.step``."""
+        return bool(self.rank_stages.has_first)
+
+    @property
+    def is_last(self) -> bool:
+        """This rank passes ``target`` (and collects ``losses``)."""
+        return bool(self.rank_stages.has_last)
+
+    @property
+    def last_rank(self) -> int:
+        """The rank holding the last stage: it computes the losses (broadcast them from here)."""
+        return int(self.rank_stages.rank_of_stage[-1])
+
+    def named_parameters(self) -> Mapping[str, Any]:
+        """The parameters this rank trains, by the model's own (first) names."""
+        return self.rank_stages.params
+
+    def parameters(self) -> Iterator[Any]:
+        return iter(self.rank_stages.params.values())
+
+    def finish_backward(self) -> None:
+        """After ``schedule.step``: turn the gradients summed over micro-batches into their mean, and sum a
+        tied weight's gradient over the ranks that hold it (what ``plan run`` does before its optimizer step)."""
+        from planner.runtime.pipeline.stages import average_grads, sync_tied_grads
+
+        average_grads(self.rank_stages.params, self.rank_stages.plan.microbatches)
+        sync_tied_grads(self.rank_stages)
+
+
+def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str | Path, *, rank: int,
+                   loss_fn: Callable[[Any, Any], Any], device: Any = None, tracer: str = "auto",
+                   group: Any = None) -> Pipeline:
+    """This rank's stages of ``plan`` over ``model`` (captured on ``example_inputs``, one micro-batch) and the
+    plan's schedule. Collective: every rank calls it. ``tracer`` must be the profile's (``auto`` = export)."""
+    import torch
+
+    from planner.profile.capture import capture
+    from planner.runtime.pipeline.stages import build_rank_stages, build_schedule, sync_tied_params
+
+    plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    model.to(device)
+    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
+    rank_stages = build_rank_stages(capture(model, inputs, tracer), model, plan, rank, device, group=group)
+    sync_tied_params(rank_stages)
+    return Pipeline(rank_stages.stages, build_schedule(rank_stages, loss_fn), rank_stages)
+
+
+def rebalance(plan: Plan, waits: Mapping[str, float], compute: Mapping[str, float], *, threshold: float = 0.05,
+              gain: float = 1.0) -> dict[str, Any]:
+    """The patent's S5 as a function, for waits measured yourself over one round of ``wall_s`` = compute + wait
+    per device: whether the round was balanced and the device weights to re-partition with
+    (pass them to ``planner.partition.partition(..., weights=...)`` for the next plan)."""
+    from planner.partition.search.rebalance import DeviceRound, RoundStats, imbalance, update_weights
+
+    devices = list(dict.fromkeys(stage.device for stage in plan.stages))
+    stats = RoundStats(0, 0, 1, max(compute[d] + waits[d] for d in devices),
+                       tuple(DeviceRound(d, compute_s=compute[d], wait_s=waits[d]) for d in devices))
+    weights = dict(plan.extra.get("weights") or {d: 1.0 for d in devices})
+    gap = imbalance(stats)
+    # The load each device carried, in the weights' units (as the offline loop passes it): a device that
+    # waited gets more of it, in proportion to its wait over its compute.
+    new = update_weights(weights, stats, weights, gain=gain) if gap > threshold else weights
+    return {"balanced": gap <= threshold, "imbalance": gap, "weights": new}

@@ -1,0 +1,59 @@
+"""Issue 18 (part): the library API trains exactly as ``plan run`` does, in the user's own loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def test_the_api_is_importable_without_torch() -> None:
+    script = "import sys, planner; assert 'torch' not in sys.modules; print(callable(planner.build_pipeline))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
+def test_rebalance_moves_weight_towards_the_device_that_waited() -> None:
+    import planner
+    from planner.formats.plan import Plan, Stage
+
+    plan = Plan("dp", "1f1b", 4, (Stage(0, "a", ("x",)), Stage(1, "b", ("y",))), {"step_time_s": 1.0})
+    balanced = planner.rebalance(plan, waits={"a": 0.1, "b": 0.1}, compute={"a": 1.0, "b": 1.0})
+    assert balanced["balanced"] and balanced["weights"] == {"a": 1.0, "b": 1.0}
+    slow_b = planner.rebalance(plan, waits={"a": 1.0, "b": 0.0}, compute={"a": 1.0, "b": 2.0})
+    assert not slow_b["balanced"] and slow_b["weights"]["a"] > 1.0 > slow_b["weights"]["b"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(400)
+def test_own_loop_gets_the_losses_of_plan_run(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    for args in (["profile", "planner.examples.digits:digits_mlp", "-o", str(tmp_path / "profile.json"), "--repeats",
+                  "1", "--warmup", "0"], ["partition", str(tmp_path / "profile.json"), "--cluster", "cpu-2", "-m",
+                                          "uniform", "-n", "2", "-o", str(tmp_path / "plan.json")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    steps = "6"
+    done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(tmp_path / "plan.json"),
+                           "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches", "--steps", steps,
+                           "--optimizer", "sgd", "--lr", "0.05", "--no-rebalance", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = json.loads(done.stdout)["losses"]
+    own = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(ROOT / "examples" / "own_loop.py"), str(tmp_path / "plan.json"), "--steps", steps],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert own.returncode == 0, own.stderr[-2000:]
+    got = json.loads(next(line for line in own.stdout.splitlines() if line.startswith("{")))["losses"]
+    assert got == pytest.approx(expected, rel=1e-5) and got[-1] < got[0]
