@@ -78,4 +78,70 @@ def test_a_cut_inside_a_module_is_one_line_with_the_cost_of_cutting_at_layers(tm
     assert "--granularity layer (dp at layer granularity simulates" in lines[0] and "ms per step" in lines[0]
     assert not (tmp_path / "p.toml").exists()
     bad = runner.invoke(app, ["export", str(plan), "--to", "deepspeed"])
-    assert bad.exit_code == 2 and "--to must be one of torchtitan, pipelining" in bad.output
+    assert bad.exit_code == 2 and "--to must be one of torchtitan, pipelining, schedule-csv" in bad.output
+
+
+@pytest.mark.parametrize("cluster, schedule", [("a100-4", "1f1b"), ("a100-4", "gpipe"), ("a100-4", "interleaved-1f1b")])
+def test_the_schedule_csv_is_the_simulated_order_in_torchs_action_format(tmp_path: Path, cluster: str,
+                                                                         schedule: str) -> None:
+    from torch.distributed.pipelining.schedules import _Action
+
+    plan = _plan(tmp_path, "gpt_tiny", cluster, "-s", schedule)
+    result = runner.invoke(app, ["export", str(plan), "--to", "schedule-csv", "-o", str(tmp_path / "s.csv")])
+    assert result.exit_code == 0, result.output
+    stages = json.loads(plan.read_text())["stages"]
+    devices = list(dict.fromkeys(s["device"] for s in stages))
+    rows = [line.split(",") for line in (tmp_path / "s.csv").read_text().splitlines()]
+    assert len(rows) == len(devices)
+    for rank, row in enumerate(rows):
+        actions = [_Action.from_str(a) for a in row]
+        held = {k for k, s in enumerate(stages) if s["device"] == devices[rank]}
+        assert {a.stage_index for a in actions} == held
+        for k in held:  # every micro-batch once forward and once backward, forward first
+            fwd = [a.microbatch_index for a in actions if a.stage_index == k and a.computation_type.value == "F"]
+            bwd = [a.microbatch_index for a in actions if a.stage_index == k and a.computation_type.value == "B"]
+            assert sorted(fwd) == sorted(bwd) == list(range(8))
+            assert all(row.index(f"{k}F{j}") < row.index(f"{k}B{j}") for j in range(8))
+
+
+def _run_csv(rank: int, world: int, plan_path: str, csv_path: str, out: str) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    import planner
+    from planner.data.digits import batches
+    from planner.examples.digits import digits_mlp
+
+    torch.manual_seed(0)
+    model, example = digits_mlp()
+    plan = planner.load_plan(plan_path)
+    pipe = planner.build_pipeline(model.train(), example, plan, rank=rank, loss_fn=F.cross_entropy)
+    runtime = _PipelineScheduleRuntime(list(pipe.stages), plan.microbatches, loss_fn=F.cross_entropy, scale_grads=False)
+    runtime._load_csv(csv_path)
+    x, y = batches(0, 0, plan.microbatches * example[0].shape[0])
+    from_csv: list = []
+    runtime.step(*((x,) if pipe.is_first else ()), target=y if pipe.is_last else None, losses=from_csv)
+    built_in: list = []  # no optimizer step in between: the same parameters, so the same losses
+    pipe.schedule.step(*((x,) if pipe.is_first else ()), target=y if pipe.is_last else None, losses=built_in)
+    if pipe.is_last:
+        Path(out).write_text(json.dumps({"csv": [float(v.detach()) for v in from_csv],
+                                         "built_in": [float(v.detach()) for v in built_in]}))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(200)
+def test_the_schedule_csv_runs_one_step_in_torchs_runtime_schedule(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    from tests._gloo import run_ranks
+
+    for args in (["profile", "planner.examples.digits:digits_mlp", "-o", str(tmp_path / "profile.json"), "--repeats",
+                  "1", "--warmup", "0"], ["partition", str(tmp_path / "profile.json"), "--cluster", "cpu-2", "-m",
+                                          "uniform", "-n", "2", "-o", str(tmp_path / "plan.json")],
+                 ["export", str(tmp_path / "plan.json"), "--to", "schedule-csv", "-o", str(tmp_path / "s.csv")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    run_ranks(_run_csv, 2, str(tmp_path / "plan.json"), str(tmp_path / "s.csv"), str(tmp_path / "out.json"),
+              timeout_s=150)
+    losses = json.loads((tmp_path / "out.json").read_text())
+    assert len(losses["csv"]) == 2 and losses["csv"] == pytest.approx(losses["built_in"], rel=1e-6)

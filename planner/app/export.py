@@ -5,6 +5,10 @@
   schedule under torchtitan's name and the micro-batch size; the device order the plan chose is a comment.
 * ``pipelining``: the ``split_spec`` of ``torch.distributed.pipelining.pipeline`` (the module that begins
   each stage after the first -> ``SplitPoint.BEGINNING``), as data and as a Python snippet.
+* ``schedule-csv``: each rank's order of passes as the simulator ran them (``sim.schedules.device_orders``),
+  one CSV row per rank of actions such as ``1F0`` / ``0B3`` (stage, F or B, micro-batch): the format
+  ``torch.distributed.pipelining``'s ``_PipelineScheduleRuntime._load_csv`` reads, and torchtitan's
+  ``pipeline_parallel_schedule_csv``. It needs no module boundaries.
 
 A module is a *layer* (``layer_of``: a repeated module's entry such as ``blocks.3``, else a top-level
 module such as ``wte``). Module lists cannot express a cut inside a layer, so a plan that makes one (from
@@ -31,7 +35,7 @@ from planner.partition.model.problem import layer_of
 
 __all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module_parts"]
 
-FORMATS = ("torchtitan", "pipelining")
+FORMATS = ("torchtitan", "pipelining", "schedule-csv")
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 """Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes)."""
 
@@ -81,6 +85,12 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
     from planner.app.check import profile_path_of
 
     plan = load_plan(plan_path)
+    if fmt == "schedule-csv":
+        data = _schedule_csv(plan)
+        text = "".join(",".join(row) + "\n" for row in data["rows"])
+        if output is not None:
+            write_bytes_atomic(Path(output), text.encode())
+        return Exported(fmt, data, text, None if output is None else str(output))
     profile = load_profile(profile_path or profile_path_of(plan, Path(plan_path)))
     try:
         parts = module_parts(plan, profile)
@@ -110,6 +120,15 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
         "module_fqns_per_model_part": parts,
         "data_parallel_replicate_degree": 1,
     }, "device_order": _devices(plan)}
+
+
+def _schedule_csv(plan: Plan) -> dict[str, Any]:
+    from planner.partition.sim.schedules import device_orders, pipeline_layout
+
+    ranks, chunks = pipeline_layout([stage.device for stage in plan.stages], plan.schedule)
+    orders = device_orders(plan.schedule, len(ranks), chunks, plan.microbatches)
+    return {"rows": [[f"{stage}{kind}{mb}" for kind, stage, mb in order] for order in orders],
+            "device_order": list(ranks)}
 
 
 def _pipelining(parts: list[list[str]]) -> dict[str, Any]:

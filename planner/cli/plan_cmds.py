@@ -173,10 +173,11 @@ def diff_cmd(
 @command("export")
 def export_cmd(
     plan: Annotated[Path, typer.Argument(help="Plan file (JSON).", show_default=False)],
-    to: Annotated[str, typer.Option("--to", help="torchtitan (the [parallelism] TOML table) or pipelining "
-                  "(split_spec for torch.distributed.pipelining.pipeline).", show_default=False)],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the TOML (torchtitan) or the "
-                      "Python snippet (pipelining) here.", show_default=False)] = None,
+    to: Annotated[str, typer.Option("--to", help="torchtitan (the [parallelism] TOML table), pipelining "
+                  "(split_spec for torch.distributed.pipelining.pipeline) or schedule-csv (each rank's action "
+                  "order, as _PipelineScheduleRuntime loads it).", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the TOML (torchtitan), the "
+                      "Python snippet (pipelining) or the CSV (schedule-csv) here.", show_default=False)] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from (default: "
                        "the plan's profile.path).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the export as JSON data.")] = False,
