@@ -12,3 +12,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[hf,data,dev]"
+# tests/test_export.py builds torchtitan's own ParallelismConfig from `plan export`; torchtitan pins heavy
+# dependencies it does not need for that, so it is installed without them (its config file needs only torch).
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "torchtitan>=0.3,<0.4"
+

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 from importlib.metadata import PackageNotFoundError, version
 import platform
 print(f"python {platform.python_version()}")
-for name in ("torch", "pulp", "highspy", "networkx", "numpy", "typer", "rich", "matplotlib", "transformers", "scikit-learn", "pytest"):
+for name in ("torch", "pulp", "highspy", "networkx", "numpy", "typer", "rich", "matplotlib", "transformers", "scikit-learn", "torchtitan", "pytest"):
     try:
         print(f"{name} {version(name)}")
     except PackageNotFoundError:

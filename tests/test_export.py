@@ -145,3 +145,47 @@ def test_the_schedule_csv_runs_one_step_in_torchs_runtime_schedule(tmp_path: Pat
               timeout_s=150)
     losses = json.loads((tmp_path / "out.json").read_text())
     assert len(losses["csv"]) == 2 and losses["csv"] == pytest.approx(losses["built_in"], rel=1e-6)
+
+
+TORCHTITAN_0_3_0_PARALLELISM_FIELDS = (  # torchtitan/config/configs.py, ParallelismConfig, torchtitan 0.3.0
+    "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+    "enable_fsdp_symm_mem", "tensor_parallel_degree", "enable_sequence_parallel", "spmd_backend",
+    "pipeline_parallel_degree", "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size", "context_parallel_degree",
+    "context_parallel_load_balancer", "context_parallel_ptrr_mask_key", "expert_parallel_degree")
+
+
+def _torchtitan_parallelism_config() -> type:
+    """torchtitan's ``ParallelismConfig``, loaded from its file: ``pip install torchtitan --no-deps`` leaves out
+    what ``torchtitan.config``'s package imports (tyro), and ``configs.py`` itself needs only torch."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torchtitan is not installed (pip install torchtitan --no-deps to run this test)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "config" / "configs.py"
+    if not path.is_file():
+        pytest.skip(f"this torchtitan has no {path.name}; the recorded 0.3.0 field list is checked instead")
+    loader = importlib.util.spec_from_file_location("_torchtitan_configs", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module.ParallelismConfig
+
+
+def test_the_torchtitan_export_names_only_fields_of_parallelism_config(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "gpt_tiny", "a100-4", "--granularity", "layer", "-s", "interleaved-1f1b")
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "--json"])
+    assert result.exit_code == 0, result.output
+    table = json.loads(result.stdout)["parallelism"]
+    assert set(table) <= set(TORCHTITAN_0_3_0_PARALLELISM_FIELDS)
+    assert table["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert len(table["module_fqns_per_model_part"]) == len(json.loads(plan.read_text())["stages"])
+
+
+def test_torchtitans_own_dataclass_takes_the_export(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "unet_small", "t4-4-pcie", "--granularity", "layer")
+    table = json.loads(runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "--json"]).stdout)["parallelism"]
+    config = _torchtitan_parallelism_config()(**table)
+    assert config.module_fqns_per_model_part == table["module_fqns_per_model_part"]
+    assert config.pipeline_parallel_degree == table["pipeline_parallel_degree"]
