@@ -189,3 +189,29 @@ def test_torchtitans_own_dataclass_takes_the_export(tmp_path: Path) -> None:
     config = _torchtitan_parallelism_config()(**table)
     assert config.module_fqns_per_model_part == table["module_fqns_per_model_part"]
     assert config.pipeline_parallel_degree == table["pipeline_parallel_degree"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_hugging_face_llama_exports_modules_that_cover_its_parameters(tmp_path: Path) -> None:
+    """HF models sit under a wrapper (``model.model.layers.3``); their container's glue ops are left out."""
+    pytest.importorskip("transformers")
+    from planner.profile.loader import load_factory
+
+    for args in (["profile", "planner.examples.hf:llama_small", "-o", str(tmp_path / "profile.json"), "--repeats", "1",
+                  "--warmup", "0", "--estimate", "a100-80g"],
+                 ["partition", str(tmp_path / "profile.json"), "--cluster", "a100-4", "-g", "layer", "-o",
+                  str(tmp_path / "plan.json")],
+                 ["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    parts = tomllib.loads((tmp_path / "p.toml").read_text())["parallelism"]["module_fqns_per_model_part"]
+    module, _ = load_factory("planner.examples.hf:llama_small")
+    seen: dict[int, int] = {}
+    for k, part in enumerate(parts):
+        for fqn in part:
+            for _, param in module.get_submodule(fqn).named_parameters():
+                assert id(param) not in seen or seen[id(param)] == k, fqn  # no parameter in two stages
+                seen[id(param)] = k
+    missing = [name for name, p in module.named_parameters() if id(p) not in seen]
+    assert missing == []

@@ -10,8 +10,8 @@
   ``torch.distributed.pipelining``'s ``_PipelineScheduleRuntime._load_csv`` reads, and torchtitan's
   ``pipeline_parallel_schedule_csv``. It needs no module boundaries.
 
-A module is a *layer* (``layer_of``: a repeated module's entry such as ``blocks.3``, else a top-level
-module such as ``wte``). Module lists cannot express a cut inside a layer, so a plan that makes one (from
+A module is a repeated module's entry (``blocks.3``, ``model.model.layers.3``) or, outside repeated
+modules, the op's own module (``wte``, ``model.model.embed_tokens``). Module lists cannot express a cut inside a layer, so a plan that makes one (from
 ``--granularity op``) is refused in one line that names the first such cut and gives the simulated step
 time of the same method's plan with ``--granularity layer``, so the user sees what the boundary costs.
 Ops outside every module (the root's own arithmetic) and shared parameters (a tied LM head) are left to
@@ -33,7 +33,7 @@ from planner.formats.plan import Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.partition.model.problem import layer_of
 
-__all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module_parts"]
+__all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module_parts", "module_fqn"]
 
 FORMATS = ("torchtitan", "pipelining", "schedule-csv")
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
@@ -49,14 +49,26 @@ class Exported:
     output: str | None
 
 
+def module_fqn(module_path: str) -> str:
+    """The module an op belongs to for a trainer: the entry of a repeated module (``layer_of``: ``blocks.3``,
+    ``model.model.layers.3``), else the op's own module (``wte``, ``model.model.embed_tokens``, ``model.lm_head``;
+    a wrapper's top-level name would put a model's embeddings and its head in one module)."""
+    layer = layer_of(module_path)
+    return layer if layer != module_path.split(".")[0] or layer == module_path else module_path
+
+
 def module_parts(plan: Plan, profile: Profile) -> list[list[str]]:
     """Module FQNs per stage, in plan and execution order; ``PlanMismatchError`` for a cut inside a module."""
     stage_of = {name: k for k, stage in enumerate(plan.stages) for name in stage.nodes}
     owner: dict[str, tuple[int, str]] = {}
     parts: list[list[str]] = [[] for _ in plan.stages]
+    names = {module_fqn(node.module_path) for node in profile.nodes} - {""}
+    # A container's own glue ops (an HF model's mask and rotary set-up) would name the whole container, and
+    # with it every layer inside: they are left to the trainer, like the root's own ops.
+    containers = {name for name in names if any(other.startswith(name + ".") for other in names)}
     for node in profile.nodes:
-        layer = layer_of(node.module_path)
-        if not layer or node.name not in stage_of:
+        layer = module_fqn(node.module_path)
+        if not layer or layer in containers or node.name not in stage_of:
             continue
         k = stage_of[node.name]
         if layer in owner and owner[layer][0] != k:

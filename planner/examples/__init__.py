@@ -14,6 +14,7 @@ BUNDLED: dict[str, str] = {
     "gpt2_small": "planner.examples.hf:gpt2_small",
     "bert_small": "planner.examples.hf:bert_small",
     "llama_small": "planner.examples.hf:llama_small",
+    "llama_deep": "planner.examples.hf:llama_deep",
 }
 """Every bundled model by short name -> its factory spec (``plan profile SPEC``); the benchmarks use it."""
 DEFAULT_MODEL = BUNDLED["gpt_small"]

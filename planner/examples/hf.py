@@ -62,3 +62,12 @@ def llama_small() -> tuple[nn.Module, tuple[torch.Tensor]]:
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                       use_cache=False)
     return _build(cfg, "LlamaForCausalLM", 4096, 2, 64)
+
+
+def llama_deep() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """``llama_small`` at 12 layers: deep enough for 8 pipeline stages (``bench/export.py``)."""
+    cfg = _transformers().LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=12,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      use_cache=False)
+    return _build(cfg, "LlamaForCausalLM", 4096, 2, 64)
+
