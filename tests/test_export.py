@@ -215,3 +215,26 @@ def test_a_hugging_face_llama_exports_modules_that_cover_its_parameters(tmp_path
                 seen[id(param)] = k
     missing = [name for name, p in module.named_parameters() if id(p) not in seen]
     assert missing == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model, factory", [("resnet_small", "planner.examples.resnet:resnet_small"),
+                                            ("gpt_tiny", "planner.examples.gpt:gpt_tiny")])
+def test_the_split_spec_gives_torch_pipeline_stages_with_the_plans_modules(tmp_path: Path, model: str,
+                                                                           factory: str) -> None:
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from planner.profile.loader import load_factory
+
+    plan = _plan(tmp_path, model, "a100-4", "--granularity", "layer")
+    data = json.loads(runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--json"]).stdout)
+    module, example = load_factory(factory)
+    tied = {name for name, p in module.named_parameters(remove_duplicate=False)
+            if sum(1 for _, q in module.named_parameters(remove_duplicate=False) if q is p) > 1}
+    pipe = pipeline(module, mb_args=tuple(example), split_spec={k: SplitPoint.BEGINNING for k in data["split_spec"]})
+    assert pipe.num_stages == len(data["stages"])
+    for k, part in enumerate(data["stages"]):
+        names = [n for n, _ in pipe.get_stage_module(k).named_parameters() if n not in tied]
+        owners = {next((fqn for fqn in part if n.startswith(fqn + ".")), None) for n in names}
+        assert None not in owners, (k, names)  # every parameter of torch's stage k is in the plan's stage k
