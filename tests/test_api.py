@@ -9,12 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from planner.cli import app
+from tests._digits import digits_plan
 
 ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
 
 
 def test_the_api_is_importable_without_torch() -> None:
@@ -38,11 +36,7 @@ def test_rebalance_moves_weight_towards_the_device_that_waited() -> None:
 @pytest.mark.timeout(400)
 def test_own_loop_gets_the_losses_of_plan_run(tmp_path: Path) -> None:
     pytest.importorskip("sklearn")
-    for args in (["profile", "planner.examples.digits:digits_mlp", "-o", str(tmp_path / "profile.json"), "--repeats",
-                  "1", "--warmup", "0"], ["partition", str(tmp_path / "profile.json"), "--cluster", "cpu-2", "-m",
-                                          "uniform", "-n", "2", "-o", str(tmp_path / "plan.json")]):
-        result = runner.invoke(app, args)
-        assert result.exit_code == 0, result.output
+    digits_plan(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     steps = "6"
     done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(tmp_path / "plan.json"),

@@ -136,13 +136,9 @@ def test_a_file_that_is_not_a_run_log_is_one_line(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def mlp_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("sklearn")
-    tmp = tmp_path_factory.mktemp("digits")
-    for args in (["profile", "planner.examples.digits:digits_mlp", "-o", str(tmp / "profile.json"), "--repeats", "1",
-                  "--warmup", "0"], ["partition", str(tmp / "profile.json"), "--cluster", "cpu-2", "-m", "uniform",
-                                     "-n", "2", "-o", str(tmp / "plan.json")]):
-        result = runner.invoke(app, args)
-        assert result.exit_code == 0, result.output
-    return tmp / "plan.json"
+    from tests._digits import digits_plan
+
+    return digits_plan(tmp_path_factory.mktemp("digits"))
 
 
 @pytest.mark.parametrize("extra, words", [

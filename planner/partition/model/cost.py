@@ -194,3 +194,9 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
     """Simulate one training step of ``partition`` under the problem's schedule and micro-batches."""
     return simulate(stage_sims(problem, partition), problem.cluster, problem.schedule, problem.microbatches,
                     record_events=record_events)
+
+
+def step_time_s(problem: Problem, partition: Partition) -> float:
+    """The simulated step time of ``partition`` (``evaluate`` without recording events): what placers, polish,
+    interleaving and the optimality check compare."""
+    return evaluate(problem, partition, record_events=False).step_time_s

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
-from planner.partition.model.cost import evaluate, transfer_s
+from planner.partition.model.cost import step_time_s, transfer_s
 from planner.partition.model.feasibility import max_stages, no_fit_message, shape_violations
 from planner.partition.placers.fill import FillContext, FillDevice, fill, work
 from planner.partition.placers.mapping import exact_mapping_fits, map_stages
@@ -203,7 +203,7 @@ def _best_by_simulation(ctx: FillContext, candidates: list[tuple[float, Partitio
                 orders.append(len(candidates) + len(orders))
     scored = []
     for order, partition in zip(orders, chosen):
-        step = evaluate(ctx.problem, partition, record_events=False).step_time_s
+        step = step_time_s(ctx.problem, partition)
         scored.append((step, _bottleneck(ctx, partition), order, partition))
     return min(scored, key=lambda item: item[:3])[3]
 

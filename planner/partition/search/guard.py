@@ -13,7 +13,7 @@ did: ``result`` stays ``optimal`` only for a plan no baseline beats in the simul
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.partition.model.cost import evaluate
+from planner.partition.model.cost import step_time_s
 from planner.partition.model.problem import Partition, Placed, Problem, facts_of
 from planner.partition.placers import baselines
 from planner.partition.search.polish import polish
@@ -31,12 +31,12 @@ def check(problem: Problem, chosen: Partition, improve: bool = True) -> Partitio
     solver = dict(facts.get("solver") or {})
     if solver.get("result") != "optimal":
         return chosen
-    step = _step_s(problem, chosen)
+    step = step_time_s(problem, chosen)
     tried = {}
     for name, placer in BASELINES.items():
         try:
             plan = placer(problem)
-            tried[name] = (_step_s(problem, plan), plan)
+            tried[name] = (step_time_s(problem, plan), plan)
         except PlannerError:  # a baseline that does not fit here is no rival
             continue
     solver["objective"] = OBJECTIVE
@@ -50,16 +50,11 @@ def check(problem: Problem, chosen: Partition, improve: bool = True) -> Partitio
                       simulated={"step_time_s": step, "best_baseline": rival, "best_baseline_s": rival_s,
                                  "action": "kept (polish off)"})
         return Placed(chosen, {**facts, "solver": solver})
-    candidates = [polish(problem, chosen).partition, polish(problem, rival_plan).partition]
-    best = min(candidates, key=lambda p: _step_s(problem, p))
-    best_s = _step_s(problem, best)
+    scored = [(step_time_s(problem, p), i, p) for i, p in enumerate((polish(problem, chosen).partition,
+                                                                      polish(problem, rival_plan).partition))]
+    best_s, _, best = min(scored, key=lambda item: item[:2])
     solver.update(result="optimal for the formula; polished against the simulator", formula_result="optimal",
                   simulated={"formula_plan_s": step, "best_baseline": rival, "best_baseline_s": rival_s,
                              "step_time_s": best_s, "action": "polished: a baseline simulated faster than the "
                              "formula's optimum"})
     return Placed(best, {**facts, "solver": solver})
-
-
-def _step_s(problem: Problem, partition: Partition) -> float:
-    return evaluate(problem, partition, record_events=False).step_time_s
-

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from planner.partition.model.cost import evaluate, stage_compute_s
+from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
@@ -37,7 +37,7 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
     devices = [s.device for s in base]
     if problem.schedule != INTERLEAVED or len(set(devices)) != len(devices):
         return base, {}
-    times = {1: _step_s(problem, base)}
+    times = {1: step_time_s(problem, base)}
     best, best_v = base, 1
     skipped: dict[int, str] = {}
     for v in range(2, max_chunks + 1):
@@ -49,7 +49,7 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
         if broken:
             skipped[v] = broken[0]
             continue
-        times[v] = _step_s(problem, candidate)
+        times[v] = step_time_s(problem, candidate)
         if times[v] < times[best_v] * (1 - 1e-9):
             best, best_v = candidate, v
     tried = ", ".join(f"{v}: {t * 1e3:.3f} ms" for v, t in sorted(times.items()))
@@ -108,7 +108,3 @@ def chunked(problem: Problem, devices: Sequence[str], v: int) -> Partition | Non
     if bounds is None:
         return None
     return tuple(StageSpec(a, b, owner[k]) for k, (a, b) in enumerate(zip(bounds, bounds[1:])))
-
-
-def _step_s(problem: Problem, partition: Partition) -> float:
-    return evaluate(problem, partition, record_events=False).step_time_s

@@ -40,7 +40,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from planner.errors import PlannerError
-from planner.partition.model.cost import evaluate, stage_fwd_bwd_s, stage_update_s
+from planner.partition.model.cost import stage_fwd_bwd_s, stage_update_s, step_time_s
 from planner.partition.model.feasibility import check_fits
 from planner.partition.model.problem import Partition, Problem, StageSpec
 from planner.partition.sim.schedules import BWD, device_orders
@@ -141,7 +141,7 @@ def _descend(problem: Problem, start: Partition, config: PolishConfig) -> tuple[
 
 def _step_s(problem: Problem, partition: Partition) -> float | None:
     try:
-        return evaluate(problem, partition, record_events=False).step_time_s
+        return step_time_s(problem, partition)
     except PlannerError:
         return None
 

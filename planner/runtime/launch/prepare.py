@@ -6,7 +6,6 @@ launches), so a mismatch ends the run with one message instead of ranks waiting 
 
 from __future__ import annotations
 
-import importlib
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -204,8 +203,7 @@ def make_data(spec: data_mod.DataSpec, settings: TrainSettings, config: "RunConf
     elif config.eval_every:
         raise UsageError(f"--eval-every needs held-out batches, but the --data factory {config.data} has no split "
                          f"argument; give it split: str = 'train' and return validation batches for split='val'")
-    module = importlib.import_module(factory.__module__) if factory.__module__ in sys.modules else None
-    probe = getattr(module, "fingerprint", None)
+    probe = getattr(sys.modules.get(factory.__module__), "fingerprint", None)
     return Data(spec, lambda step: data_mod.custom_batch(factory, spec, settings.seed, step, rows), val, custom,
                 str(probe()) if callable(probe) else None)
 

@@ -20,7 +20,7 @@ from planner.formats.plan import Plan
 from planner.formats.profile import Profile
 from planner.partition import partition
 from planner.partition.placers import registry as methods
-from planner.partition.model.cost import evaluate
+from planner.partition.model.cost import step_time_s
 from planner.partition.model.convert import partition_of
 from planner.partition.model.problem import Problem, build_problem
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
@@ -84,7 +84,7 @@ class RoundModel:
     def step_time_s(self, plan: Plan, speed_factors: Mapping[str, float]) -> float:
         problem = build_problem(self.profile, self.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                 optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog)
-        return evaluate(problem, partition_of(problem, plan), record_events=False).step_time_s
+        return step_time_s(problem, partition_of(problem, plan))
 
 
 @dataclass(frozen=True)
