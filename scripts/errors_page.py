@@ -104,7 +104,7 @@ def _resolve(arg: ast.AST, scope: ast.AST | None, functions: dict[str, ast.Funct
     text = _template(arg)
     if text is not None:
         return [text]
-    if depth > 3:
+    if depth > 5:
         return []
     if isinstance(arg, ast.Call):
         name = arg.func.id if isinstance(arg.func, ast.Name) else getattr(arg.func, "attr", None)

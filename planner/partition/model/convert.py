@@ -11,11 +11,12 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.formats.plan import Plan, Stage
-from planner.partition.model.cost import stage_memory_bytes, stage_sims, transfer_s
+from planner.partition.model.cost import evaluate, stage_memory_bytes, stage_sims, stage_sync_s, transfer_s
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
-from planner.partition.model.problem import Partition, Problem, StageSpec
-from planner.partition.sim.simulate import SimResult, SimStage, simulate
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, facts_of, replica_of,
+                                             shares_of)
+from planner.partition.sim.simulate import SimResult, SimStage
 
 
 def build_plan(problem: Problem, partition: Partition, *, method: str,
@@ -28,8 +29,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     peak memory exceeds its capacity.
     """
     check_fits(problem, partition)
-    sims = stage_sims(problem, partition)
-    result = simulate(sims, problem.cluster, problem.schedule, problem.microbatches, record_events=False)
+    sims = stage_sims(problem, replica_of(partition, 0))
+    result = evaluate(problem, partition, record_events=False)
     stages = tuple(_stage(problem, partition, i, sims[i], result) for i in range(len(partition)))
     top: dict[str, Any] = {
         "optimizer": problem.optimizer,
@@ -43,6 +44,11 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     if profile_ref is not None:
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
+    if degree_of(partition) > 1:
+        dp = dict(facts_of(partition).get("data_parallel") or {})
+        dp.update(degree=degree_of(partition), microbatches=list(shares_of(partition, problem.microbatches)))
+        dp.setdefault("sync", "ssgd")
+        top["data_parallel"] = dp
     return Plan(
         method=method,
         schedule=problem.schedule,
@@ -54,8 +60,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
 
 
 def predicted(result: SimResult) -> dict[str, Any]:
-    """The plan's ``predicted`` field from a simulation."""
-    return {
+    """The plan's ``predicted`` field from a simulation (``sync_s`` per stage index for hybrid plans)."""
+    out = {
         "step_time_s": result.step_time_s,
         "bubble_fraction": result.bubble_fraction,
         "devices": {dev: {"busy_s": s.busy_s, "idle_s": s.idle_s, "peak_memory_bytes": s.peak_memory_bytes,
@@ -63,6 +69,9 @@ def predicted(result: SimResult) -> dict[str, Any]:
                           "update_s": s.update_s}
                     for dev, s in result.devices.items()},
     }
+    if result.sync_s:
+        out["sync_s"] = {str(i): t for i, t in enumerate(result.sync_s)}
+    return out
 
 
 def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result: SimResult) -> Stage:
@@ -91,6 +100,9 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
         "idle_s": result.devices[spec.device].idle_s,
         "layers": sorted({layer for block in blocks for layer in block.layers}),
     }
+    if len(spec.devices) > 1:
+        fields["replicas"] = list(spec.devices)
+        fields["sync_s"] = stage_sync_s(problem, spec)
     return Stage(index=i, device=spec.device, nodes=nodes, extra=MappingProxyType(fields))
 
 
@@ -107,5 +119,9 @@ def partition_of(problem: Problem, plan: Plan) -> Partition:
             raise PlanMismatchError(f"stage {stage.index} of the plan is not a contiguous run of the problem's blocks "
                                     f"(it starts at {stage.nodes[0] if stage.nodes else 'nothing'!r}); re-partition "
                                     f"from this profile")
-        specs.append(StageSpec(start, stop + 1, stage.device))
+        replicas = tuple(str(d) for d in stage.extra.get("replicas") or ())
+        specs.append(StageSpec(start, stop + 1, stage.device, replicas if len(replicas) > 1 else ()))
+    dp = plan.extra.get("data_parallel")
+    if isinstance(dp, Mapping) and dp.get("microbatches"):
+        return Placed(tuple(specs), {"data_parallel": dict(dp)})
     return tuple(specs)

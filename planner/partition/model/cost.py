@@ -16,8 +16,11 @@ from __future__ import annotations
 
 
 from planner.errors import PlannerError
-from planner.partition.model.problem import Partition, Problem
+from planner.partition.model.allreduce import allreduce_s
+from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
+                                             with_microbatches)
 from planner.partition.model.tables import CostTables
+from planner.partition.sim.hybrid import simulate_hybrid
 from planner.partition.sim.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
 from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
@@ -83,7 +86,11 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
 
 
 def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
-    """Stage ``i``'s peak memory: static bytes + saved activations x micro-batches in flight."""
+    """Stage ``i``'s peak memory: static bytes + saved activations x micro-batches in flight (with replicas: the
+    most any replica needs, each keeping activations for its own share of micro-batches)."""
+    if degree_of(partition) > 1:
+        return max(stage_memory_bytes(with_microbatches(problem, m), replica_of(partition, r), i)
+                   for r, m in enumerate(shares_of(partition, problem.microbatches)))
     ranks, _ = pipeline_layout([st.device for st in partition], problem.schedule)
     stage = partition[i]
     inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
@@ -95,8 +102,14 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
     """Peak memory of every device holding stages: its stages' static bytes + its peak live activations.
 
     Activations are allocated when a forward starts and freed when its backward ends, in the device's
-    schedule order; the simulator observes the same peaks.
+    schedule order; the simulator observes the same peaks. A replica's devices hold the same stages and the
+    activations of its own share of the micro-batches.
     """
+    if degree_of(partition) > 1:
+        out: dict[str, int] = {}
+        for r, m in enumerate(shares_of(partition, problem.microbatches)):
+            out.update(device_memory_bytes(with_microbatches(problem, m), replica_of(partition, r)))
+        return out
     ranks, chunks = pipeline_layout([st.device for st in partition], problem.schedule)
     orders = device_orders(problem.schedule, len(ranks), chunks, problem.microbatches)
     activation = {i: stage_activation_bytes(problem, st.start, st.stop) for i, st in enumerate(partition)}
@@ -105,6 +118,16 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
         static = sum(stage_static_bytes(problem, st.start, st.stop) for st in partition if st.device == device)
         out[device] = static + peak_activation_bytes(orders[r], activation)
     return out
+
+
+def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
+    """Seconds to all-reduce the gradients of ``stage``'s parameters over its replicas (0 without replicas)."""
+    if len(stage.devices) < 2:
+        return 0.0
+    tables = problem.tables
+    nbytes = tables.param_prefix[stage.stop] - tables.param_prefix[stage.start]
+    hosts = {d.id: d.host for d in problem.cluster.devices}
+    return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts)
 
 
 def infeasible_reason(problem: Problem) -> str | None:
@@ -147,7 +170,7 @@ def format_bytes(nbytes: float) -> str:
 # --- Whole partitions ---------------------------------------------------------------------------
 
 def validate_partition(problem: Problem, partition: Partition) -> None:
-    """Stages must cover blocks ``0 .. n-1`` contiguously, in order, on devices of the cluster."""
+    """Stages must cover blocks ``0 .. n-1`` contiguously, in order, on devices of the cluster (replicas too)."""
     if not partition:
         raise PlannerError("a partition needs at least one stage, found none")
     expected = 0
@@ -155,8 +178,12 @@ def validate_partition(problem: Problem, partition: Partition) -> None:
         if stage.start != expected or stage.stop <= stage.start:
             raise PlannerError(f"stage {i} covers blocks [{stage.start}, {stage.stop}) but must start at block "
                                f"{expected} and hold at least one block; stages must be contiguous and in order")
-        if stage.device not in problem.tables.capacity_bytes:
-            problem.cluster.device(stage.device)  # raises naming the known devices
+        for device in stage.devices:
+            if device not in problem.tables.capacity_bytes:
+                problem.cluster.device(device)  # raises naming the known devices
+        if stage.replicas and stage.replicas[0] != stage.device:
+            raise PlannerError(f"stage {i} lists replicas {list(stage.replicas)} but its device is {stage.device!r}; "
+                               f"replicas must list the stage's device first")
         expected = stage.stop
     if expected != len(problem.blocks):
         raise PlannerError(f"the stages cover blocks [0, {expected}) of {len(problem.blocks)}; "
@@ -191,9 +218,16 @@ def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> floa
 
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:
-    """Simulate one training step of ``partition`` under the problem's schedule and micro-batches."""
-    return simulate(stage_sims(problem, partition), problem.cluster, problem.schedule, problem.microbatches,
-                    record_events=record_events)
+    """Simulate one training step of ``partition`` under the problem's schedule and micro-batches; with replicas,
+    each replica pipeline runs its share (``shares_of``) and the stages then sync (``planner.partition.sim.hybrid``)."""
+    degree = degree_of(partition)
+    if degree == 1:
+        return simulate(stage_sims(problem, partition), problem.cluster, problem.schedule, problem.microbatches,
+                        record_events=record_events)
+    shares = shares_of(partition, problem.microbatches)
+    pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
+    return simulate_hybrid(pipelines, shares, [stage_sync_s(problem, st) for st in partition], problem.cluster,
+                           problem.schedule, record_events=record_events)
 
 
 def step_time_s(problem: Problem, partition: Partition) -> float:

@@ -12,7 +12,11 @@ Every consumer asks here and so gives the same message: the placers (through ``c
    ``Schedule1F1B`` refuses fewer); ``interleaved-1f1b`` needs a count that splits into its rounds
    (``schedules.interleaved_group_size``, torch's ``ScheduleInterleaved1F1B`` rule);
 5. memory: every device's peak (weights, gradients, optimizer state and the activations its schedule
-   keeps in flight; ``cost.device_memory_bytes``) fits its capacity.
+   keeps in flight; ``cost.device_memory_bytes``) fits its capacity;
+6. replicas (hybrid plans): every stage has the same number of devices d; no device holds a slot in two
+   replicas; the shares are d positive counts that sum to the step's micro-batches; and each replica's
+   pipeline, with its share, satisfies rules 3 and 4 (``replica_violations``). Rule 5 counts each replica's
+   activations for its own share.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from planner.formats.plan import SCHEDULES
 from planner.partition.model.cost import (device_memory_bytes, format_bytes, inflight_microbatches,
                                           infeasible_reason, stage_activation_bytes, stage_static_bytes,
                                           validate_partition)
-from planner.partition.model.problem import Partition, Problem
+from planner.partition.model.problem import Partition, Problem, degree_of, shares_of
 from planner.partition.sim.schedules import interleaved_group_size, pipeline_layout
 
-__all__ = ["shape_violations", "memory_violations", "violations", "check_fits", "max_stages", "no_fit_message"]
+__all__ = ["shape_violations", "replica_violations", "memory_violations", "violations", "check_fits", "max_stages", "no_fit_message"]
 
 
 def max_stages(schedule: str, microbatches: int, num_devices: int) -> int:
@@ -61,13 +65,50 @@ def shape_violations(schedule: str, microbatches: int, stage_devices: Sequence[s
     return []
 
 
+def replica_violations(schedule: str, microbatches: int, stage_replicas: Sequence[Sequence[str]],
+                       shares: Sequence[int] | None) -> list[str]:
+    """Rules 1-4 and 6 for stages held by ``stage_replicas[s]`` (device first) with replica shares ``shares``
+    (``None``: one replica, or an even split); one line per broken rule. Degree 1 is ``shape_violations``."""
+    if not stage_replicas:
+        return shape_violations(schedule, microbatches, [])
+    degree = len(stage_replicas[0])
+    for s, devices in enumerate(stage_replicas):
+        if len(devices) != degree:
+            return [f"stage {s} has {len(devices)} replica(s) but stage 0 has {degree}; every stage needs the same "
+                    f"number of replicas (the data-parallel degree): re-partition"]
+    if degree == 1 and shares is None:
+        return shape_violations(schedule, microbatches, [d[0] for d in stage_replicas])
+    if shares is None:
+        base, rest = divmod(microbatches, degree)
+        shares = [base + (1 if r < rest else 0) for r in range(degree)]
+    if len(shares) != degree:
+        return [f"data_parallel.microbatches lists {len(shares)} share(s) for {degree} replicas; give one share per "
+                f"replica"]
+    if any(m < 1 for m in shares) or sum(shares) != microbatches:
+        return [f"the replicas' shares {list(shares)} must be positive and sum to the step's {microbatches} "
+                f"micro-batches, they sum to {sum(shares)}; fix data_parallel.microbatches or re-partition"]
+    owner: dict[str, tuple[int, int]] = {}
+    for s, devices in enumerate(stage_replicas):
+        for r, device in enumerate(devices):
+            if device in owner and owner[device][1] != r:
+                other_stage, other_r = owner[device]
+                return [f"device {device!r} holds stage {other_stage} of replica {other_r} and stage {s} of replica {r}; "
+                        f"a device may serve one replica only: re-partition"]
+            owner.setdefault(device, (s, r))
+    for r in range(degree):
+        found = shape_violations(schedule, shares[r], [devices[r] for devices in stage_replicas])
+        if found:
+            return [f"replica {r} (share {shares[r]}): {found[0]}" if degree > 1 else found[0]]
+    return []
+
+
 def memory_violations(problem: Problem, partition: Partition) -> list[str]:
     """Rule 5: one line per device whose peak memory exceeds its capacity, naming its stages."""
     out = []
     for device, need in device_memory_bytes(problem, partition).items():
         capacity = problem.tables.capacity_bytes[device]
         if need > capacity:
-            stages = [i for i, st in enumerate(partition) if st.device == device]
+            stages = [i for i, st in enumerate(partition) if device in st.devices]
             which = f"stage {stages[0]} on {device!r} needs" if len(stages) == 1 else \
                 f"stages {', '.join(map(str, stages))} on {device!r} need"
             out.append(f"{which} {format_bytes(need)} ({need} bytes) at peak under {problem.schedule} with "
@@ -79,7 +120,8 @@ def memory_violations(problem: Problem, partition: Partition) -> list[str]:
 
 def violations(problem: Problem, partition: Partition) -> list[str]:
     """Rules 1-5 for ``partition`` of ``problem`` (memory only once the shape is right)."""
-    shape = shape_violations(problem.schedule, problem.microbatches, [st.device for st in partition])
+    shares = shares_of(partition, problem.microbatches) if degree_of(partition) > 1 else None
+    shape = replica_violations(problem.schedule, problem.microbatches, [st.devices for st in partition], shares)
     return shape or memory_violations(problem, partition)
 
 

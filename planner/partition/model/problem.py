@@ -14,7 +14,7 @@ and read after it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -86,14 +86,57 @@ class Problem:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage of a candidate partition: blocks ``[start, stop)`` on ``device``."""
+    """One stage of a candidate partition: blocks ``[start, stop)`` on ``device``.
+
+    ``replicas`` (hybrid plans, design.md section 5): every device holding the stage, ``device`` first;
+    empty means ``(device,)``. Replica ``r`` of the model is the pipeline of ``devices[r]`` of every stage.
+    """
 
     start: int
     stop: int
     device: str
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return self.replicas or (self.device,)
 
 
 Partition = tuple[StageSpec, ...]
+
+
+def degree_of(partition: Partition) -> int:
+    """The partition's data-parallel degree: the number of devices of its first stage (1 without replicas)."""
+    return len(partition[0].devices) if partition else 1
+
+
+def replica_of(partition: Partition, r: int) -> Partition:
+    """Replica ``r``'s pipeline: every stage on its ``r``-th device, without replicas."""
+    return tuple(StageSpec(st.start, st.stop, st.devices[r]) for st in partition)
+
+
+def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
+    """``microbatches`` split over ``degree`` replicas as evenly as possible, the first ones taking the rest."""
+    base, rest = divmod(microbatches, degree)
+    return tuple(base + (1 if r < rest else 0) for r in range(degree))
+
+
+def shares_of(partition: Partition, microbatches: int) -> tuple[int, ...]:
+    """Each replica's micro-batches per step: the ``data_parallel.microbatches`` a placer attached to the partition
+    (``Placed`` facts, the plan field), else an even split of ``microbatches``."""
+    dp = facts_of(partition).get("data_parallel")
+    if isinstance(dp, Mapping) and dp.get("microbatches"):
+        return tuple(int(x) for x in dp["microbatches"])
+    return even_shares(microbatches, degree_of(partition))
+
+
+def with_microbatches(problem: "Problem", microbatches: int) -> "Problem":
+    """``problem`` with another micro-batch count, sharing its cost tables (they do not depend on the count)."""
+    if microbatches == problem.microbatches:
+        return problem
+    other = replace(problem, microbatches=microbatches)
+    other.__dict__["tables"] = problem.tables
+    return other
 
 
 class Placed(tuple):  # type: ignore[type-arg]

@@ -54,7 +54,7 @@ class Event:
 
     resource: str
     kind: str
-    """``fwd``, ``bwd``, ``send_fwd``, ``send_bwd`` or ``update``."""
+    """``fwd``, ``bwd``, ``send_fwd``, ``send_bwd``, ``sync`` (replicas all-reduce; hybrid plans) or ``update``."""
     stage: int
     """The stage that computed, or that sent."""
     microbatch: int
@@ -75,6 +75,10 @@ class DeviceStats:
     """The runtime's fixed cost per pass (``cluster.pass_overhead_s``), over the step."""
     update_s: float = 0.0
     """The optimizer step of its stages' parameters."""
+    end_s: float = 0.0
+    """When its last forward or backward pass ends (before any sync and update)."""
+    sync_s: float = 0.0
+    """All-reducing its stages' gradients with their replicas (hybrid plans; ``planner.partition.sim.hybrid``)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ class SimResult:
     """Busy intervals sorted by start time (empty when simulated with ``record_events=False``)."""
     stage_inflight: tuple[int, ...] = ()
     """Per stage: the most micro-batches observed between their forward start and backward end."""
+    sync_s: tuple[float, ...] = ()
+    """Per stage: seconds its replicas all-reduce their gradients (empty for a pure pipeline)."""
 
 
 @dataclass
@@ -125,8 +131,9 @@ class _State:
 
 
 def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
-             *, record_events: bool = True) -> SimResult:
-    """Simulate one training step of ``stages`` (in pipeline order) under ``schedule``."""
+             *, record_events: bool = True, updates: bool = True) -> SimResult:
+    """Simulate one training step of ``stages`` (in pipeline order) under ``schedule``; ``updates=False`` leaves
+    out the optimizer steps (``planner.partition.sim.hybrid`` adds them after the replicas' sync)."""
     if microbatches < 1:
         raise PlannerError(f"microbatches must be at least 1, found {microbatches}")
     ranks, chunks = pipeline_layout([st.device for st in stages], schedule)
@@ -146,7 +153,7 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
         raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
                            f"(stuck: {', '.join(stuck)}); the schedule's order is wrong for this case: report it with the plan, "
                            f"and meanwhile use another micro-batch count or schedule")
-    return _result(state, stages, ranks)
+    return _result(state, stages, ranks, updates)
 
 
 def _check_stages(stages: Sequence[SimStage]) -> None:
@@ -280,8 +287,10 @@ def _updates(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) 
         state.parts[r][3] += update
 
 
-def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> SimResult:
-    _updates(state, stages, ranks)
+def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], updates: bool = True) -> SimResult:
+    ends = list(state.free_at)
+    if updates:
+        _updates(state, stages, ranks)
     step = max(state.free_at) if state.free_at else 0.0
     static = [0] * len(ranks)
     for s, stage in enumerate(stages):
@@ -289,7 +298,8 @@ def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -
     devices = {
         dev: DeviceStats(busy_s=state.busy_s[r], idle_s=max(step - state.busy_s[r], 0.0),
                          peak_memory_bytes=static[r] + state.peak_bytes[r], compute_s=state.parts[r][0],
-                         copy_s=state.parts[r][1], overhead_s=state.parts[r][2], update_s=state.parts[r][3])
+                         copy_s=state.parts[r][1], overhead_s=state.parts[r][2], update_s=state.parts[r][3],
+                         end_s=ends[r])
         for r, dev in enumerate(ranks)
     }
     idle = sum(d.idle_s for d in devices.values())

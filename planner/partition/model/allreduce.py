@@ -1,0 +1,61 @@
+"""The cost of synchronising a stage's replicas: one all-reduce of its gradients over the real links.
+
+- **Within one host**: a ring all-reduce (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
+  clusters of workstations", JPDC 69(2), 2009; what NCCL's ring and gloo's ``ring`` algorithms do). ``d``
+  devices move ``2 (d - 1)`` chunks of ``n / d`` bytes one after another, each over its ring neighbour's
+  link, so ``t = 2 (d - 1) (latency + (n / d) / bandwidth)`` with the slowest link of the ring.
+- **Across hosts**: the hierarchical all-reduce (Jia et al., "Highly scalable deep learning training system
+  with mixed-precision", arXiv:1807.11205, 2018; Horovod's and NCCL's tree/ring over NICs): a reduce-scatter
+  inside each host (``(g - 1)`` chunks of ``n / g`` bytes over the intra-host links, ``g`` the most replicas
+  on one host), a ring all-reduce of each ``n / g`` shard across the ``h`` hosts (``2 (h - 1)`` chunks of
+  ``n / (g h)`` bytes over the slowest inter-host link), and an all-gather inside each host (as the
+  reduce-scatter). With one replica per host this is the ring across hosts.
+
+Gradients have the parameters' size (``n`` = the stage's parameter bytes). The runtime all-reduces after
+the replica's last backward (``planner.runtime.data_parallel``), so the simulator starts the sync when every
+replica of the stage has finished its backward passes; see docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from planner.formats.cluster import Link
+
+__all__ = ["allreduce_s"]
+
+
+def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link],
+                host: Mapping[str, str]) -> float:
+    """Seconds to all-reduce ``nbytes`` over ``devices`` (see the module docstring for the formula)."""
+    d = len(devices)
+    if d < 2 or nbytes <= 0:
+        return 0.0
+    by_host: dict[str, list[str]] = {}
+    for dev in devices:
+        by_host.setdefault(host[dev], []).append(dev)
+    if len(by_host) == 1:
+        return _ring_s(list(devices), nbytes, link)
+    groups = list(by_host.values())
+    g, h = max(len(x) for x in groups), len(groups)
+    inside = min((_slowest(x, link) for x in groups if len(x) > 1), key=lambda k: (k.bandwidth_Bps, -k.latency_s),
+                 default=None)
+    leaders = [x[0] for x in groups]
+    across = _slowest(leaders, link)
+    scatter = (g - 1) * _chunk_s(inside, nbytes / g) if inside is not None else 0.0
+    return 2 * scatter + 2 * (h - 1) * _chunk_s(across, nbytes / (g * h))
+
+
+def _ring_s(devices: list[str], nbytes: float, link: Callable[[str, str], Link]) -> float:
+    d = len(devices)
+    return 2 * (d - 1) * _chunk_s(_slowest(devices, link), nbytes / d)
+
+
+def _slowest(ring: Sequence[str], link: Callable[[str, str], Link]) -> Link:
+    """The ring's slowest link (each device to the next, the last to the first): least bandwidth, then most latency."""
+    links = [link(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
+    return min(links, key=lambda k: (k.bandwidth_Bps, -k.latency_s))
+
+
+def _chunk_s(link: Link, nbytes: float) -> float:
+    return link.latency_s + nbytes / link.bandwidth_Bps

@@ -1,0 +1,75 @@
+"""One training step of a hybrid plan: ``d`` replica pipelines with their shares, then each stage's sync.
+
+Each replica pipeline runs its own share of the step's micro-batches on its own devices (``simulate`` with
+``updates=False``); the pipelines share no device and no directed link, so they are simulated one by one.
+Then every stage's replicas all-reduce their gradients (``planner.partition.model.allreduce``), starting when
+the last of them has finished its backward passes -- the runtime reduces in the last micro-batch's backward
+(DDP buckets, ``planner.runtime.data_parallel``), and the model starts the sync at that backward's end, which
+leaves out the overlap of the buckets with that one backward. A device holding several stages syncs them
+one after another, the last stage's first (it finishes its backward first). Each device then steps its
+optimizer. The sync occupies the devices of the group (on CPU ranks gloo moves the bytes with the
+processors); its events are drawn on the devices and on the ring's links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Sequence
+
+from planner.errors import PlannerError
+from planner.formats.cluster import Cluster
+from planner.partition.sim.simulate import Event, SimResult, SimStage, simulate
+
+__all__ = ["simulate_hybrid"]
+
+
+def simulate_hybrid(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
+                    cluster: Cluster, schedule: str, *, record_events: bool = True) -> SimResult:
+    """Simulate one step of replica pipelines ``pipelines[r]`` (stages in order) with ``shares[r]`` micro-batches
+    each, and ``sync_s[s]`` seconds to all-reduce stage ``s``'s gradients over its replicas."""
+    if len(pipelines) != len(shares) or not pipelines:
+        raise PlannerError(f"{len(pipelines)} replica pipelines but {len(shares)} shares; give one share per replica")
+    if any(len(p) != len(pipelines[0]) for p in pipelines) or len(sync_s) != len(pipelines[0]):
+        raise PlannerError("every replica pipeline needs the same stages, and every stage one sync time")
+    runs = [simulate(p, cluster, schedule, m, record_events=record_events, updates=False)
+            for p, m in zip(pipelines, shares)]
+    free = {dev: stats.end_s for run in runs for dev, stats in run.devices.items()}
+    busy = {dev: stats.busy_s for run in runs for dev, stats in run.devices.items()}
+    synced = {dev: 0.0 for dev in free}
+    events: list[Event] = [e for run in runs for e in run.events]
+    for s in reversed(range(len(sync_s))):
+        group = [p[s].device for p in pipelines]
+        start = max(free[dev] for dev in group)
+        end = start + sync_s[s]
+        if sync_s[s] <= 0:
+            continue
+        for i, dev in enumerate(group):
+            free[dev] = end
+            busy[dev] += sync_s[s]
+            synced[dev] += sync_s[s]
+            if record_events:
+                events.append(Event(dev, "sync", s, -1, start, end))
+                events.append(Event(f"{dev}->{group[(i + 1) % len(group)]}", "sync", s, -1, start, end))
+    update = {dev: 0.0 for dev in free}
+    for p in pipelines:
+        for s, stage in enumerate(p):
+            update[stage.device] += stage.update_s
+    for dev in free:
+        if update[dev] > 0 and record_events:
+            events.append(Event(dev, "update", min(s for p in pipelines for s, st in enumerate(p) if st.device == dev),
+                                -1, free[dev], free[dev] + update[dev]))
+        free[dev] += update[dev]
+        busy[dev] += update[dev]
+    step = max(free.values())
+    devices = {}
+    for run in runs:
+        for dev, stats in run.devices.items():
+            devices[dev] = replace(stats, busy_s=busy[dev], idle_s=max(step - busy[dev], 0.0),
+                                   update_s=update[dev], sync_s=synced[dev])
+    idle = sum(d.idle_s for d in devices.values())
+    inflight = tuple(max(run.stage_inflight[s] for run in runs) for s in range(len(sync_s)))
+    return SimResult(step_time_s=step, devices=MappingProxyType(devices),
+                     bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
+                     events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))) if record_events else (),
+                     stage_inflight=inflight, sync_s=tuple(sync_s))
