@@ -15,7 +15,7 @@ def digits_plan(directory: Path) -> Path:
     runner = CliRunner()
     for args in (["profile", "planner.examples.digits:digits_mlp", "-o", str(directory / "profile.json"),
                   "--repeats", "1", "--warmup", "0"],
-                 ["partition", str(directory / "profile.json"), "--cluster", "cpu-2", "-m", "uniform", "-n", "2",
+                 ["partition", str(directory / "profile.json"), "--cluster", "cpu-2", "-m", "uniform", "-d", "1", "-n", "2",
                   "-o", str(directory / "plan.json")]):
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output

@@ -18,7 +18,7 @@ runner = CliRunner()
 
 def _plan(tmp_path: Path, model: str, cluster: str, *extra: str) -> Path:
     out = tmp_path / f"{model}-{cluster}.json"
-    result = runner.invoke(app, ["partition", str(PROFILES / f"{model}.json"), "--cluster", cluster, "-n", "8",
+    result = runner.invoke(app, ["partition", str(PROFILES / f"{model}.json"), "--cluster", cluster, "-d", "1", "-n", "8",
                                  "-o", str(out), *extra])
     assert result.exit_code == 0, result.output
     return out
@@ -197,7 +197,7 @@ def test_a_hugging_face_llama_exports_modules_that_cover_its_parameters(tmp_path
 
     for args in (["profile", "planner.examples.hf:llama_small", "-o", str(tmp_path / "profile.json"), "--repeats", "1",
                   "--warmup", "0", "--estimate", "a100-80g"],
-                 ["partition", str(tmp_path / "profile.json"), "--cluster", "a100-4", "-g", "layer", "-o",
+                 ["partition", str(tmp_path / "profile.json"), "--cluster", "a100-4", "-d", "1", "-g", "layer", "-o",
                   str(tmp_path / "plan.json")],
                  ["export", str(tmp_path / "plan.json"), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")]):
         result = runner.invoke(app, args)

@@ -90,7 +90,7 @@ def test_plan_check_refuses_the_m2_1f1b_plan_with_the_runtimes_words(tmp_path: P
     """A plan partitioned at 16 micro-batches and relabelled 2 (what a hand edit or an older planner gives)."""
     runner = CliRunner()
     profile = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
-    made = runner.invoke(app, ["partition", str(profile), "--cluster", "dgx-h100-8", "-m", "greedy", "-n", "16",
+    made = runner.invoke(app, ["partition", str(profile), "--cluster", "dgx-h100-8", "-m", "greedy", "-d", "1", "-n", "16",
                                "-s", "1f1b", "-o", str(tmp_path / "m16.json")])
     assert made.exit_code == 0, made.output
     doc = json.loads((tmp_path / "m16.json").read_text())

@@ -41,7 +41,7 @@ def plan_cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedPro
 
 # 1. `plan partition -m ilp --json` printed HiGHS's banner before the JSON.
 def test_1_ilp_json_is_one_json_document(tmp_path: Path) -> None:
-    done = plan_cli("partition", GPT_TINY, "--cluster", "a100-4", "-m", "ilp", "--json", "-o", tmp_path / "p.json")
+    done = plan_cli("partition", GPT_TINY, "-d", "1", "--cluster", "a100-4", "-m", "ilp", "--json", "-o", tmp_path / "p.json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["method"] == "ilp" and "HiGHS" not in done.stdout.split("{", 1)[0]
@@ -54,10 +54,10 @@ def test_7_hand_written_yaml_cluster(tmp_path: Path) -> None:
                        "  - {id: g0, type: a100-80g, host: box, memory_bytes: 80e9}\n"
                        "  - {id: g1, type: v100-32g, host: box, memory_bytes: 32e9}\n"
                        "links:\n  intra_host: {bandwidth_Bps: 12.0e9, latency_s: 5.0e-6}\n")
-    code, out, err = run("partition", GPT_TINY, "--cluster", cluster, "-o", tmp_path / "plan.json")
+    code, out, err = run("partition", GPT_TINY, "-d", "1", "--cluster", cluster, "-o", tmp_path / "plan.json")
     assert code == 0, err
     cluster.write_text(cluster.read_text().replace("host: box, memory_bytes: 32e9", "host: other, memory_bytes: 32e9"))
-    code, _, err = run("partition", GPT_TINY, "--cluster", cluster, "-o", tmp_path / "two-hosts.json")
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", cluster, "-o", tmp_path / "two-hosts.json")
     line = one_error_line(err)
     assert code == 1 and "links.inter_host" in line and "2 hosts" in line and "regenerate" not in line
     assert not (tmp_path / "two-hosts.json").exists()
@@ -73,7 +73,7 @@ def test_8_infeasible_memory_gives_sizes(tmp_path: Path, method: str) -> None:
     cluster.write_text(json.dumps({"schema_version": 1, "name": "tight", "links": {
         "intra_host": {"bandwidth_Bps": 1e10, "latency_s": 1e-6}}, "devices": [
         {"id": f"g{i}", "type": "cpu", "host": "h", "memory_bytes": 729446} for i in range(2)]}))
-    code, _, err = run("partition", GPT_TINY, "--cluster", cluster, "-m", method, "-s", "gpipe", "-n", "8",
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", cluster, "-m", method, "-s", "gpipe", "-n", "8",
                        "-o", tmp_path / "plan.json")
     line = one_error_line(err)
     assert code == 1 and "least memory" in line and "818688 bytes" in line and "729446 bytes" in line
@@ -139,7 +139,7 @@ def test_5_a_plan_for_other_devices_is_refused_unless_allowed(tmp_path: Path) ->
     from planner.app.run import run_config
     from planner.runtime.launch.prepare import preflight
 
-    code, _, err = run("partition", GPT_TINY, "--cluster", "a100-4", "-m", "dp", "-n", "4", "-o", tmp_path / "plan.json")
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "a100-4", "-m", "dp", "-n", "4", "-o", tmp_path / "plan.json")
     assert code == 0, err
     code, _, err = run("run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--steps", "2")
     line = one_error_line(err)
@@ -168,7 +168,7 @@ def test_10_usage_errors_come_before_torch_is_imported(args: list[str]) -> None:
 def _profile_and_plan(tmp_path: Path, model: str, *extra: str) -> tuple[int, str, Path]:
     code, out, err = run("profile", model, "-o", tmp_path / "profile.json", "--repeats", "1", "--warmup", "0", *extra)
     assert code == 0, err
-    code, _, perr = run("partition", tmp_path / "profile.json", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    code, _, perr = run("partition", tmp_path / "profile.json", "-d", "1", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
     assert code == 0, perr
     return code, out + err, tmp_path / "plan.json"
 
@@ -194,7 +194,7 @@ def float_target(seed, step, batch_size): return torch.zeros(batch_size, 16, dty
 ])
 def test_3_a_bad_data_factory_is_one_line_before_ranks_start(tmp_path: Path, factory: str, words: str) -> None:
     (tmp_path / "batches.py").write_text(FACTORIES)
-    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
     assert code == 0, err
     done = plan_cli("run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--steps", "2",
                     "--profile", GPT_TINY, "--data", f"{tmp_path / 'batches.py'}:{factory}", timeout=120)
@@ -286,7 +286,7 @@ def test_2_ctrl_c_stops_every_rank_and_says_what_resumes(tmp_path: Path) -> None
     import signal
     import time
 
-    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
     assert code == 0, err
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen([sys.executable, "-c", "from planner.cli import main; main()", "run", tmp_path / "plan.json",
@@ -318,7 +318,7 @@ def test_6_resume_is_checked_against_what_the_checkpoint_recorded(tmp_path: Path
     from planner.app.run import run_config
     from planner.runtime.launch.prepare import preflight
 
-    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
     assert code == 0, err
     ckpt = tmp_path / "ckpt"
     config = run_config(plan=str(tmp_path / "plan.json"), model="planner.examples.gpt:gpt_tiny", steps=8,
@@ -344,7 +344,7 @@ def test_6_resume_is_checked_against_what_the_checkpoint_recorded(tmp_path: Path
         code, _, err = run(*base, "--steps", "8", option, value)
         line = one_error_line(err)
         assert code == 1 and line.startswith(f"error: checkpoint '{sealed}' was written by a run") and words in line
-    code, _, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-m", "uniform", "-s", "gpipe",
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-m", "uniform", "-s", "gpipe",
                        "-o", tmp_path / "other.json")
     assert code == 0, err
     other = run_config(plan=str(tmp_path / "other.json"), model="planner.examples.gpt:gpt_tiny", steps=8,
@@ -375,7 +375,7 @@ def test_11_interleaved_plans_hold_several_chunks_per_device(tmp_path: Path, met
     from planner.formats.plan import load_plan
     from planner.partition.sim.schedules import pipeline_layout
 
-    code, out, err = run("partition", GPT_TINY, "--cluster", "a100-4", "-m", method, "-s", "interleaved-1f1b",
+    code, out, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "a100-4", "-m", method, "-s", "interleaved-1f1b",
                          "-n", "8", "-o", tmp_path / "plan.json")
     assert code == 0, err
     plan = load_plan(tmp_path / "plan.json")
@@ -388,7 +388,7 @@ def test_11_interleaved_plans_hold_several_chunks_per_device(tmp_path: Path, met
 
 
 def test_11_an_interleaved_plan_that_stays_at_one_chunk_says_why(tmp_path: Path) -> None:
-    code, out, err = run("partition", GPT_TINY, "--cluster", "cpu-2", "-m", "dp", "-s", "interleaved-1f1b",
+    code, out, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-m", "dp", "-s", "interleaved-1f1b",
                          "-n", "4", "-o", tmp_path / "plan.json")
     assert code == 0, err
     record = json.loads((tmp_path / "plan.json").read_text())["interleave"]

@@ -36,13 +36,16 @@ def check_settings(method: str, microbatches: int, schedule: str, optimizer: str
 def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Path | None, *, method: str,
                    microbatches: int, schedule: str, optimizer: str = "adam", refine: bool = False,
                    granularity: str | None = None, time_limit_s: float | None = None,
-                   estimate_precision: str | None = None) -> Plan:
+                   estimate_precision: str | None = None, data_parallel: str | int = "auto") -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). Raises ``PlannerError`` on bad input; on any
     error nothing is written."""
     from planner.partition import partition
 
     check_settings(method, microbatches, schedule, optimizer)
+    from planner.partition.search.hybrid import parse_degree
+
+    parse_degree(data_parallel)
     if granularity is not None:
         from planner.partition.model.granularity import parse_granularity
 
@@ -61,7 +64,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
     plan = partition(profile, cluster, method=method, microbatches=microbatches, schedule=schedule,
                      optimizer=optimizer, refine=refine, granularity=granularity,
-                     estimate_precision=estimate_precision, catalog=load_catalog(),
+                     estimate_precision=estimate_precision, catalog=load_catalog(), data_parallel=data_parallel,
                      profile_ref=profile_ref(profile_path, profile.model.get("name")), **options)
     if output is not None:
         save_plan(plan, output)

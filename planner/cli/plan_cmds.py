@@ -37,6 +37,9 @@ def partition_cmd(
                                   "estimates of device types the profile did not measure assume: fp32, tf32 or "
                                   "bf16 (recorded in the plan). Default: the profiled dtype.",
                                   show_default=False)] = None,
+    data_parallel: Annotated[str, typer.Option("--data-parallel", "-d", help="Replica pipelines: auto (the "
+                             "fastest shape the simulator finds, the pure pipeline included), or N (1: a pure "
+                             "pipeline; N > 1: N replicas of every stage).")] = "auto",
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -48,6 +51,8 @@ def partition_cmd(
 
       plan partition profile.json --cluster dgx-h100-8 --method dp -n 16 -s 1f1b -o plan.json
 
+      plan partition profile.json -c dgx-h100-8 --data-parallel 2 -o hybrid.json
+
       plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
     """
     from planner.app.partition import partition_file
@@ -57,7 +62,8 @@ def partition_cmd(
     with err_console.status(f"planning with {method} ...", spinner="dots"):
         plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
-                              time_limit_s=time_limit, estimate_precision=estimate_precision)
+                              time_limit_s=time_limit, estimate_precision=estimate_precision,
+                              data_parallel=data_parallel)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, UsageError
+from planner.partition.model.feasibility import violations
+from planner.partition.model.problem import Partition, Problem
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan
@@ -21,6 +23,7 @@ from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
 from planner.partition.model.problem import build_problem
 from planner.partition.search import guard
+from planner.partition.search.hybrid import hybrid_search, parse_degree
 from planner.partition.search.interleave import interleave
 from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
 from planner.partition.search.refine import RefineConfig, refine as refine_loop
@@ -33,7 +36,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               speed_factors: Mapping[str, float] | None = None, profile_ref: Mapping[str, Any] | None = None,
               refine_config: RefineConfig | None = None, granularity: str | None = None,
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
-              **method_options: Any) -> Plan:
+              data_parallel: str | int = 1, **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
@@ -44,7 +47,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     the blocks placers never split (``planner.partition.model.granularity``); ``estimate_precision`` (``fp32``,
     ``tf32``, ``bf16``; default: the profiled dtype) is what roofline estimates of device types assume
     (``build_problem``), recorded in the plan as ``estimate_precision``; placers may attach plan fields
-    (``methods.Placed``, e.g. the ILP's ``solver``). Raises ``UsageError`` for an unknown method (listing the methods) and
+    (``methods.Placed``, e.g. the ILP's ``solver``). ``data_parallel`` (``1``, the default: a pure pipeline;
+    ``"auto"``: the fastest shape, the pure pipeline included; ``N``: N replica pipelines) replicates the stages
+    (``planner.partition.search.hybrid``; the CLI's default is ``auto``). Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
     entry = methods.get(method)
@@ -56,24 +61,62 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     if reason is not None:
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
+    requested = parse_degree(data_parallel)
+    if requested != 1 and schedule == "interleaved-1f1b":
+        if requested is not None:
+            raise UsageError(f"--data-parallel {requested} needs --schedule gpipe or 1f1b: replicated interleaved "
+                             f"stages are not supported; use --data-parallel 1 with interleaved-1f1b")
+        requested = 1
     extra: dict[str, Any] = {"granularity": granularity} if granularity else {}
     if estimate_precision is not None:
         extra["estimate_precision"] = estimate_precision
-    if refine:
-        result = refine_loop(problem, method, start, method_options, refine_config or RefineConfig())
-        chosen, used = result.partition, result.weights
-        extra["refine"] = result.record
-    else:
-        chosen, used = entry.fn(problem, weights=start, **method_options), start
     polish_on = not refine or (refine_config or RefineConfig()).polish is not None
-    chosen = guard.check(problem, chosen, polish_on)  # "optimal" (dp, ilp) never loses to a baseline when simulated
-    extra.update(methods.facts_of(chosen))
-    chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b: v chunks per device when faster
-    if interleaved:
-        extra["interleave"] = interleaved
+    chosen: Partition | None = None
+    used = start
+    pure_error: InfeasibleError | None = None
+    if requested in (1, None):
+        try:
+            chosen, used = _pure(problem, method, start, refine, refine_config, method_options, polish_on, extra)
+        except InfeasibleError as exc:
+            if requested == 1:
+                raise
+            pure_error = exc
+        if requested is None and chosen is not None and violations(problem, chosen):
+            chosen = None  # auto: a pure pipeline that does not fit is no candidate (build_plan names it for 1)
+    if requested != 1:
+
+        def place(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
+            return guard.check(sub, entry.fn(sub, weights=sub_weights, **method_options), polish_on)
+
+        try:
+            chosen = hybrid_search(problem, place, start, requested, chosen)
+        except InfeasibleError:
+            if pure_error is not None:  # auto: nothing fits; the pipeline's reason names the sizes
+                raise pure_error from None
+            raise
+        extra.update(methods.facts_of(chosen))
     if entry.takes_weights:
         extra["weights"] = used
     try:
         return build_plan(problem, chosen, method=method, profile_ref=profile_ref, extra=extra)
     except InfeasibleError as exc:
         raise InfeasibleError(f"method {method!r} made a split that does not fit: {exc}") from None
+
+
+def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: bool,
+          refine_config: RefineConfig | None, method_options: Mapping[str, Any], polish_on: bool,
+          extra: dict[str, Any]) -> tuple[Partition, Mapping[str, float]]:
+    """The pure pipeline (degree 1): the placer (or the refine loop), the optimality guard and interleaving;
+    records what they did in ``extra``."""
+    if refine:
+        result = refine_loop(problem, method, start, method_options, refine_config or RefineConfig())
+        chosen, used = result.partition, result.weights
+        extra["refine"] = result.record
+    else:
+        chosen, used = methods.get(method).fn(problem, weights=start, **method_options), start
+    chosen = guard.check(problem, chosen, polish_on)  # "optimal" (dp, ilp) never loses to a baseline when simulated
+    extra.update(methods.facts_of(chosen))
+    chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b: v chunks per device when faster
+    if interleaved:
+        extra["interleave"] = interleaved
+    return chosen, used

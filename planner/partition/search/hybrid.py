@@ -1,0 +1,185 @@
+"""The shape of a plan: how many replica pipelines (the data-parallel degree d), over which devices.
+
+For each candidate degree ``d`` (``--data-parallel auto``: every d from 2 to the device count with at least one
+micro-batch per replica; ``--data-parallel N``: only N), the devices, in the cluster's order, are dealt into
+``d`` pipelines of ``k = devices // d`` devices in two ways, and the cost model keeps whichever is faster:
+
+- ``pipeline-local``: pipeline ``r`` takes devices ``r k .. r k + k - 1`` (consecutive devices, usually one
+  host, carry one pipeline: fast point-to-point links, slower syncs);
+- ``stage-local``: stage slot ``i`` takes devices ``i d .. i d + d - 1`` (consecutive devices replicate one
+  stage: fast syncs, pipeline transfers across hosts).
+
+The placer then splits the model for one pipeline -- a sub-problem on that pipeline's devices with its
+share of the micro-batches -- once per distinct kind of pipeline (by device types), and every replica runs
+the same cuts on its own devices (a stage has one node list). The shares of the step's micro-batches are
+even, or proportional to each pipeline's throughput (its slowest stage per micro-batch; 3:1 when one
+pipeline is three times faster), whichever the simulator finds faster. Every candidate is simulated whole
+(``cost.evaluate``: replica pipelines, then the stages' all-reduce) and must pass the feasibility rule; the
+fastest wins, the pure pipeline (d = 1) included, ties going to fewer replicas. The candidates and their
+simulated step times are recorded in the plan under ``shape``.
+
+What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline),
+and device groups come from the two orders above rather than from a search over all groupings
+(docs/placers.md, "Hybrid shapes").
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
+
+from planner.errors import InfeasibleError, PlannerError, UsageError
+from planner.partition.model.cost import stage_compute_s, step_time_s
+from planner.partition.model.feasibility import violations
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, facts_of,
+                                             replica_of)
+
+__all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "proportional_shares", "hybrid_search"]
+
+GROUPINGS = ("pipeline-local", "stage-local")
+
+PlaceFn = Callable[[Problem, Mapping[str, float]], Partition]
+"""The placer (with its options bound): a sub-problem and its devices' weights -> a pure pipeline."""
+
+
+def parse_degree(value: str | int) -> int | None:
+    """``--data-parallel``: ``auto`` (``None``) or a positive degree."""
+    if isinstance(value, int) or str(value).isdigit():
+        degree = int(value)
+        if degree >= 1:
+            return degree
+    elif str(value) == "auto":
+        return None
+    raise UsageError(f"--data-parallel must be 'auto' or a positive whole number, found {value!r}")
+
+
+def candidate_degrees(num_devices: int, microbatches: int, requested: int | None) -> list[int]:
+    """Degrees above 1 to try: ``requested`` alone, else every d with a device and a micro-batch per replica."""
+    if requested is not None:
+        if requested > num_devices:
+            raise InfeasibleError(f"--data-parallel {requested} needs at least {requested} devices, the cluster has "
+                                  f"{num_devices}; pass a degree up to {num_devices}, or auto")
+        if requested > microbatches:
+            raise InfeasibleError(f"--data-parallel {requested} needs at least one micro-batch per replica, the step "
+                                  f"has {microbatches}; pass --microbatches {requested} or more, or a smaller degree")
+        return [requested] if requested > 1 else []
+    return [d for d in range(2, min(num_devices, microbatches) + 1)]
+
+
+def pipelines_of(devices: Sequence[str], degree: int, grouping: str) -> list[list[str]]:
+    """``devices`` (in order) dealt into ``degree`` pipelines of ``len(devices) // degree`` (see module docstring)."""
+    k = len(devices) // degree
+    if grouping == "pipeline-local":
+        return [list(devices[r * k:(r + 1) * k]) for r in range(degree)]
+    if grouping == "stage-local":
+        return [[devices[i * degree + r] for i in range(k)] for r in range(degree)]
+    raise PlannerError(f"unknown grouping {grouping!r}; expected one of {', '.join(GROUPINGS)}")
+
+
+def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) -> tuple[int, ...] | None:
+    """``microbatches`` split in proportion to ``speeds`` (largest remainders, ties to the first), each share at
+    least ``least``; ``None`` when the step has too few micro-batches for that."""
+    d = len(speeds)
+    if microbatches < least * d:
+        return None
+    total = sum(speeds)
+    spare = microbatches - least * d
+    exact = [spare * s / total for s in speeds]
+    shares = [least + int(x) for x in exact]
+    order = sorted(range(d), key=lambda r: (-(exact[r] - int(exact[r])), r))
+    for r in order[:microbatches - sum(shares)]:
+        shares[r] += 1
+    return tuple(shares)
+
+
+def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float], requested: int | None,
+                  pure: Partition | None) -> Partition:
+    """The fastest feasible shape (see the module docstring); ``pure`` is the degree-1 plan (``None``: it did not
+    fit, or ``--data-parallel`` asked for replicas). Raises ``InfeasibleError`` when no candidate fits."""
+    devices = list(problem.cluster.device_ids)
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, int, Partition] | None = None
+    if pure is not None:
+        pure_s = step_time_s(problem, pure)
+        tried.append({"degree": 1, "grouping": None, "stages": len(pure), "step_time_s": pure_s})
+        best = (pure_s, 0, pure)
+    for degree in candidate_degrees(len(devices), problem.microbatches, requested):
+        seen: set[tuple[tuple[str, ...], ...]] = set()
+        for grouping in GROUPINGS:
+            pipelines = pipelines_of(devices, degree, grouping)
+            key = tuple(sorted(tuple(p) for p in pipelines))
+            if key in seen:
+                continue
+            seen.add(key)
+            record: dict[str, Any] = {"degree": degree, "grouping": grouping}
+            found = _best_for(problem, place, weights, pipelines)
+            if found is None:
+                record.update(stages=None, step_time_s=None, fits=False)
+            else:
+                step, hybrid = found
+                record.update(stages=len(hybrid), step_time_s=step, shares=list(facts_of(hybrid)["data_parallel"]["microbatches"]))
+                if best is None or step < best[0] * (1 - 1e-9):
+                    best = (step, len(tried), hybrid)
+            tried.append(record)
+    if best is None:
+        asked = f"--data-parallel {requested}" if requested is not None else "any data-parallel degree"
+        raise InfeasibleError(f"no shape with {asked} fits on the {len(devices)} devices of {problem.cluster.name!r} "
+                              f"({len(tried)} tried: every replica pipeline holds the whole model on "
+                              f"{len(devices) // max(requested or 1, 1)} device(s)); use fewer replicas (--data-parallel "
+                              f"auto or a smaller degree), devices with more memory, or fewer micro-batches in flight")
+    step, index, chosen = best
+    shape = {"data_parallel": "auto" if requested is None else requested, "chosen": tried[index],
+             "candidates": tried}
+    return Placed(chosen, {**facts_of(chosen), "shape": shape})
+
+
+def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
+              pipelines: list[list[str]]) -> tuple[float, Partition] | None:
+    """The fastest feasible hybrid over ``pipelines``: the placer run on each distinct kind of pipeline, with
+    even or throughput-proportional shares; ``None`` when none fits."""
+    degree = len(pipelines)
+    types = {d.id: d.type for d in problem.cluster.devices}
+    kinds: dict[tuple[str, ...], int] = {}
+    for r, p in enumerate(pipelines):
+        kinds.setdefault(tuple(types[x] for x in p), r)
+    found: list[tuple[float, int, Partition]] = []
+    even = even_shares(problem.microbatches, degree)
+    for r in kinds.values():
+        sub = _sub_problem(problem, pipelines[r], max(even))
+        try:
+            pure = place(sub, _weights_of(weights, pipelines[r]))
+        except PlannerError:
+            continue
+        position = {dev: i for i, dev in enumerate(pipelines[r])}
+        stages = tuple(StageSpec(st.start, st.stop, pipelines[0][position[st.device]],
+                                 tuple(p[position[st.device]] for p in pipelines)) for st in pure)
+        least = len(stages) if problem.schedule == "1f1b" else 1
+        options = [even]
+        speeds = [1.0 / max(max(stage_compute_s(problem.tables, st.device, st.start, st.stop)
+                                for st in replica_of(stages, q)), 1e-30) for q in range(degree)]
+        weighted = proportional_shares(speeds, problem.microbatches, least)
+        if weighted is not None and weighted != even:
+            options.append(weighted)
+        for shares in options:
+            hybrid = Placed(stages, {"data_parallel": {"degree": degree, "microbatches": list(shares), "sync": "ssgd"}})
+            if violations(problem, hybrid):
+                continue
+            found.append((step_time_s(problem, hybrid), len(found), hybrid))
+    if not found:
+        return None
+    step, _, hybrid = min(found, key=lambda x: x[:2])
+    return step, hybrid
+
+
+def _sub_problem(problem: Problem, devices: Sequence[str], microbatches: int) -> Problem:
+    """``problem`` on ``devices`` only, with ``microbatches`` (one replica's share)."""
+    keep = set(devices)
+    cluster = replace(problem.cluster, devices=tuple(d for d in problem.cluster.devices if d.id in keep))
+    return replace(problem, cluster=cluster, microbatches=microbatches,
+                   speed_factors={k: v for k, v in problem.speed_factors.items() if k in keep})
+
+
+def _weights_of(weights: Mapping[str, float], devices: Sequence[str]) -> dict[str, float]:
+    """Seed 003's per-device weights restricted to one pipeline's devices and renormalised."""
+    total = sum(weights.get(d, 1.0 / len(devices)) for d in devices)
+    return {d: weights.get(d, 1.0 / len(devices)) / total for d in devices}
