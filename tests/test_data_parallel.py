@@ -1,4 +1,4 @@
-"""The data-parallel room of the runtime: degree 1 combines nothing; a plan with replicas is refused in one line."""
+"""The data-parallel room of the runtime: degree 1 combines nothing; ssgd runs; other sync modes are refused in one line."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from _plan_cases import make_plan, toy_cluster, toy_profile
 
 from planner.errors import PlanMismatchError
-from planner.runtime.data_parallel import SingleReplica, degree_of, sync_for
+from planner.runtime.data_parallel import SingleReplica, Synchronous, degree_of, sync_for
 
 
 def test_a_pure_pipeline_has_degree_one_and_combines_nothing() -> None:
@@ -25,9 +25,31 @@ def test_a_pure_pipeline_has_degree_one_and_combines_nothing() -> None:
     assert params["w"].grad.tolist() == [3.0, 3.0] and params["w"].tolist() == [1.0, 1.0]
 
 
-def test_a_plan_with_replicas_is_refused_until_the_runtime_can_run_it() -> None:
+def test_ssgd_is_the_synchronous_mode_and_other_modes_are_refused_in_one_line() -> None:
     plan = make_plan(toy_profile(), toy_cluster(), (3, 5))
-    replicated = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2}}))
+    replicated = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "ssgd"}}))
     assert degree_of(replicated) == 2
-    with pytest.raises(PlanMismatchError, match="degree 2.*pure pipelines only"):
-        sync_for(replicated)
+    sync = sync_for(replicated)
+    assert isinstance(sync, Synchronous) and sync.reduces_in_backward and sync.microbatches == plan.microbatches
+    other = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "asp"}}))
+    with pytest.raises(PlanMismatchError, match="data_parallel.sync is 'asp'.*ssgd only"):
+        sync_for(other)
+
+
+def _weighted(rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    shares = (3, 1)  # replica r summed its gradient over shares[r] micro-batches of gradient (r + 1) each
+    sync = Synchronous(dist.group.WORLD, sum(shares))
+    w = torch.nn.Parameter(torch.zeros(2))
+    w.grad = torch.full((2,), float(shares[rank] * (rank + 1)))
+    sync.after_backward({"w": w})
+    assert w.grad.tolist() == [(3 * 1 + 1 * 2) / 4] * 2  # the mean over all 4 micro-batches
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_ssgd_weighs_each_replica_by_its_micro_batches() -> None:
+    from _gloo import run_ranks
+
+    run_ranks(_weighted, 2, timeout_s=90)

@@ -75,11 +75,11 @@ def write_case(tmp: Path, profile_path: Path, devices: list[str], schedule: str,
     return tmp / "plan.json"
 
 
-def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tuple[str, ...] = ()) -> dict:
+def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tuple[str, ...] = (), world: int = 2) -> dict:
     args = [str(plan), model, "--steps", str(STEPS), "--round-steps", "2", "--json",
             "--params-out", str(tmp / "params"), "--timeout-s", "60", "--no-rebalance", *extra]
     if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", "planner.run", *args]
     else:
         cmd = [sys.executable, "-m", "planner.run", *args]
@@ -89,10 +89,10 @@ def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tup
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
-def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[str, ...] = (),
+def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[str, ...] = (), world: int = 2,
                   **options: Any) -> Any:
     config = RunConfig(plan=str(plan), model=model, steps=STEPS, **options)
-    prepared = prepare(config, 2, torch.device("cpu"))
+    prepared = prepare(config, world, torch.device("cpu"))
     torch.manual_seed(0)
     module, _ = load_factory(model, microbatch_size=prepared.settings.microbatch_size)
     threads = torch.get_num_threads()
@@ -104,7 +104,7 @@ def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[
     assert summary["steps"] == STEPS and len(summary["losses"]) == STEPS
     torch.testing.assert_close(torch.tensor(summary["losses"], dtype=torch.float64),
                                torch.tensor(reference.losses, dtype=torch.float64), rtol=1e-5, atol=1e-5)
-    shards = [torch.load(tmp / "params" / f"rank{r}.pt") for r in range(2)]
+    shards = [torch.load(tmp / "params" / f"rank{r}.pt") for r in range(world)]
     for shard in shards:
         assert shard, "every rank trains some parameters"
     for name, expected in reference.params.items():

@@ -8,26 +8,46 @@ their updates. The worker calls one ``UpdateSync`` per rank at two points of a s
   micro-batches and averaged by ``pipeline.stages.average_grads``); a synchronous mode averages them here;
 - ``after_step(params)``: the optimizer has stepped; a mode that averages parameters does it here.
 
-``SingleReplica`` (degree 1: pure pipelines) is the only mode this runtime has today, so ``sync_for``
-refuses a plan with replicas in one line rather than training each replica alone.
+Modes: ``SingleReplica`` (degree 1: pure pipelines) and ``Synchronous`` (``ssgd``: gradients averaged every
+step, weighted by each replica's samples). ``sync_for`` refuses any other ``data_parallel.sync`` in one line.
+
+How ``ssgd`` averages: after the schedule, each replica's gradients are the *sum* over its own micro-batches
+(``scale_grads=False``); ``Synchronous.after_backward`` divides them by the step's global micro-batch count and
+sums them over the stage's ``dp`` group in one flat all-reduce per rank, so replica ``r`` weighs ``m_r / m`` and
+one step equals one step of single-process training on the global batch, for any shares.
+
+Why not DDP (or ``replicate``): ``torch.distributed.pipelining`` drives DDP by hand (``no_sync`` for every
+micro-batch but the last, then ``reducer.prepare_for_backward``). On torch 2.13 with our graph-split stage modules
+that broke DDP's bucket rebuild after the first step (an internal assert on the rebuilt parameter indices);
+``static_graph=True`` avoids the assert but deadlocked with uneven shares (3 micro-batches on one replica, 1 on
+the other) and gave gradients 0.1% off the reference with even ones. DDP's default hook also averages over the
+group, which is wrong for uneven shares. The flat all-reduce after the schedule is what the cost model assumes
+(the sync starts when every replica has finished its backward passes; no overlap).
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PlanMismatchError
 from planner.formats.plan import Plan
 
-__all__ = ["UpdateSync", "SingleReplica", "degree_of", "sync_for"]
+__all__ = ["UpdateSync", "SingleReplica", "Synchronous", "SYNC_MODES", "degree_of", "sync_for"]
+
+SYNC_MODES = ("ssgd",)
+"""``data_parallel.sync`` values this runtime runs (design.md section 5 lists the others to come)."""
 
 
 class UpdateSync(Protocol):
     """How the replicas of a rank's stages combine their updates (see the module docstring)."""
 
     mode: str
+    reduces_in_backward: bool
+    """True when the gradients leave the schedule already averaged over micro-batches and replicas (DDP)."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
@@ -38,9 +58,38 @@ class SingleReplica:
     """Degree 1: nothing to combine."""
 
     mode = "none"
+    reduces_in_backward = False
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
         return None
+
+    def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
+        return None
+
+
+class Synchronous:
+    """``ssgd``: gradients summed over micro-batches, divided by the global count and summed over the replicas."""
+
+    mode = "ssgd"
+    reduces_in_backward = True
+    """The micro-batch average is part of ``after_backward`` (the worker does not divide again)."""
+
+    def __init__(self, group: Any, microbatches: int) -> None:
+        self.group = group
+        self.microbatches = microbatches
+
+    def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params.values()]
+        for p, g in zip(params.values(), grads):
+            p.grad = g
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.microbatches)
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
         return None
@@ -55,11 +104,15 @@ def degree_of(plan: Plan) -> int:
     return max(replicas, default=1)
 
 
-def sync_for(plan: Plan) -> UpdateSync:
-    """The ``UpdateSync`` of ``plan``; a plan with replicas is refused until this runtime can run one."""
-    degree = degree_of(plan)
-    if degree != 1:
-        raise PlanMismatchError(f"the plan replicates its stages {degree} times (data_parallel degree {degree}), but "
-                                f"this version of plan run executes pure pipelines only (degree 1); re-partition "
-                                f"without replicas")
-    return SingleReplica()
+def sync_for(plan: Plan, group: Any = None) -> UpdateSync:
+    """The ``UpdateSync`` of ``plan`` over this rank's ``dp`` ``group``; a sync mode this runtime does not have is
+    refused in one line (before any rank starts: ``group`` may be ``None`` there)."""
+    if degree_of(plan) == 1:
+        return SingleReplica()
+    dp = plan.extra.get("data_parallel")
+    mode = str(dp.get("sync", "ssgd")) if isinstance(dp, Mapping) else "ssgd"
+    if mode not in SYNC_MODES:
+        raise PlanMismatchError(f"the plan's data_parallel.sync is {mode!r}, but this version of plan run synchronises "
+                                f"replicas with {', '.join(SYNC_MODES)} only; set data_parallel.sync to ssgd or "
+                                f"re-partition")
+    return Synchronous(group, plan.microbatches)

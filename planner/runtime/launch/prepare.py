@@ -25,7 +25,7 @@ from planner.runtime.launch.config import RunConfig
 from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.resume import Resume, check_resume, run_identity
 from planner.runtime.data_parallel import sync_for
-from planner.runtime.pipeline.stages import rank_of_stages
+from planner.runtime.pipeline.stages import rank_of_stages, replica_layout
 from planner.runtime.pipeline.training import TrainSettings, check_graph, check_plan_nodes, resolve_optimizer, split_batch
 
 
@@ -67,13 +67,14 @@ def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, P
     where = f"profile {str(path)!r}"
     check_plan_nodes(plan, profile, where)
     rank_of_stages(plan)
-    sync_for(plan)  # a plan with replicas is refused here, before any rank starts
+    sync_for(plan)  # a sync mode this runtime lacks is refused here, before any rank starts
     return plan, profile, where
 
 
 def world_size_of(plan: Plan) -> int:
-    """Ranks a plan needs: its distinct devices."""
-    return max(rank_of_stages(plan)) + 1
+    """Ranks a plan needs: its distinct devices, replicas included."""
+    layout, _ = replica_layout(plan)
+    return max(max(row) for row in layout) + 1
 
 
 def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -> Prepared:

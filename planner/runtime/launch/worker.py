@@ -84,31 +84,43 @@ class RankRun:
         """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
         self.stages = stages
         self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss))
-        self.sync = sync_for(stages.plan)
+        self.sync = sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device."""
-        inputs, target = self.prepared.batch(step)
+        """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's
+        global batch, drawn as single-process training draws it, cut to this replica's rows."""
+        inputs, target = self._rows(self.prepared.batch(step))
         return tuple(x.to(self.device) for x in inputs), target.to(self.device)
 
+    def _rows(self, batch: tuple[tuple[torch.Tensor, ...], torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """This replica's micro-batches of a global batch (all of it in a pure pipeline)."""
+        stages, (inputs, target) = self.stages, batch
+        if stages.degree == 1:
+            return inputs, target
+        rows = target.shape[0] // self.plan.microbatches
+        first, count = stages.first_microbatch * rows, stages.microbatches * rows
+        return tuple(x[first:first + count] for x in inputs), target[first:first + count]
+
     def train_step(self) -> float | None:
-        """Run step ``self.step``; return its mean micro-batch loss on the last stage's rank, else None."""
+        """Run step ``self.step``; return on a last stage's rank its micro-batches' losses summed and divided by
+        the step's micro-batch count (summed over replicas, the step's mean loss), else None."""
         inputs, target = self.batch(self.step)
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if self.stages.has_last else {}
         self.schedule.step(*(inputs if self.stages.has_first else ()), **kwargs)
         start = time.perf_counter()
-        average_grads(self.stages.params, self.plan.microbatches)
+        if not self.sync.reduces_in_backward:
+            average_grads(self.stages.params, self.plan.microbatches)
         sync_tied_grads(self.stages)
         self.sync.after_backward(self.stages.params)
         self.optimizer.step()
         self.sync.after_step(self.stages.params)
         self.update_s += time.perf_counter() - start
         self.step += 1
-        return float(torch.stack([x.detach().float() for x in losses]).mean()) if losses else None
+        return float(torch.stack([x.detach().float() for x in losses]).sum()) / self.plan.microbatches if losses else None
 
     def evaluate(self, batches: int) -> dict[str, Any]:
         """Loss (and accuracy, where the task has one) on the first ``batches`` validation batches, forward only
@@ -122,7 +134,7 @@ class RankRun:
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss x rows, correct, rows
         with torch.no_grad():
             for index in range(batches):
-                inputs, target = self.prepared.val_batch(index)
+                inputs, target = self._rows(self.prepared.val_batch(index))
                 inputs, target = tuple(x.to(self.device) for x in inputs), target.to(self.device)
                 kwargs: dict[str, Any] = {"target": target} if self.stages.has_last else {}
                 out = self.schedule.eval(*(inputs if self.stages.has_first else ()), **kwargs)
@@ -134,20 +146,20 @@ class RankRun:
                         sums[1] += float((out.argmax(-1) == target).float().mean()) * rows
             for buffer, value in zip(buffers, saved):
                 buffer.copy_(value)
-        dist.broadcast(sums, src=self.stages.rank_of_stage[-1])
+        dist.all_reduce(sums)  # the last stage of each replica contributes its rows
         loss, correct, rows = sums.tolist()
         return {"loss": loss / max(rows, 1.0),
                 "accuracy": correct / max(rows, 1.0) if data_mod.has_accuracy(spec) else None}
 
     def train_round(self, steps: int) -> RoundEnd:
-        """``steps`` steps, then the losses broadcast from the last stage's rank."""
+        """``steps`` steps, then the step losses summed over the replicas' last stages, on every rank."""
         first, local = self.step, []
         start = time.perf_counter()
         for _ in range(steps):
             local.append(self.train_step())
         wall_s = time.perf_counter() - start
         losses = torch.tensor([x if x is not None else 0.0 for x in local], dtype=torch.float64, device=self.device)
-        dist.broadcast(losses, src=self.stages.rank_of_stage[-1])
+        dist.all_reduce(losses)
         stats = RoundEnd(len(self.rounds), first, steps, wall_s, tuple(losses.tolist()))
         self.losses.extend(stats.losses)
         self.rounds.append(stats)
@@ -238,6 +250,8 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "bytes_sent": None,  # filled in by run_rank (every rank's, summed)
         "data": {"source": config.data or "synthetic", "task": prepared.spec.loss,
                  "fingerprint": prepared.data_fingerprint},
+        "sync": {"mode": run.sync.mode, "degree": run.stages.degree, "shares": list(run.stages.shares)},
+        "replica": run.stages.replica,
         "step_time_s": steady_step_time_s(run.rounds),
         "predicted_step_time_s": run.plan.step_time_s,
         "device_mismatch": list(prepared.device_mismatch),

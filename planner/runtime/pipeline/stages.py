@@ -8,6 +8,12 @@ slowdown wrap these stages' compute methods (``planner.runtime.timing.instrument
 
 Gradients are averaged over micro-batches here rather than by the schedule (``scale_grads=False``): a
 parameter shared by two stages of one rank would otherwise be divided twice.
+
+Hybrid plans (stages with ``replicas``): replica ``r``'s pipeline is ``replicas[r]`` of every stage. Ranks are
+numbered replica by replica (devices by first appearance over replica 0's stages, then replica 1's, ...), and
+a 2-D ``DeviceMesh`` with dimensions ``("dp", "pp")`` holds them: row ``r`` is replica ``r``'s pipeline (its
+``pp`` group carries the stages' sends), column ``s`` the replicas of stage ``s`` (their ``dp`` group syncs
+gradients, ``planner.runtime.data_parallel``). Each replica runs its share of the step's micro-batches.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from planner.errors import PlanMismatchError
 from planner.formats.plan import Plan
-from planner.partition.model.feasibility import shape_violations
+from planner.partition.model.feasibility import replica_violations
+from planner.partition.model.problem import even_shares
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
@@ -68,16 +75,39 @@ class RankStages:
     plan: Plan
     rank: int
     rank_of_stage: tuple[int, ...]
+    """Rank of each stage in this rank's replica pipeline."""
     graphs: tuple[StageGraph, ...]
     """Every stage's graph (cheap: modules share the live model's parameters); local ones are in ``stages``."""
     stages: tuple[PipelineStage, ...]
     params: Mapping[str, nn.Parameter]
     """Canonical name -> parameter, for the parameters this rank's stages read (what its optimizer steps)."""
     tied: tuple[TiedGroup, ...]
+    replica: int = 0
+    """This rank's replica pipeline (0 in a pure pipeline)."""
+    layout: tuple[tuple[int, ...], ...] = ()
+    """``layout[r][s]``: the rank of stage ``s`` in replica ``r`` (``(rank_of_stage,)`` in a pure pipeline)."""
+    shares: tuple[int, ...] = ()
+    """Micro-batches of each replica per step (``(plan.microbatches,)`` in a pure pipeline)."""
+    mesh: Any = None
+    """The ``DeviceMesh`` (``("dp", "pp")``) of a hybrid plan; ``None`` in a pure pipeline."""
 
     @property
     def world_size(self) -> int:
-        return max(self.rank_of_stage) + 1
+        return max(max(row) for row in (self.layout or (self.rank_of_stage,))) + 1
+
+    @property
+    def degree(self) -> int:
+        return len(self.layout) or 1
+
+    @property
+    def microbatches(self) -> int:
+        """This replica's micro-batches per step."""
+        return self.shares[self.replica] if self.shares else self.plan.microbatches
+
+    @property
+    def first_microbatch(self) -> int:
+        """Index, in the step's micro-batches, of this replica's first one."""
+        return sum(self.shares[:self.replica]) if self.shares else 0
 
     @property
     def has_first(self) -> bool:
@@ -88,21 +118,52 @@ class RankStages:
         return self.rank_of_stage[-1] == self.rank
 
 
-def rank_of_stages(plan: Plan) -> tuple[int, ...]:
-    """Rank of each stage: devices numbered by first appearance; validated against the schedule.
+def stage_replicas(plan: Plan) -> list[list[str]]:
+    """Per stage: every device holding it, its ``device`` first (``[device]`` without replicas)."""
+    return [[str(d) for d in (s.extra.get("replicas") or [s.device])] for s in plan.stages]
+
+
+def plan_shares(plan: Plan) -> tuple[int, ...] | None:
+    """``data_parallel.microbatches`` of the plan, or ``None`` (one replica, or an even split)."""
+    dp = plan.extra.get("data_parallel")
+    shares = dp.get("microbatches") if isinstance(dp, Mapping) else None
+    return tuple(int(x) for x in shares) if shares else None
+
+
+def replica_layout(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """``(layout, shares)``: ``layout[r][s]`` is the rank of stage ``s`` in replica ``r``; ``shares[r]`` its
+    micro-batches per step. Devices are numbered by first appearance, replica by replica (so a hybrid plan's
+    ranks fill its ``DeviceMesh`` row by row); validated against the feasibility rule.
 
     A plan re-made by the rebalancer carries ``device_ranks`` (device ids in rank order) so that every
     rank keeps its device when the placer orders the stages' devices differently.
     """
     _check_shape(plan)
-    ranks: dict[str, int] = {str(d): i for i, d in enumerate(plan.extra.get("device_ranks") or ())}
-    if ranks and set(ranks) != {s.device for s in plan.stages}:
-        raise PlanMismatchError(f"the plan's device_ranks {list(ranks)} do not list exactly its stages' devices "
-                                f"{sorted({s.device for s in plan.stages})}; remove device_ranks or fix it")
-    for stage in plan.stages:
-        ranks.setdefault(stage.device, len(ranks))
-    result = tuple(ranks[s.device] for s in plan.stages)
-    world = len(ranks)
+    replicas = stage_replicas(plan)
+    degree = len(replicas[0])
+    shares = plan_shares(plan) or even_shares(plan.microbatches, degree)
+    ranks = {device: i for i, device in enumerate(rank_devices(plan))}
+    layout = tuple(tuple(ranks[devs[r]] for devs in replicas) for r in range(degree))
+    return layout, tuple(shares)
+
+
+def rank_devices(plan: Plan) -> tuple[str, ...]:
+    """Device ids in rank order: the plan's ``device_ranks`` when it has them, else by first appearance over
+    replica 0's stages, then replica 1's, and so on."""
+    replicas = stage_replicas(plan)
+    devices = list(dict.fromkeys(devs[r] for r in range(len(replicas[0])) for devs in replicas))
+    fixed = [str(d) for d in plan.extra.get("device_ranks") or ()]
+    if fixed and set(fixed) != set(devices):
+        raise PlanMismatchError(f"the plan's device_ranks {fixed} do not list exactly its stages' devices "
+                                f"{sorted(devices)}; remove device_ranks or fix it")
+    return tuple(fixed or devices)
+
+
+def rank_of_stages(plan: Plan) -> tuple[int, ...]:
+    """Rank of each stage of replica 0 (the whole plan when it has no replicas); see ``replica_layout``."""
+    layout, _ = replica_layout(plan)
+    result = layout[0]
+    world = len(set(result))
     # The shape rule already holds; what remains is the runtime's own: with ``device_ranks`` reordering the
     # ranks, interleaved stages must still go round-robin over the *ranks*.
     if plan.schedule == "interleaved-1f1b" and result != tuple(i % world for i in range(len(result))):
@@ -114,7 +175,7 @@ def rank_of_stages(plan: Plan) -> tuple[int, ...]:
 
 def _check_shape(plan: Plan) -> None:
     """The feasibility rule's shape part (``planner.partition.model.feasibility``), as ``plan check`` applies it."""
-    found = shape_violations(plan.schedule, plan.microbatches, [s.device for s in plan.stages])
+    found = replica_violations(plan.schedule, plan.microbatches, stage_replicas(plan), plan_shares(plan))
     if found:
         raise PlanMismatchError(f"the plan cannot run: {found[0]}")
 
@@ -123,20 +184,31 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
                       group: Any = None) -> RankStages:
     """Cut ``captured`` by ``plan`` and wrap this rank's stages (hook: call again with a new plan mid-run).
 
-    Every rank must call this together: it creates the process groups of tied parameters.
+    Every rank must call this together: it creates the process groups of tied parameters (and of a hybrid
+    plan's ``DeviceMesh``).
     """
-    layout = rank_of_stages(plan)
+    rows, shares = replica_layout(plan)
+    replica = next((r for r, row in enumerate(rows) if rank in row), 0)
+    layout = rows[replica]
     num = len(plan.stages)
     stage_of = assign_nodes(captured, plan.assignment(), num)
     graphs = split_graph(captured, module, stage_of, num)
     local = [g for g in graphs if layout[g.index] == rank]
+    mesh = None
+    if len(rows) > 1:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh(device.type, torch.tensor(rows), mesh_dim_names=("dp", "pp"))
+        group, stage_rank = mesh.get_group("pp"), {s: s for s in range(num)}
+    else:
+        stage_rank = dict(enumerate(layout))  # a fixed device order (device_ranks) may put stage i on a rank other than i
     stages = tuple(ContiguousStage(g.module, g.index, num, device, group=group) for g in local)
-    for st in stages:  # a fixed device order (device_ranks) may put stage i on a rank other than i
-        st.stage_index_to_group_rank = dict(enumerate(layout))
+    for st in stages:
+        st.stage_index_to_group_rank = dict(stage_rank)
     canonical = canonical_param_names(module)
     params = {canonical[id(p)]: p for g in local for p in g.module.parameters()}
     return RankStages(plan, rank, layout, graphs, stages, dict(sorted(params.items())),
-                      _make_tied(graphs, layout, rank))
+                      _make_tied(graphs, rows, rank), replica=replica, layout=rows, shares=shares, mesh=mesh)
 
 
 def tied_groups(graphs: Sequence[StageGraph], layout: Sequence[int]) -> list[tuple[str, tuple[int, ...]]]:
@@ -148,13 +220,16 @@ def tied_groups(graphs: Sequence[StageGraph], layout: Sequence[int]) -> list[tup
     return [(name, tuple(sorted(r))) for name, r in sorted(holders.items()) if len(r) > 1]
 
 
-def _make_tied(graphs: Sequence[StageGraph], layout: Sequence[int], rank: int) -> tuple[TiedGroup, ...]:
+def _make_tied(graphs: Sequence[StageGraph], rows: Sequence[Sequence[int]], rank: int) -> tuple[TiedGroup, ...]:
+    """This rank's tied groups; every replica's groups are created, in replica order, by every rank."""
     groups: dict[tuple[int, ...], Any] = {}
     result = []
-    for name, ranks in tied_groups(graphs, layout):
-        if ranks not in groups:  # new_group is collective: every rank creates the same groups in order
-            groups[ranks] = dist.new_group(list(ranks)) if dist.is_initialized() else None
-        result.append(TiedGroup(name, ranks, groups[ranks] if rank in ranks else None))
+    for layout in rows:
+        for name, ranks in tied_groups(graphs, layout):
+            if ranks not in groups:  # new_group is collective: every rank creates the same groups in order
+                groups[ranks] = dist.new_group(list(ranks)) if dist.is_initialized() else None
+            if rank in ranks:
+                result.append(TiedGroup(name, ranks, groups[ranks]))
     return tuple(result)
 
 
@@ -162,10 +237,11 @@ def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.
     """The plan's schedule from ``torch.distributed.pipelining`` over this rank's stages."""
     plan = rank_stages.plan
     stages = list(rank_stages.stages)
+    count = rank_stages.microbatches  # this replica's share
     if plan.schedule == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss, scale_grads=False)
+        return ScheduleInterleaved1F1B(stages, count, loss_fn=loss, scale_grads=False)
     kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
-    return kind(stages[0], plan.microbatches, loss_fn=loss, scale_grads=False)
+    return kind(stages[0], count, loss_fn=loss, scale_grads=False)
 
 
 def average_grads(params: Mapping[str, nn.Parameter], microbatches: int) -> None:

@@ -32,11 +32,11 @@ DEVICE_RANKS = "device_ranks"
 
 
 def device_order(plan: Plan) -> tuple[str, ...]:
-    """Device ids by rank: the plan's ``device_ranks`` if present, else by first appearance over the stages."""
-    fixed = plan.extra.get(DEVICE_RANKS)
-    if fixed:
-        return tuple(str(d) for d in fixed)
-    return tuple(dict.fromkeys(s.device for s in plan.stages))
+    """Device ids by rank (``planner.runtime.pipeline.stages.rank_devices``: ``device_ranks`` if present, else by
+    first appearance over the stages, replica by replica)."""
+    from planner.runtime.pipeline.stages import rank_devices
+
+    return rank_devices(plan)
 
 
 def replan_method(plan: Plan, requested: str | None) -> str:

@@ -1,0 +1,76 @@
+"""Hybrid plans (pipeline x data parallel) train exactly as one process does on the same global batch.
+
+Hand-made plans over CPU ranks of one host: pipeline 2 x data 2 on 4 ranks with GPT's tied embedding and
+head split across the stages, and data 2 with uneven shares 3:1. Losses and every parameter are compared
+with ``train_reference`` (rtol 1e-5, the PyTorch pipelining tests' tolerance). 4 ranks on this 2-core
+machine test correctness only, not speed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_runtime_parity import GPT, ROOT, STEPS, TIMEOUT_S, assert_parity, run_pipeline
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def cpu_cluster(count: int) -> dict:
+    """The bundled cpu-2 cluster widened to ``count`` CPU ranks on the same host."""
+    cluster = json.loads((ROOT / "profiles" / "clusters" / "cpu-2.json").read_text())
+    device = cluster["devices"][0]
+    cluster["name"] = f"cpu-{count}"
+    cluster["devices"] = [dict(device, id=f"cpu{i}") for i in range(count)]
+    return cluster
+
+
+def hybrid_case(tmp: Path, profile_path: Path, replicas: list[list[str]], shares: list[int], schedule: str) -> Path:
+    """A plan cutting the profile's ops into ``len(replicas)`` equal stages, stage ``s`` on ``replicas[s]``."""
+    names = [n["name"] for n in json.loads(profile_path.read_text())["nodes"]]
+    parts = len(replicas)
+    bounds = [len(names) * i // parts for i in range(parts + 1)]
+    devices = {d for group in replicas for d in group}
+    plan = {
+        "schema_version": 1, "method": "hand", "schedule": schedule, "microbatches": sum(shares),
+        "stages": [{"index": i, "device": group[0], "replicas": group, "nodes": names[bounds[i]:bounds[i + 1]]}
+                   for i, group in enumerate(replicas)],
+        "data_parallel": {"degree": len(shares), "microbatches": shares, "sync": "ssgd"},
+        "predicted": {"step_time_s": 1.0, "devices": {}},
+        "profile": {"path": str(profile_path)},
+        "cluster": cpu_cluster(len(devices)),
+    }
+    (tmp / "plan.json").write_text(json.dumps(plan))
+    return tmp / "plan.json"
+
+
+@pytest.fixture(scope="module")
+def gpt_profile(tmp_path_factory) -> Path:
+    from planner.formats.profile import save_profile
+    from planner.profile.profiler import profile_model
+
+    path = tmp_path_factory.mktemp("profiles") / "gpt.json"
+    save_profile(profile_model(GPT, repeats=1, warmup=0), path)
+    return path
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_pipeline_2_by_data_2_on_4_ranks_with_tied_weights(tmp_path, gpt_profile):
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [2, 2], "1f1b")
+    stages = json.loads(plan.read_text())["stages"]
+    assert stages[0]["nodes"][0].startswith("embedding") or any(n.startswith("embedding") for n in stages[0]["nodes"])
+    assert stages[1]["nodes"][-1].startswith("linear")  # the head tied to the embedding is on the other stage
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="torchrun", extra=("--lr", "0.05"), world=4)
+    assert summary["world_size"] == 4 and summary["sync"]["mode"] == "ssgd"
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05, world=4)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_data_2_with_uneven_shares_3_to_1(tmp_path, gpt_profile):
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu1"]], [3, 1], "gpipe")
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
+    assert summary["world_size"] == 2 and summary["microbatches"] == 4
+    assert summary["sync"] == {"mode": "ssgd", "degree": 2, "shares": [3, 1]}
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
