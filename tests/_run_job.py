@@ -1,7 +1,8 @@
 """Launch ``plan run``'s worker on 2 local gloo ranks with the built-in hooks and the fault-injection plugin; print the summary as JSON.
 
 Used by the multi-process runtime tests through ``subprocess`` (with a hard timeout):
-``python tests/_run_job.py PLAN MODEL STEPS ROUND_STEPS TIMEOUT_S MAX_RESTARTS OPTIONS_JSON``.
+``python tests/_run_job.py PLAN MODEL STEPS ROUND_STEPS TIMEOUT_S MAX_RESTARTS OPTIONS_JSON [NPROC]``
+(``PLANNER_TEST_PARAMS_OUT``: where the ranks write their parameters).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ if __name__ == "__main__":
 
     plugins = ("tests._faults:hooks", *(h for h in os.environ.get("PLANNER_TEST_HOOKS", "").split(",") if h))
     config = RunConfig(plan=plan, model=model, steps=int(steps), round_steps=int(k), timeout_s=float(timeout_s),
-                       plugins=plugins, options=json.loads(options))
+                       plugins=plugins, options=json.loads(options),
+                       params_out=os.environ.get("PLANNER_TEST_PARAMS_OUT") or None)
+    nproc = int(sys.argv[8]) if len(sys.argv) > 8 else 2
     try:
-        results = launch(config, LaunchOptions(nproc_per_node=2, max_restarts=int(restarts)))
+        results = launch(config, LaunchOptions(nproc_per_node=nproc, max_restarts=int(restarts)))
     except PlannerError as exc:
         print(json.dumps({"error": str(exc)}))
         sys.exit(1)

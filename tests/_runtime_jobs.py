@@ -41,9 +41,9 @@ def make_plans(root: Path) -> dict[str, Any]:
 
 
 def job(plan: Path, steps: int, options: dict[str, Any], *, restarts: int = 0, timeout_s: float = 60,
-         env: dict[str, str] | None = None, limit_s: float = 240) -> tuple[int, dict[str, Any], float]:
+         env: dict[str, str] | None = None, limit_s: float = 240, nproc: int = 2) -> tuple[int, dict[str, Any], float]:
     cmd = [sys.executable, str(ROOT / "tests" / "_run_job.py"), str(plan), MODEL, str(steps), "2", str(timeout_s),
-           str(restarts), json.dumps(options)]
+           str(restarts), json.dumps(options), str(nproc)]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})})

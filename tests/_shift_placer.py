@@ -1,4 +1,5 @@
-"""Test-only placer ``test-shift``: two stages cut at ``PLANNER_TEST_CUT`` (a block index) on cpu0, cpu1.
+"""Test-only placer ``test-shift``: two stages cut at ``PLANNER_TEST_CUT`` (a block index) on the problem's first two
+devices (cpu0, cpu1 of cpu-2; for a hybrid re-plan, the first two of each replica pipeline's sub-problem).
 
 Loaded into the ranks as an extra run hook (``tests._shift_placer:hooks``), so a rebalancing test can
 force a known re-plan and check that migration keeps training exact.
@@ -16,7 +17,8 @@ from planner.runtime.launch.config import RunConfig, RunHooks
 
 def shift(problem: Problem, *, weights: Any = None, **options: Any) -> Partition:
     cut = int(os.environ["PLANNER_TEST_CUT"])
-    return (StageSpec(0, cut, "cpu0"), StageSpec(cut, len(problem.blocks), "cpu1"))
+    first, second = problem.cluster.device_ids[:2]
+    return (StageSpec(0, cut, first), StageSpec(cut, len(problem.blocks), second))
 
 
 register("test-shift", shift)

@@ -74,3 +74,34 @@ def test_data_2_with_uneven_shares_3_to_1(tmp_path, gpt_profile):
     assert summary["world_size"] == 2 and summary["microbatches"] == 4
     assert summary["sync"] == {"mode": "ssgd", "degree": 2, "shares": [3, 1]}
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_exact(tmp_path, gpt_profile):
+    """pipeline 2 x data 2 on 4 ranks, rank 1 (stage 1 of replica 0) emulated 4x slower: the re-plan (a test placer
+    that cuts at blocks.1.mlp) moves the cut and the hybrid search moves the shares off the slow pipeline;
+    parameters migrate, and losses and parameters still equal one process's."""
+    import os
+
+    from tests._runtime_jobs import job
+
+    names = [n["name"] for n in json.loads(gpt_profile.read_text())["nodes"]]
+    modules = [n.get("module_path", "") for n in json.loads(gpt_profile.read_text())["nodes"]]
+    cut = next(i for i, m in enumerate(modules) if m.startswith("blocks.1.mlp"))
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [4, 4], "gpipe")
+    assert len(json.loads(plan.read_text())["stages"][0]["nodes"]) != cut
+    log = tmp_path / "rounds.jsonl"
+    options = {"emulate_slowdown": "1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 1}
+    env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
+           "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
+    code, summary, _ = job(plan, STEPS + 3, options, env=env, nproc=4, limit_s=TIMEOUT_S)
+    assert code == 0, summary
+    rounds = [json.loads(line) for line in log.read_text().splitlines() if '"round"' in line]
+    changed = [r for r in rounds if r["plan_changed"]]
+    assert changed and changed[0]["moved_tensors"] > 0
+    final = summary["plan"]
+    assert len(final["stages"][0]["nodes"]) == cut  # the cut moved
+    assert final["data_parallel"]["microbatches"] != [4, 4]  # so did the shares
+    assert sum(final["data_parallel"]["microbatches"]) == 8 and len(final["stages"][0]["replicas"]) == 2
+    assert sorted(n for st in final["stages"] for n in st["nodes"]) == sorted(names)  # no node dropped
+    assert_parity(tmp_path, plan, GPT, summary, world=4, steps=STEPS + 3)

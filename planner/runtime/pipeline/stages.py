@@ -199,7 +199,8 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
         from torch.distributed.device_mesh import DeviceMesh
 
         mesh = DeviceMesh(device.type, torch.tensor(rows), mesh_dim_names=("dp", "pp"))
-        group, stage_rank = mesh.get_group("pp"), {s: s for s in range(num)}
+        group = mesh.get_group("pp")
+        stage_rank = {s: dist.get_group_rank(group, layout[s]) for s in range(num)}
     else:
         stage_rank = dict(enumerate(layout))  # a fixed device order (device_ranks) may put stage i on a rank other than i
     stages = tuple(ContiguousStage(g.module, g.index, num, device, group=group) for g in local)

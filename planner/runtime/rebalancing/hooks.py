@@ -33,7 +33,7 @@ from planner.runtime import checkpoint as ckpt
 from planner.runtime.pipeline.graph_split import canonical_param_names
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
 from planner.partition.search.rebalance import RebalanceState, decide, initial_state, settle
-from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method
+from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method, stage_keys
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.slowdown import Slowdown, parse_slowdowns
@@ -153,7 +153,7 @@ class DynamicHooks(RunHooks):
         moved, moved_bytes = (self._switch(run, new_plan) if new_plan is not None else (0, 0))
         self.state = RebalanceState.from_dict(payload["state"])
         if not payload["warm_up"]:
-            self.state = settle(self.state, [(s.device, s.nodes) for s in run.plan.stages], self.rebalance)
+            self.state = settle(self.state, stage_keys(run.plan), self.rebalance)
         self.warm_up = new_plan is not None
         if self.log is not None:
             self.log.write(round_record(

@@ -25,7 +25,7 @@ from planner.partition.model.convert import partition_of
 from planner.partition.model.problem import Problem, build_problem
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
 
-__all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "DEVICE_RANKS"]
+__all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "stage_keys", "DEVICE_RANKS"]
 
 DEVICE_RANKS = "device_ranks"
 """Plan field: device ids in rank order. A re-planned plan carries the job's, so ranks keep their devices."""
@@ -37,6 +37,16 @@ def device_order(plan: Plan) -> tuple[str, ...]:
     from planner.runtime.pipeline.stages import rank_devices
 
     return rank_devices(plan)
+
+
+def stage_keys(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
+    """``(holder, nodes)`` per stage, what the rebalancer compares plans by: the holder is the stage's device, or
+    for a hybrid plan its replicas and the replicas' shares (moving only the shares is a new plan)."""
+    from planner.runtime.pipeline.stages import plan_shares, stage_replicas
+
+    replicas, shares = stage_replicas(plan), plan_shares(plan)
+    tag = "" if len(replicas[0]) == 1 else f"@{list(shares or ())}"
+    return [(",".join(devs) + tag, tuple(stage.nodes)) for devs, stage in zip(replicas, plan.stages)]
 
 
 def replan_method(plan: Plan, requested: str | None) -> str:
@@ -71,14 +81,21 @@ class RoundModel:
 
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
         """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
-        (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's)."""
+        (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's); each
+        replica's devices for that replica's share of the micro-batches."""
+        from planner.partition.model.problem import even_shares
+        from planner.runtime.pipeline.stages import plan_shares, stage_replicas
+
+        replicas = stage_replicas(plan)
+        shares = plan_shares(plan) or even_shares(plan.microbatches, len(replicas[0]))
         out: dict[str, float] = {}
-        for stage in plan.stages:
-            total = 0.0
-            for name in stage.nodes:
-                fwd, bwd = self.problem.time_on(self.index[name], stage.device)
-                total += fwd + bwd
-            out[stage.device] = out.get(stage.device, 0.0) + total * plan.microbatches * steps * self.rows_scale
+        for stage, devices in zip(plan.stages, replicas):
+            for device, share in zip(devices, shares):
+                total = 0.0
+                for name in stage.nodes:
+                    fwd, bwd = self.problem.time_on(self.index[name], device)
+                    total += fwd + bwd
+                out[device] = out.get(device, 0.0) + total * share * steps * self.rows_scale
         return out
 
     def step_time_s(self, plan: Plan, speed_factors: Mapping[str, float]) -> float:
@@ -100,21 +117,24 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
             ranks: Sequence[str], fixed_order: bool, profile_ref: Mapping[str, Any] | None = None) -> Proposal:
     """Ask placer ``method`` for a plan under the state's speed factors (and residual weights)."""
     factors = {d: f for d, f in state.speed_factors.items() if d in set(model.cluster.device_ids)}
+    from planner.runtime.data_parallel import degree_of
+
     try:
         weights = placer_weights(state.weights, factors) if methods.takes_weights(method) else None
         plan = partition(model.profile, model.cluster, method=method, microbatches=current.microbatches,
                          schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
-                         speed_factors=factors, profile_ref=profile_ref, catalog=model.catalog)
+                         speed_factors=factors, profile_ref=profile_ref, catalog=model.catalog,
+                         data_parallel=degree_of(current))  # a hybrid plan keeps its degree; cuts and shares move
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
     now = model.step_time_s(current, factors)
     new = plan.step_time_s
-    order = tuple(dict.fromkeys(s.device for s in plan.stages))
+    order = tuple(dict.fromkeys(d for d in device_order(plan)))
     if set(order) != set(ranks):
         return Proposal(None, f"placer used devices {list(order)}, the job runs {list(ranks)}; plan kept", now, new)
     if fixed_order and order != tuple(ranks):
         return Proposal(None, f"placer ordered devices {list(order)}, ranks run {list(ranks)}; plan kept", now, new)
-    if plans_equal([(s.device, s.nodes) for s in plan.stages], [(s.device, s.nodes) for s in current.stages]):
+    if plans_equal(stage_keys(plan), stage_keys(current)):
         return Proposal(None, "placer returned the plan in force", now, new)
     if new > now * (1.0 - min_improvement):
         return Proposal(None, f"new plan predicted {new:.4f} s vs {now:.4f} s in force: gain below "
