@@ -59,6 +59,16 @@ class Plan:
         stage_mem = _numbers(s.extra.get("memory_bytes") for s in self.stages)
         return int(max(stage_mem)) if stage_mem else None
 
+    def replicas(self) -> list[list[str]]:
+        """Per stage: every device holding it, its ``device`` first (``[device]`` without ``replicas``)."""
+        return [[str(d) for d in (s.extra.get("replicas") or [s.device])] for s in self.stages]
+
+    def shares(self) -> tuple[int, ...] | None:
+        """``data_parallel.microbatches`` (each replica's micro-batches per step), or ``None`` when absent."""
+        dp = self.extra.get("data_parallel")
+        shares = dp.get("microbatches") if isinstance(dp, Mapping) else None
+        return tuple(int(x) for x in shares) if shares else None
+
     def assignment(self) -> dict[str, int]:
         """Node name -> stage index."""
         return {name: stage.index for stage in self.stages for name in stage.nodes}

@@ -8,7 +8,8 @@ Each violation is one line naming the rule that broke and the offending nodes, s
 4. stages are contiguous runs of the profile's node order, in stage order (what the runtime cuts);
 5. every device is in the cluster (the plan's embedded cluster unless one is given);
 6. the feasibility rule (``planner.partition.model.feasibility``): schedule, micro-batch count, stage count,
-   devices per stage, and every device's peak memory, recomputed from the profile with the cost model
+   devices per stage, replicas (equal degree, no device in two replicas, shares summing to the micro-batches),
+   and every device's peak memory, recomputed from the profile with the cost model
    (the plan's own numbers are not trusted). The placers and the runtime apply the same rule.
 
 ``plan check`` and every placer test call ``validate_plan``; ``assert_valid_plan`` raises instead.
@@ -24,8 +25,8 @@ from planner.formats.cluster import Cluster
 from planner.formats.plan import Plan
 from planner.formats.profile import Profile
 from planner.graph import backward_edges, op_graph
-from planner.partition.model.feasibility import memory_violations, shape_violations
-from planner.partition.model.problem import StageSpec, build_problem
+from planner.partition.model.feasibility import memory_violations, replica_violations
+from planner.partition.model.problem import Placed, StageSpec, build_problem
 
 _SHOWN = 5
 """How many names a violation lists before summarising the rest."""
@@ -133,11 +134,16 @@ def _cluster(plan: Plan, cluster: Cluster | None) -> tuple[Cluster | None, list[
 def _devices(plan: Plan, cluster: Cluster) -> list[str]:
     """Rule 5, and the shape rules of ``planner.partition.model.feasibility`` (the runtime asks the same)."""
     known = set(cluster.device_ids)
-    unknown = sorted({s.device for s in plan.stages} - known)
+    replicas = plan.replicas()
+    unknown = sorted({d for devices in replicas for d in devices} - known)
     if unknown:
         return [f"device(s) not in cluster {cluster.name!r}: {_names(unknown)} "
                 f"(known: {', '.join(cluster.device_ids)})"]
-    return shape_violations(plan.schedule, plan.microbatches, [s.device for s in plan.stages])
+    firsts = [f"stage {s.index} lists replicas {devices} without its device {s.device!r} first"
+              for s, devices in zip(plan.stages, replicas) if devices[0] != s.device]
+    if firsts:
+        return [firsts[0] + "; replicas must list the stage's device first"]
+    return replica_violations(plan.schedule, plan.microbatches, replicas, plan.shares())
 
 
 def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str, DeviceSpec] | None) -> list[str]:
@@ -150,4 +156,8 @@ def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str
                                 optimizer=optimizer, groups=groups, catalog=catalog)
     except PlannerError as exc:
         return [f"cannot recompute memory: {exc}"]
-    return memory_violations(problem, tuple(StageSpec(i, i + 1, s.device) for i, s in enumerate(plan.stages)))
+    replicas = plan.replicas()
+    specs = tuple(StageSpec(i, i + 1, s.device, tuple(devices) if len(devices) > 1 else ())
+                  for i, (s, devices) in enumerate(zip(plan.stages, replicas)))
+    shares = plan.shares()
+    return memory_violations(problem, Placed(specs, {"data_parallel": {"microbatches": shares}}) if shares else specs)

@@ -112,16 +112,14 @@ def partition_of(problem: Problem, plan: Plan) -> Partition:
     first_block = {block.nodes[0]: b for b, block in enumerate(problem.blocks)}
     last_block = {block.nodes[-1]: b for b, block in enumerate(problem.blocks)}
     specs = []
-    for stage in plan.stages:
+    for stage, replicas in zip(plan.stages, plan.replicas()):
         start, stop = first_block.get(stage.nodes[0]) if stage.nodes else None, last_block.get(stage.nodes[-1]) if stage.nodes else None
         size = sum(len(b.nodes) for b in problem.blocks[start:stop + 1]) if start is not None and stop is not None else -1
         if start is None or stop is None or stop < start or size != len(stage.nodes):
             raise PlanMismatchError(f"stage {stage.index} of the plan is not a contiguous run of the problem's blocks "
                                     f"(it starts at {stage.nodes[0] if stage.nodes else 'nothing'!r}); re-partition "
                                     f"from this profile")
-        replicas = tuple(str(d) for d in stage.extra.get("replicas") or ())
-        specs.append(StageSpec(start, stop + 1, stage.device, replicas if len(replicas) > 1 else ()))
-    dp = plan.extra.get("data_parallel")
-    if isinstance(dp, Mapping) and dp.get("microbatches"):
-        return Placed(tuple(specs), {"data_parallel": dict(dp)})
+        specs.append(StageSpec(start, stop + 1, stage.device, tuple(replicas) if len(replicas) > 1 else ()))
+    if plan.shares():
+        return Placed(tuple(specs), {"data_parallel": dict(plan.extra["data_parallel"])})
     return tuple(specs)

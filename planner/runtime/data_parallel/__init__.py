@@ -100,8 +100,7 @@ def degree_of(plan: Plan) -> int:
     dp = plan.extra.get("data_parallel")
     if isinstance(dp, Mapping) and "degree" in dp:
         return int(dp["degree"])
-    replicas = [len(s.extra.get("replicas") or [s.device]) for s in plan.stages]
-    return max(replicas, default=1)
+    return max((len(devices) for devices in plan.replicas()), default=1)
 
 
 def sync_for(plan: Plan, group: Any = None) -> UpdateSync:

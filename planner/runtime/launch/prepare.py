@@ -86,7 +86,9 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     plan = with_emulated_link(plan, profile, config)
     need = world_size_of(plan)
     if world_size is not None and world_size != need:
-        raise DistributedError(f"the plan places stages on {need} devices but {world_size} ranks were started; "
+        layout, _ = replica_layout(plan)
+        what = (f"{len(layout)} replicas of {len(plan.stages)} stage(s)" if len(layout) > 1 else "stages")
+        raise DistributedError(f"the plan places {what} on {need} devices but {world_size} ranks were started; "
                                f"start {need} ranks (--nproc-per-node {need}) or re-partition for {world_size}")
     mbs = config.microbatch_size or int(profile.model.get("microbatch_size", 0)) or None
     torch.manual_seed(config.seed)  # factories that do not seed themselves still build the same model on every rank

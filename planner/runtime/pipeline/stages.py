@@ -118,18 +118,6 @@ class RankStages:
         return self.rank_of_stage[-1] == self.rank
 
 
-def stage_replicas(plan: Plan) -> list[list[str]]:
-    """Per stage: every device holding it, its ``device`` first (``[device]`` without replicas)."""
-    return [[str(d) for d in (s.extra.get("replicas") or [s.device])] for s in plan.stages]
-
-
-def plan_shares(plan: Plan) -> tuple[int, ...] | None:
-    """``data_parallel.microbatches`` of the plan, or ``None`` (one replica, or an even split)."""
-    dp = plan.extra.get("data_parallel")
-    shares = dp.get("microbatches") if isinstance(dp, Mapping) else None
-    return tuple(int(x) for x in shares) if shares else None
-
-
 def replica_layout(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """``(layout, shares)``: ``layout[r][s]`` is the rank of stage ``s`` in replica ``r``; ``shares[r]`` its
     micro-batches per step. Devices are numbered by first appearance, replica by replica (so a hybrid plan's
@@ -139,9 +127,9 @@ def replica_layout(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], tuple[int, 
     rank keeps its device when the placer orders the stages' devices differently.
     """
     _check_shape(plan)
-    replicas = stage_replicas(plan)
+    replicas = plan.replicas()
     degree = len(replicas[0])
-    shares = plan_shares(plan) or even_shares(plan.microbatches, degree)
+    shares = plan.shares() or even_shares(plan.microbatches, degree)
     ranks = {device: i for i, device in enumerate(rank_devices(plan))}
     layout = tuple(tuple(ranks[devs[r]] for devs in replicas) for r in range(degree))
     return layout, tuple(shares)
@@ -150,7 +138,7 @@ def replica_layout(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], tuple[int, 
 def rank_devices(plan: Plan) -> tuple[str, ...]:
     """Device ids in rank order: the plan's ``device_ranks`` when it has them, else by first appearance over
     replica 0's stages, then replica 1's, and so on."""
-    replicas = stage_replicas(plan)
+    replicas = plan.replicas()
     devices = list(dict.fromkeys(devs[r] for r in range(len(replicas[0])) for devs in replicas))
     fixed = [str(d) for d in plan.extra.get("device_ranks") or ()]
     if fixed and set(fixed) != set(devices):
@@ -175,7 +163,7 @@ def rank_of_stages(plan: Plan) -> tuple[int, ...]:
 
 def _check_shape(plan: Plan) -> None:
     """The feasibility rule's shape part (``planner.partition.model.feasibility``), as ``plan check`` applies it."""
-    found = replica_violations(plan.schedule, plan.microbatches, stage_replicas(plan), plan_shares(plan))
+    found = replica_violations(plan.schedule, plan.microbatches, plan.replicas(), plan.shares())
     if found:
         raise PlanMismatchError(f"the plan cannot run: {found[0]}")
 

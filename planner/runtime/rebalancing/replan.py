@@ -22,7 +22,7 @@ from planner.partition import partition
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import step_time_s
 from planner.partition.model.convert import partition_of
-from planner.partition.model.problem import Problem, build_problem
+from planner.partition.model.problem import Problem, build_problem, even_shares
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
 
 __all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "stage_keys", "DEVICE_RANKS"]
@@ -42,9 +42,7 @@ def device_order(plan: Plan) -> tuple[str, ...]:
 def stage_keys(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
     """``(holder, nodes)`` per stage, what the rebalancer compares plans by: the holder is the stage's device, or
     for a hybrid plan its replicas and the replicas' shares (moving only the shares is a new plan)."""
-    from planner.runtime.pipeline.stages import plan_shares, stage_replicas
-
-    replicas, shares = stage_replicas(plan), plan_shares(plan)
+    replicas, shares = plan.replicas(), plan.shares()
     tag = "" if len(replicas[0]) == 1 else f"@{list(shares or ())}"
     return [(",".join(devs) + tag, tuple(stage.nodes)) for devs, stage in zip(replicas, plan.stages)]
 
@@ -83,11 +81,8 @@ class RoundModel:
         """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
         (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's); each
         replica's devices for that replica's share of the micro-batches."""
-        from planner.partition.model.problem import even_shares
-        from planner.runtime.pipeline.stages import plan_shares, stage_replicas
-
-        replicas = stage_replicas(plan)
-        shares = plan_shares(plan) or even_shares(plan.microbatches, len(replicas[0]))
+        replicas = plan.replicas()
+        shares = plan.shares() or even_shares(plan.microbatches, len(replicas[0]))
         out: dict[str, float] = {}
         for stage, devices in zip(plan.stages, replicas):
             for device, share in zip(devices, shares):
