@@ -274,3 +274,34 @@ def test_a_world_size_that_is_not_degree_times_stages_is_one_line(hybrid_files) 
     with pytest.raises(DistributedError, match=f"2 replicas of {len(plan.stages)} stage.* on {need} devices but "
                                                f"{need + 1} ranks were started"):
         prepare(config, need + 1, torch.device("cpu"))
+
+
+def test_plan_show_draws_replicas_in_the_table_the_timeline_and_the_trace(hybrid_files) -> None:
+    out = hybrid_files["dir"] / "shown"
+    done = CliRunner().invoke(app, ["show", str(hybrid_files["plan"]), "--trace", str(out) + ".trace.json",
+                                    "--timeline", str(out) + ".png", "--svg", str(out) + ".svg"])
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    plan = json.loads(hybrid_files["plan"].read_text())
+    assert "x 2 replicas (micro-batches 2/2, ssgd)" in text and "sync" in text
+    from rich.console import Console
+
+    from planner.formats.plan import load_plan
+    from planner.report.table import device_table, stage_table
+
+    console = Console(width=240, record=True)
+    loaded = load_plan(hybrid_files["plan"])
+    console.print(stage_table(loaded))
+    console.print(device_table(loaded))
+    wide = console.export_text()
+    for devices in (st["replicas"] for st in plan["stages"]):
+        assert f"x2: {devices[0]}, {devices[1]}" in wide
+    assert all(d in wide for st in plan["stages"] for d in st["replicas"])
+    trace = json.loads(Path(str(out) + ".trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    syncs = [e for e in events if e.get("cat") == "sync"]
+    replica_devices = {d for st in plan["stages"] for d in st["replicas"]}
+    named = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert all(any(d in n for n in named) for d in replica_devices)  # every replica's device has a track
+    assert len({e["args"]["stage"] for e in syncs}) == len(plan["stages"])
+    assert Path(str(out) + ".png").stat().st_size > 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
 
-KINDS = ("fwd", "bwd", "send_fwd", "send_bwd", "update")
-_SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB", "update": "U"}
+KINDS = ("fwd", "bwd", "send_fwd", "send_bwd", "sync", "update")
+_SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB", "sync": "AR", "update": "U"}
 
 
 class TimedEvent(Protocol):
@@ -32,9 +32,9 @@ class TimedEvent(Protocol):
 
 def event_label(ev: TimedEvent) -> str:
     """Short name: ``F3`` (forward of micro-batch 3), ``B3``, ``sF3``/``sB3`` (sends), ``U`` (the optimizer
-    step, once per step); stage in brackets."""
-    if ev.kind == "update":
-        return f"U [s{ev.stage}]"
+    step, once per step), ``AR`` (the all-reduce over a stage's replicas); stage in brackets."""
+    if ev.kind in ("update", "sync"):
+        return f"{_SHORT[ev.kind]} [s{ev.stage}]"
     return f"{_SHORT.get(ev.kind, ev.kind)}{ev.microbatch} [s{ev.stage}]"
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from planner.clusters import embedded_cluster
 from planner.errors import InputFileError
 from planner.formats.plan import Plan, Stage
+from planner.partition.model.problem import even_shares
+from planner.partition.sim.hybrid import simulate_hybrid
 from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
 
@@ -37,6 +39,25 @@ def sim_stage(stage: Stage, what: str = "plan") -> SimStage:
 
 
 def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
-    """Simulate one training step of ``plan`` on its embedded cluster, recording every event."""
+    """Simulate one training step of ``plan`` on its embedded cluster, recording every event (a hybrid plan: every
+    replica pipeline with its share, from each stage's ``replica_times``, then the stages' ``sync_s``)."""
     stages = [sim_stage(stage, what) for stage in plan.stages]
-    return simulate(stages, embedded_cluster(plan, what), plan.schedule, plan.microbatches)
+    replicas = plan.replicas()
+    if len(replicas[0]) == 1:
+        return simulate(stages, embedded_cluster(plan, what), plan.schedule, plan.microbatches)
+    degree = len(replicas[0])
+    pipelines = []
+    for r in range(degree):
+        pipelines.append([dataclasses.replace(sim, device=devices[r], **_replica_figures(stage, r, what))
+                          for sim, stage, devices in zip(stages, plan.stages, replicas)])
+    shares = plan.shares() or even_shares(plan.microbatches, degree)
+    sync = [float(stage.extra.get("sync_s") or 0.0) for stage in plan.stages]
+    return simulate_hybrid(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule)
+
+
+def _replica_figures(stage: Stage, r: int, what: str) -> dict[str, float]:
+    rows = stage.extra.get("replica_times")
+    if not isinstance(rows, list) or len(rows) <= r or not isinstance(rows[r], dict):
+        raise InputFileError(f"{what}: stage {stage.index} has replicas but no usable 'replica_times' for replica {r}; "
+                             f"the plan cannot be re-simulated. Re-create it with `plan partition`")
+    return {k: float(rows[r][k]) for k in ("fwd_s", "bwd_s", "update_s") if k in rows[r]}

@@ -20,26 +20,35 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     """One row per stage: device and type, layers and op count, compute and transfer per micro-batch, memory,
     and the device's idle time per step (``device_table`` breaks the step down per device)."""
     types = device_types(plan)
+    hybrid = len(plan.replicas()[0]) > 1
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
+    caption = "compute and transfer per micro-batch, idle per step" + (
+        "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
     table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold",
-                  caption="compute and transfer per micro-batch, idle per step", caption_justify="left")
-    for name, justify in (("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
-                          ("transfer", "right"), ("memory / capacity", "right"), ("idle", "right")):
-        short = name in ("#", "compute", "transfer", "idle")  # never wrapped; the others wrap when narrow
+                  caption=caption, caption_justify="left")
+    columns = [("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
+               ("transfer", "right"), *([("sync", "right")] if hybrid else []), ("memory / capacity", "right"),
+               ("idle", "right")]
+    for name, justify in columns:
+        short = name in ("#", "compute", "transfer", "sync", "idle")  # never wrapped; the others wrap when narrow
         table.add_column(name, justify=justify, no_wrap=short)  # type: ignore[arg-type]
-    for stage in plan.stages:
+    for stage, devices in zip(plan.stages, plan.replicas()):
         x = stage.extra
         device = f"{stage.device} ({types[stage.device]})" if stage.device in types else stage.device
+        if len(devices) > 1:
+            device += f" x{len(devices)}: " + ", ".join(devices)
         table.add_row(
             str(stage.index), Text(device), Text(layer_span(stage)), fmt_time(x.get("compute_s")), fmt_time(x.get("transfer_s")),
+            *([fmt_time(x.get("sync_s"))] if hybrid else []),
             _memory_cell(x.get("memory_bytes"), x.get("capacity_bytes")), fmt_time(x.get("idle_s")),
         )
     return table
 
 
-DEVICE_PARTS = (("compute", "compute_s"), ("transfer", "copy_s"), ("runtime", "overhead_s"), ("optimizer", "update_s"),
-                ("idle", "idle_s"))
-"""The per-device columns of ``device_table``: they add up to the step (``predicted.devices``)."""
+DEVICE_PARTS = (("compute", "compute_s"), ("transfer", "copy_s"), ("runtime", "overhead_s"), ("sync", "sync_s"),
+                ("optimizer", "update_s"), ("idle", "idle_s"))
+"""The per-device columns of ``device_table``: they add up to the step (``predicted.devices``); ``sync`` (replicas
+all-reducing gradients) is shown for hybrid plans only."""
 
 
 def device_table(plan: Plan) -> Table | None:
@@ -52,11 +61,13 @@ def device_table(plan: Plan) -> Table | None:
     table = Table(title=Text(f"per device, over one step of {fmt_time(plan.step_time_s)}"), title_justify="left",
                   header_style="bold")
     table.add_column("device")
-    for name, _ in DEVICE_PARTS:
+    hybrid = any(float(d.get("sync_s", 0.0)) > 0 for d in devices.values())
+    parts_shown = [(name, key) for name, key in DEVICE_PARTS if key != "sync_s" or hybrid]
+    for name, _ in parts_shown:
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("sum", justify="right", no_wrap=True)
     for device, parts in devices.items():
-        values = [float(parts.get(key, 0.0)) for _, key in DEVICE_PARTS]
+        values = [float(parts.get(key, 0.0)) for _, key in parts_shown]
         table.add_row(Text(str(device)), *(fmt_time(v) for v in values), fmt_time(sum(values)))
     return table
 
@@ -67,6 +78,11 @@ def summary_text(plan: Plan) -> Text:
     text = Text()
     text.append(f"{plan.method}", style="bold")
     text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {len(plan.stages)} stages · ")
+    dp = plan.extra.get("data_parallel")
+    if len(plan.replicas()[0]) > 1 and isinstance(dp, Mapping):
+        shares = "/".join(str(x) for x in (plan.shares() or ()))
+        text.append(f"x {len(plan.replicas()[0])} replicas (micro-batches {shares}, {dp.get('sync', 'ssgd')}) · ",
+                    style="bold")
     text.append(f"step {fmt_time(plan.step_time_s)}", style="bold green")
     if isinstance(bubble, (int, float)):
         text.append(f" · bubble {bubble:.1%}")
@@ -98,6 +114,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         layers = _layers(stage)
         stages.append({
             "index": stage.index, "device": stage.device, "type": types.get(stage.device),
+            **({"replicas": list(stage.extra["replicas"]), "sync_s": stage.extra.get("sync_s")}
+               if stage.extra.get("replicas") else {}),
             "nodes": len(stage.nodes), "layers": list(layers),
             **{k: stage.extra.get(k) for k in ("compute_s", "transfer_s", "memory_bytes", "capacity_bytes", "idle_s")},
         })
@@ -106,6 +124,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "step_time_s": plan.step_time_s, "bubble_fraction": plan.predicted.get("bubble_fraction"),
         "peak_memory_bytes": plan.peak_memory_bytes, "stages": stages,
         **({"interleave": dict(plan.extra["interleave"])} if isinstance(plan.extra.get("interleave"), Mapping) else {}),
+        **({"data_parallel": dict(plan.extra["data_parallel"])} if isinstance(plan.extra.get("data_parallel"), Mapping) else {}),
+        **({"shape": dict(plan.extra["shape"])} if isinstance(plan.extra.get("shape"), Mapping) else {}),
         "devices": {str(d): dict(v) for d, v in (plan.predicted.get("devices") or {}).items()},
     }
 

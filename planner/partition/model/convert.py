@@ -11,7 +11,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.formats.plan import Plan, Stage
-from planner.partition.model.cost import evaluate, stage_memory_bytes, stage_sims, stage_sync_s, transfer_s
+from planner.partition.model.cost import (evaluate, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
+                                          stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, facts_of, replica_of,
@@ -66,7 +67,7 @@ def predicted(result: SimResult) -> dict[str, Any]:
         "bubble_fraction": result.bubble_fraction,
         "devices": {dev: {"busy_s": s.busy_s, "idle_s": s.idle_s, "peak_memory_bytes": s.peak_memory_bytes,
                           "compute_s": s.compute_s, "copy_s": s.copy_s, "overhead_s": s.overhead_s,
-                          "update_s": s.update_s}
+                          "update_s": s.update_s, **({"sync_s": s.sync_s} if s.sync_s else {})}
                     for dev, s in result.devices.items()},
     }
     if result.sync_s:
@@ -103,7 +104,14 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
     if len(spec.devices) > 1:
         fields["replicas"] = list(spec.devices)
         fields["sync_s"] = stage_sync_s(problem, spec)
+        fields["replica_times"] = [_replica_times(problem, spec, device) for device in spec.devices]
     return Stage(index=i, device=spec.device, nodes=nodes, extra=MappingProxyType(fields))
+
+
+def _replica_times(problem: Problem, spec: StageSpec, device: str) -> dict[str, Any]:
+    """What the stage costs on one of its replicas' devices (``plan show`` re-simulates every replica from these)."""
+    fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop)
+    return {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
 
 
 def partition_of(problem: Problem, plan: Plan) -> Partition:
