@@ -184,7 +184,8 @@ def test_trace_carries_one_memory_counter_per_device() -> None:
 
 @pytest.mark.parametrize("cluster, schedule, method", [("cpu-2", "1f1b", "dp"), ("cpu-2", "gpipe", "uniform"),
                                                        ("a100-4", "interleaved-1f1b", "greedy"),
-                                                       ("mixed-3type-2host", "1f1b", "greedy"), ("t4-4-pcie", "gpipe", "dp")])
+                                                       ("mixed-3type-2host", "1f1b", "greedy"), ("t4-4-pcie", "gpipe", "dp"),
+                                                       ("dgx-h100-8", "1f1b", "dp-hybrid")])
 def test_every_device_row_adds_up_to_the_step(cluster: str, schedule: str, method: str) -> None:
     """Issue 12: compute, transfer (host copies), runtime overhead, optimizer step and idle per device sum to
     the step time (a 4-stage CPU plan showed 4 x 460 us compute + 1.3 ms idle against a 4.9 ms step)."""
@@ -198,12 +199,14 @@ def test_every_device_row_adds_up_to_the_step(cluster: str, schedule: str, metho
     from planner.report.table import DEVICE_PARTS, device_table
 
     profile = load_profile(Path(__file__).resolve().parent / "golden" / "profiles" / "gpt_tiny.json")
-    plan = partition(profile, load_cluster(resolve_cluster(cluster)), method=method, microbatches=8,
-                     schedule=schedule, catalog=load_catalog())
+    hybrid = method.endswith("-hybrid")
+    plan = partition(profile, load_cluster(resolve_cluster(cluster)), method=method.removesuffix("-hybrid"),
+                     microbatches=8, schedule=schedule, catalog=load_catalog(), data_parallel=2 if hybrid else 1)
     devices = plan.predicted["devices"]
     assert devices and device_table(plan) is not None
+    assert hybrid == all(parts.get("sync_s", 0.0) > 0 for parts in devices.values())  # sync: replicas only
     for device, parts in devices.items():
-        total = sum(parts[key] for _, key in DEVICE_PARTS)
+        total = sum(parts.get(key, 0.0) for _, key in DEVICE_PARTS)
         assert total == pytest.approx(plan.step_time_s, rel=1e-9), (device, parts)
         assert parts["compute_s"] > 0
     if cluster == "cpu-2":
