@@ -305,3 +305,53 @@ def test_plan_show_draws_replicas_in_the_table_the_timeline_and_the_trace(hybrid
     assert all(any(d in n for n in named) for d in replica_devices)  # every replica's device has a track
     assert len({e["args"]["stage"] for e in syncs}) == len(plan["stages"])
     assert Path(str(out) + ".png").stat().st_size > 0
+
+
+# --- --schedule auto, --microbatches auto --------------------------------------------------------------
+
+def test_a_rescaled_profile_scales_times_and_activations_but_not_parameters() -> None:
+    from planner.partition.search.settings import rescaled
+
+    profile = chain(3, fwd=1e-3, bwd=2e-3, out=1000, params=100, saved=50)
+    profile = replace_model(profile, microbatch_size=4)
+    double = rescaled(profile, 8)
+    assert double.model["microbatch_size"] == 8
+    for a, b in zip(profile.nodes, double.nodes):
+        assert b.output_bytes == 2 * a.output_bytes and b.saved_bytes == 2 * a.saved_bytes
+        assert b.param_bytes == a.param_bytes
+        for t in a.time_s:
+            assert b.time_s[t].fwd == pytest.approx(2 * a.time_s[t].fwd)
+
+
+def replace_model(profile, **model):
+    from dataclasses import replace
+
+    return replace(profile, model={**profile.model, **model})
+
+
+def test_auto_settings_pick_the_fastest_candidate_and_record_every_one(tmp_path: Path) -> None:
+    cl = hosts(4)
+    profile = replace_model(chain(6, fwd=1e-3, bwd=2e-3, out=1000, params=10**5, saved=50), microbatch_size=2)
+    save_profile(profile, tmp_path / "profile.json")
+    (tmp_path / "cluster.json").write_text(json.dumps(cl.to_dict()))
+    run = CliRunner().invoke
+    done = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-s", "auto",
+                     "-n", "auto", "--global-batch", "16", "-o", str(tmp_path / "auto.json"), "--json"])
+    assert done.exit_code == 0, done.output
+    plan = json.loads((tmp_path / "auto.json").read_text())
+    choices = plan["choices"]
+    times = [c["step_time_s"] for c in choices["candidates"] if c["step_time_s"] is not None]
+    assert plan["predicted"]["step_time_s"] == pytest.approx(min(times))
+    assert {c["schedule"] for c in choices["candidates"]} == {"gpipe", "1f1b", "interleaved-1f1b"}
+    assert {c["microbatches"] for c in choices["candidates"]} == {1, 2, 4, 8, 16}
+    assert plan["microbatch_size"] * plan["microbatches"] == 16
+    assert run(app, ["check", str(tmp_path / "auto.json")]).exit_code == 0  # memory rechecked on rescaled rows
+    for fixed in ("gpipe", "1f1b"):
+        other = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-s", fixed,
+                          "-n", str(plan["microbatches"]), "--json"])
+        assert other.exit_code == 0
+    bad = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-n", "auto"])
+    assert bad.exit_code == 2 and "needs --global-batch" in bad.output
+    bad = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-n", "8",
+                    "--global-batch", "16"])
+    assert bad.exit_code == 2 and "goes with --microbatches auto" in bad.output

@@ -24,25 +24,31 @@ def profile_ref(path: str | Path, model_name: str | None) -> dict[str, Any]:
     return {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "model": model_name}
 
 
-def check_settings(method: str, microbatches: int, schedule: str, optimizer: str) -> None:
-    """Refuse bad option values as usage errors (exit code 2) before any file is read."""
+def check_settings(method: str, microbatches: int | None, schedule: str, optimizer: str) -> None:
+    """Refuse bad option values as usage errors (exit code 2) before any file is read (``microbatches`` and
+    ``schedule`` may be chosen: ``None`` and ``"auto"``)."""
     from planner.partition.placers.registry import get as get_method
     from planner.partition.model.problem import validate_settings
 
-    validate_settings(microbatches, schedule, optimizer)
+    validate_settings(8 if microbatches is None else microbatches, "1f1b" if schedule == "auto" else schedule,
+                      optimizer)
     get_method(method)
 
 
 def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Path | None, *, method: str,
-                   microbatches: int, schedule: str, optimizer: str = "adam", refine: bool = False,
+                   microbatches: int | str, schedule: str, optimizer: str = "adam", refine: bool = False,
                    granularity: str | None = None, time_limit_s: float | None = None,
-                   estimate_precision: str | None = None, data_parallel: str | int = "auto") -> Plan:
+                   estimate_precision: str | None = None, data_parallel: str | int = "auto",
+                   global_batch: int | None = None) -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
-    name) and write the plan to ``output`` (when given). Raises ``PlannerError`` on bad input; on any
-    error nothing is written."""
+    name) and write the plan to ``output`` (when given). ``schedule="auto"`` and ``microbatches="auto"`` (with
+    ``global_batch`` samples) are chosen by simulated step time (``planner.partition.search.settings``). Raises
+    ``PlannerError`` on bad input; on any error nothing is written."""
     from planner.partition import partition
+    from planner.partition.search.settings import choose, parse_microbatches
 
-    check_settings(method, microbatches, schedule, optimizer)
+    count = parse_microbatches(microbatches, global_batch)
+    check_settings(method, count, schedule, optimizer)
     from planner.partition.search.hybrid import parse_degree
 
     parse_degree(data_parallel)
@@ -62,10 +68,18 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     profile = load_profile(profile_path)
     cluster = load_cluster_spec(cluster_spec)
     options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
-    plan = partition(profile, cluster, method=method, microbatches=microbatches, schedule=schedule,
-                     optimizer=optimizer, refine=refine, granularity=granularity,
-                     estimate_precision=estimate_precision, catalog=load_catalog(), data_parallel=data_parallel,
-                     profile_ref=profile_ref(profile_path, profile.model.get("name")), **options)
+    catalog, ref = load_catalog(), profile_ref(profile_path, profile.model.get("name"))
+
+    def plan_with(source: Any, count: int, schedule_name: str) -> Plan:
+        return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
+                         optimizer=optimizer, refine=refine, granularity=granularity,
+                         estimate_precision=estimate_precision, catalog=catalog, data_parallel=data_parallel,
+                         profile_ref=ref, **options)
+
+    if schedule == "auto" or count is None:
+        plan = choose(profile, schedule, count, global_batch, plan_with)
+    else:
+        plan = plan_with(profile, count, schedule)
     if output is not None:
         save_plan(plan, output)
     return plan

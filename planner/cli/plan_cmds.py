@@ -20,8 +20,12 @@ def partition_cmd(
                                          "(e.g. dgx-h100-8, a100-2x8-ib, cpu-2).", show_default=False)],
     method: Annotated[str, typer.Option("--method", "-m", help="Placer: dp, ilp, greedy, or a peer "
                                         "baseline: uniform, params, time-balance (see docs/commands.md).")] = "dp",
-    microbatches: Annotated[int, typer.Option("--microbatches", "-n", help="Micro-batches per step (>= 1).")] = 8,
-    schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b or interleaved-1f1b.")] = "1f1b",
+    microbatches: Annotated[str, typer.Option("--microbatches", "-n", help="Micro-batches per step (>= 1), or auto "
+                            "(with --global-batch: the count the simulator finds fastest).")] = "8",
+    schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved-1f1b, or auto (the "
+                        "fastest that fits).")] = "1f1b",
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per optimizer step, for "
+                            "--microbatches auto.", show_default=False)] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam (optimizer state in the memory model).")] = "adam",
     refine: Annotated[bool, typer.Option("--refine", help="Re-weight devices from simulated waits and re-plan "
                                          "until stable (the rebalancing loop of docs/methods.md, offline; one round for methods without "
@@ -63,7 +67,7 @@ def partition_cmd(
         plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
-                              data_parallel=data_parallel)
+                              data_parallel=data_parallel, global_batch=global_batch)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

@@ -149,6 +149,11 @@ def _devices(plan: Plan, cluster: Cluster) -> list[str]:
 def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str, DeviceSpec] | None) -> list[str]:
     """Recompute each device's peak memory from the profile (one block per stage) with the cost model."""
     optimizer = str(plan.extra.get("optimizer", "adam"))
+    rows = plan.extra.get("microbatch_size")  # --microbatches auto planned on the profile rescaled to these rows
+    if isinstance(rows, int) and rows != profile.model.get("microbatch_size"):
+        from planner.partition.search.settings import rescaled
+
+        profile = rescaled(profile, rows)
     index = profile.node_index()
     groups = [sorted(s.nodes, key=index.__getitem__) for s in plan.stages]
     try:

@@ -90,7 +90,9 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
         what = (f"{len(layout)} replicas of {len(plan.stages)} stage(s)" if len(layout) > 1 else "stages")
         raise DistributedError(f"the plan places {what} on {need} devices but {world_size} ranks were started; "
                                f"start {need} ranks (--nproc-per-node {need}) or re-partition for {world_size}")
-    mbs = config.microbatch_size or int(profile.model.get("microbatch_size", 0)) or None
+    # --microbatch-size, else the rows the plan was made for (--microbatches auto), else the profile's
+    mbs = config.microbatch_size or int(plan.extra.get("microbatch_size") or 0) or \
+        int(profile.model.get("microbatch_size", 0)) or None
     torch.manual_seed(config.seed)  # factories that do not seed themselves still build the same model on every rank
     module, example = load_factory(config.model, microbatch_size=mbs)
     mbs = mbs or batch_size(example)

@@ -1,0 +1,104 @@
+"""``--schedule auto`` and ``--microbatches auto``: run settings chosen by simulated step time.
+
+- **Schedule**: gpipe, 1f1b and interleaved-1f1b are each planned (shape search included); the fastest plan
+  that fits wins, ties to the earlier in that order.
+- **Micro-batch count** (needs ``--global-batch``, in samples): every count ``m`` that splits the global batch
+  into equal micro-batches (``B / m`` rows each, up to ``MAX_MICROBATCHES``) is planned on the profile rescaled
+  to ``B / m`` rows (``rescaled``: per-op times and activation bytes in proportion to the rows, parameters
+  unchanged -- the same linear model ``plan run`` uses for a ``--microbatch-size`` other than the profile's);
+  the fastest wins, ties to fewer micro-batches. The plan records ``microbatch_size`` for ``plan run``.
+
+Every candidate's simulated step time (``null``: nothing fit) is recorded under ``choices``; all candidates
+process the same global batch per step, so their step times compare directly. What the linear model leaves
+out: fixed per-kernel costs, which make small micro-batches relatively slower on GPUs (docs/placers.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from planner.errors import InfeasibleError, PlannerError, UsageError
+from planner.formats.plan import SCHEDULES, Plan
+from planner.formats.profile import OpTime, Profile
+
+__all__ = ["MAX_MICROBATCHES", "parse_microbatches", "microbatch_counts", "rescaled", "choose"]
+
+MAX_MICROBATCHES = 64
+
+PlanFn = Callable[[Profile, int, str], Plan]
+"""``(profile, microbatches, schedule) -> plan`` with every other setting bound."""
+
+
+def parse_microbatches(value: str | int, global_batch: int | None) -> int | None:
+    """``--microbatches``: a positive count, or ``auto`` (``None``), which needs ``--global-batch``."""
+    if isinstance(value, int) or str(value).isdigit():
+        if global_batch is not None:
+            raise UsageError("--global-batch goes with --microbatches auto; with a fixed count the global batch is "
+                             "microbatches x the profile's micro-batch size")
+        return int(value)
+    if str(value) != "auto":
+        raise UsageError(f"--microbatches must be a positive whole number or 'auto', found {value!r}")
+    if global_batch is None or global_batch < 1:
+        raise UsageError("--microbatches auto needs --global-batch SAMPLES (a positive count: the rows of one "
+                         "optimizer step); pass it, or give a count such as -n 8")
+    return None
+
+
+def microbatch_counts(global_batch: int) -> list[int]:
+    """Counts that split ``global_batch`` rows into equal micro-batches, up to ``MAX_MICROBATCHES``."""
+    return [m for m in range(1, min(global_batch, MAX_MICROBATCHES) + 1) if global_batch % m == 0]
+
+
+def rescaled(profile: Profile, microbatch_size: int) -> Profile:
+    """``profile`` as if profiled with ``microbatch_size`` rows: times and activation bytes scale with the rows."""
+    base = int(profile.model.get("microbatch_size") or 0)
+    if base < 1:
+        raise PlannerError("the profile records no microbatch_size; --microbatches auto cannot rescale it: profile "
+                           "the model again with plan profile")
+    if microbatch_size == base:
+        return profile
+    k = microbatch_size / base
+    nodes = tuple(replace(n, output_bytes=round(n.output_bytes * k), saved_bytes=round(n.saved_bytes * k),
+                          flops=round(n.flops * k), bwd_flops=round(n.bwd_flops * k),
+                          time_s={t: OpTime(v.fwd * k, v.bwd * k, v.source) for t, v in n.time_s.items()})
+                  for n in profile.nodes)
+    return replace(profile, nodes=nodes, model={**profile.model, "microbatch_size": microbatch_size})
+
+
+def choose(profile: Profile, schedule: str, microbatches: int | None, global_batch: int | None, plan: PlanFn) -> Plan:
+    """The fastest plan over the schedules (``schedule == "auto"``) and micro-batch counts (``microbatches is
+    None``) asked to be chosen; raises the last ``InfeasibleError`` when no candidate fits."""
+    schedules = list(SCHEDULES) if schedule == "auto" else [schedule]
+    if microbatches is None:
+        assert global_batch is not None
+        counts = microbatch_counts(global_batch)
+    else:
+        counts = [microbatches]
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, int, Plan] | None = None
+    error: PlannerError | None = None
+    for m in counts:
+        source = profile if microbatches is not None else rescaled(profile, global_batch // m)  # type: ignore[operator]
+        for name in schedules:
+            try:
+                candidate = plan(source, m, name)
+            except (InfeasibleError, UsageError) as exc:
+                error = exc
+                tried.append({"schedule": name, "microbatches": m, "step_time_s": None, "why": str(exc)[:200]})
+                continue
+            tried.append({"schedule": name, "microbatches": m, "step_time_s": candidate.step_time_s})
+            if best is None or candidate.step_time_s < best[0] * (1 - 1e-9):
+                best = (candidate.step_time_s, len(tried) - 1, candidate)
+    if best is None:
+        assert error is not None
+        raise error
+    _, index, chosen = best
+    record: dict[str, Any] = {"schedule": schedule, "microbatches": "auto" if microbatches is None else microbatches,
+                              "chosen": tried[index], "candidates": tried}
+    extra = {**dict(chosen.extra), "choices": record}
+    if microbatches is None:
+        assert global_batch is not None
+        record["global_batch"] = global_batch
+        extra["microbatch_size"] = global_batch // chosen.microbatches
+    return replace(chosen, extra=extra)
