@@ -355,3 +355,31 @@ def test_auto_settings_pick_the_fastest_candidate_and_record_every_one(tmp_path:
     bad = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-n", "8",
                     "--global-batch", "16"])
     assert bad.exit_code == 2 and "goes with --microbatches auto" in bad.output
+
+
+# --- export -----------------------------------------------------------------------------------------------
+
+def test_a_hybrid_plan_exports_its_replica_degree_and_refuses_uneven_shares_for_torchtitan(tmp_path: Path) -> None:
+    from planner.app.export import export_file
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+
+    golden = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
+    plan = partition(load_profile(golden), load_cluster_spec("dgx-h100-8"), method="dp", microbatches=8,
+                     schedule="1f1b", granularity="layer", data_parallel=2, catalog=load_catalog(),
+                     profile_ref={"path": str(golden)})
+    save_plan(plan, tmp_path / "plan.json")
+    degree, stages = len(plan.replicas()[0]), len(plan.stages)
+    assert degree == 2
+    table = export_file(tmp_path / "plan.json", "torchtitan").data
+    assert table["parallelism"]["data_parallel_replicate_degree"] == 2
+    assert table["parallelism"]["pipeline_parallel_degree"] == stages
+    assert table["device_order"] == [plan.replicas()[s][r] for s in range(stages) for r in range(2)]  # pp outermost
+    csv = export_file(tmp_path / "plan.json", "schedule-csv").data
+    assert len(csv["rows"]) == 2 * stages and csv["device_order"][:stages] == [s.device for s in plan.stages]
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    doc["data_parallel"]["microbatches"] = [6, 2]
+    (tmp_path / "uneven.json").write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="uneven micro-batch shares \\[6, 2\\]"):
+        export_file(tmp_path / "uneven.json", "torchtitan")

@@ -121,26 +121,47 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
 
 
 def _devices(plan: Plan) -> list[str]:
+    """Replica 0's pipeline devices, in stage order."""
     return list(dict.fromkeys(stage.device for stage in plan.stages))
 
 
 def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[str, Any]:
+    """torchtitan's parallelism table. Its device mesh puts ``pp`` outermost, so rank ``s d + r`` runs stage slot
+    ``s`` of replica ``r``: ``device_order`` lists the plan's devices in that order. torchtitan splits each step's
+    batch evenly over its data-parallel replicas, so uneven shares are refused."""
+    replicas = plan.replicas()
+    degree = len(replicas[0])
+    shares = plan.shares()
+    if shares and len(set(shares)) > 1:
+        raise PlanMismatchError(f"the plan gives its {degree} replicas uneven micro-batch shares {list(shares)}, but "
+                                f"torchtitan splits every batch evenly over its data-parallel replicas; re-partition "
+                                f"with even shares (a cluster of one GPU type) or run it with plan run")
+    rows = int(plan.extra.get("microbatch_size") or profile.model.get("microbatch_size", 1))
+    order = [devices[r] for devices in replicas for r in range(degree)]
     return {"parallelism": {
         "pipeline_parallel_degree": len(_devices(plan)),
         "pipeline_parallel_schedule": TORCHTITAN_SCHEDULES[plan.schedule],
-        "pipeline_parallel_microbatch_size": int(profile.model.get("microbatch_size", 1)),
+        "pipeline_parallel_microbatch_size": rows,
         "module_fqns_per_model_part": parts,
-        "data_parallel_replicate_degree": 1,
-    }, "device_order": _devices(plan)}
+        "data_parallel_replicate_degree": degree,
+    }, "device_order": list(dict.fromkeys(order)),
+        "global_batch_size": rows * plan.microbatches}
 
 
 def _schedule_csv(plan: Plan) -> dict[str, Any]:
+    """Each rank's action order; a hybrid plan's replicas each with their share, ranks replica by replica."""
+    from planner.partition.model.problem import even_shares
     from planner.partition.sim.schedules import device_orders, pipeline_layout
 
-    ranks, chunks = pipeline_layout([stage.device for stage in plan.stages], plan.schedule)
-    orders = device_orders(plan.schedule, len(ranks), chunks, plan.microbatches)
-    return {"rows": [[f"{stage}{kind}{mb}" for kind, stage, mb in order] for order in orders],
-            "device_order": list(ranks)}
+    replicas = plan.replicas()
+    shares = plan.shares() or even_shares(plan.microbatches, len(replicas[0]))
+    rows, order = [], []
+    for r, share in enumerate(shares):
+        ranks, chunks = pipeline_layout([devices[r] for devices in replicas], plan.schedule)
+        for actions in device_orders(plan.schedule, len(ranks), chunks, share):
+            rows.append([f"{stage}{kind}{mb}" for kind, stage, mb in actions])
+        order += list(ranks)
+    return {"rows": rows, "device_order": order}
 
 
 def _pipelining(parts: list[list[str]]) -> dict[str, Any]:
@@ -153,6 +174,7 @@ def _toml(plan: Plan, data: dict[str, Any], plan_path: str) -> str:
     lines = [f"# from plan export of {plan_path}: {plan.method}, {plan.schedule}, {plan.microbatches} micro-batches, "
              f"predicted step {plan.step_time_s:.6g} s",
              f"# device order the plan chose ({order}): start torchrun so that rank r runs on that device",
+             f"# [training] global_batch_size = {data['global_batch_size']} (micro-batch rows x the plan's micro-batches)",
              "[parallelism]"]
     for key, value in table.items():
         lines.append(f"{key} = {json.dumps(value)}")
