@@ -205,6 +205,20 @@ def test_when_pure_data_parallel_does_not_fit_auto_picks_a_shape_that_does() -> 
         partition(profile, cl, method="dp", microbatches=8, schedule="1f1b", optimizer="sgd", data_parallel=8)
 
 
+def test_data_parallel_3_on_8_devices_when_no_shape_fits_is_one_line_at_the_cli(tmp_path: Path) -> None:
+    """7 MB devices and a 16 MB model: a pipeline needs 3 devices, and 3 replicas leave each only 2 of the 8."""
+    profile = chain(8, fwd=1e-3, bwd=2e-3, out=1000, params=10**6, saved=50)
+    save_profile(profile, tmp_path / "profile.json")
+    (tmp_path / "cluster.json").write_text(json.dumps(hosts(8, memory_bytes=7 * 10**6).to_dict()))
+    args = ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "--optimizer", "sgd",
+            "-o", str(tmp_path / "plan.json")]
+    done = CliRunner().invoke(app, [*args, "--data-parallel", "3"])
+    assert done.exit_code == 1 and not (tmp_path / "plan.json").exists()
+    assert "no shape with --data-parallel 3 fits on the 8 devices" in " ".join(done.output.split())
+    assert "Traceback" not in done.output
+    assert CliRunner().invoke(app, [*args, "--data-parallel", "auto"]).exit_code == 0  # 2 x 4 devices fits
+
+
 def test_a_degree_the_cluster_cannot_hold_is_one_line() -> None:
     profile = chain(4, fwd=1e-3, bwd=2e-3, out=1000, params=100, saved=50)
     cl = hosts(4)
