@@ -28,4 +28,4 @@ if __name__ == "__main__":
     except PlannerError as exc:
         print(json.dumps({"error": str(exc)}))
         sys.exit(1)
-    print(json.dumps({"losses": results[0]["losses"], "plan": results[0]["plan"]}))
+    print(json.dumps({"losses": results[0]["losses"], "plan": results[0]["plan"], "first_step": results[0].get("first_step")}))

@@ -105,3 +105,20 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     assert sum(final["data_parallel"]["microbatches"]) == 8 and len(final["stages"][0]["replicas"]) == 2
     assert sorted(n for st in final["stages"] for n in st["nodes"]) == sorted(names)  # no node dropped
     assert_parity(tmp_path, plan, GPT, summary, world=4, steps=STEPS + 3)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_hybrid_run_checkpoints_and_resumes_with_unchanged_training(tmp_path, gpt_profile):
+    """Data 2 at shares 3:1 checkpoints every 2 steps (each replica's copy of every tensor); a second job resumes
+    at step 4 under the checkpoint's plan and trains to step 8 exactly as one uninterrupted process would."""
+    from tests._runtime_jobs import job
+
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu1"]], [3, 1], "gpipe")
+    options = {"rebalance": False, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 2}
+    env = {"PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
+    code, first, _ = job(plan, 4, options, env=env, limit_s=TIMEOUT_S)
+    assert code == 0, first
+    code, second, _ = job(plan, 8, options, env=env, limit_s=TIMEOUT_S)
+    assert code == 0, second
+    assert second["first_step"] == 4 and second["losses"][:4] == pytest.approx(first["losses"], rel=1e-6)
+    assert_parity(tmp_path, plan, GPT, second, steps=8)
