@@ -78,8 +78,8 @@ def test_data_2_with_uneven_shares_3_to_1(tmp_path, gpt_profile):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_exact(tmp_path, gpt_profile):
-    """pipeline 2 x data 2 on 4 ranks, rank 1 (stage 1 of replica 0) emulated 4x slower: the re-plan (a test placer
-    that cuts at blocks.1.mlp) moves the cut and the hybrid search moves the shares off the slow pipeline;
+    """pipeline 2 x data 2 on 4 ranks, replica 0's ranks emulated 3x and 4x slower: the re-plan (a test placer that
+    cuts at blocks.1.mlp) moves the cut and the hybrid search moves the shares off the slow pipeline;
     parameters migrate, and losses and parameters still equal one process's."""
     import os
 
@@ -91,7 +91,7 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [4, 4], "gpipe")
     assert len(json.loads(plan.read_text())["stages"][0]["nodes"]) != cut
     log = tmp_path / "rounds.jsonl"
-    options = {"emulate_slowdown": "1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 1}
+    options = {"emulate_slowdown": "0=3.0,1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 1}
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
     code, summary, _ = job(plan, STEPS + 3, options, env=env, nproc=4, limit_s=TIMEOUT_S)
