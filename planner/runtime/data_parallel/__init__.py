@@ -16,13 +16,14 @@ How ``ssgd`` averages: after the schedule, each replica's gradients are the *sum
 sums them over the stage's ``dp`` group in one flat all-reduce per rank, so replica ``r`` weighs ``m_r / m`` and
 one step equals one step of single-process training on the global batch, for any shares.
 
-Why not DDP (or ``replicate``): ``torch.distributed.pipelining`` drives DDP by hand (``no_sync`` for every
+Why not DDP: ``torch.distributed.pipelining`` drives DDP by hand (``no_sync`` for every
 micro-batch but the last, then ``reducer.prepare_for_backward``). On torch 2.13 with our graph-split stage modules
 that broke DDP's bucket rebuild after the first step (an internal assert on the rebuilt parameter indices);
 ``static_graph=True`` avoids the assert but deadlocked with uneven shares (3 micro-batches on one replica, 1 on
 the other) and gave gradients 0.1% off the reference with even ones. DDP's default hook also averages over the
 group, which is wrong for uneven shares. The flat all-reduce after the schedule is what the cost model assumes
-(the sync starts when every replica has finished its backward passes; no overlap).
+(the sync starts when every replica has finished its backward passes; no overlap). torch's composable
+``replicate`` (FSDP-based) was not tried.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class UpdateSync(Protocol):
 
     mode: str
     reduces_in_backward: bool
-    """True when the gradients leave the schedule already averaged over micro-batches and replicas (DDP)."""
+    """True when ``after_backward`` itself averages over micro-batches (and replicas); the worker then does not."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
