@@ -235,3 +235,18 @@ def test_the_split_spec_gives_torch_pipeline_stages_with_the_plans_modules(tmp_p
         names = [n for n, _ in pipe.get_stage_module(k).named_parameters() if n not in tied]
         owners = {next((fqn for fqn in part if n.startswith(fqn + ".")), None) for n in names}
         assert None not in owners, (k, names)  # every parameter of torch's stage k is in the plan's stage k
+
+
+def test_an_interleaved_plan_exported_as_a_single_stage_schedule_is_one_line(tmp_path: Path) -> None:
+    """Several stages per device need an interleaved schedule; relabelled 1F1B, every format refuses it."""
+    doc = json.loads((ROOT / "tests" / "golden" / "plans" / "gpt_tiny-a100-4-greedy-interleaved.json").read_text())
+    devices = [s["device"] for s in doc["stages"]]
+    assert doc["schedule"] == "interleaved-1f1b" and len(set(devices)) < len(devices)
+    doc["schedule"] = "1f1b"
+    (tmp_path / "relabelled.json").write_text(json.dumps(doc))
+    for fmt in ("torchtitan", "pipelining", "schedule-csv"):
+        done = runner.invoke(app, ["export", str(tmp_path / "relabelled.json"), "--to", fmt,
+                                   "--profile", str(PROFILES / "gpt_tiny.json")])
+        assert done.exit_code != 0, fmt
+        text = " ".join(done.output.split())
+        assert "cannot be exported as 1f1b" in text and "Traceback" not in done.output

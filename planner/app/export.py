@@ -97,6 +97,11 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
     from planner.app.check import profile_path_of
 
     plan = load_plan(plan_path)
+    from planner.partition.model.feasibility import replica_violations
+
+    shape = replica_violations(plan.schedule, plan.microbatches, plan.replicas(), plan.shares())
+    if shape:  # e.g. an interleaved plan (several stages per device) under a single-stage schedule
+        raise PlanMismatchError(f"{plan_path}: the plan cannot be exported as {plan.schedule}: {shape[0]}")
     if fmt == "schedule-csv":
         data = _schedule_csv(plan)
         text = "".join(",".join(row) + "\n" for row in data["rows"])
