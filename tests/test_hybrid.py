@@ -381,7 +381,7 @@ def test_a_hybrid_plan_exports_its_replica_degree_and_refuses_uneven_shares_for_
 
     golden = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
     plan = partition(load_profile(golden), load_cluster_spec("dgx-h100-8"), method="dp", microbatches=8,
-                     schedule="1f1b", granularity="layer", data_parallel=2, catalog=load_catalog(),
+                     schedule="gpipe", granularity="layer", data_parallel=2, catalog=load_catalog(),
                      profile_ref={"path": str(golden)})
     save_plan(plan, tmp_path / "plan.json")
     degree, stages = len(plan.replicas()[0]), len(plan.stages)
