@@ -155,11 +155,10 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
 
 def _schedule_csv(plan: Plan) -> dict[str, Any]:
     """Each rank's action order; a hybrid plan's replicas each with their share, ranks replica by replica."""
-    from planner.partition.model.problem import even_shares
     from planner.partition.sim.schedules import device_orders, pipeline_layout
 
     replicas = plan.replicas()
-    shares = plan.shares() or even_shares(plan.microbatches, len(replicas[0]))
+    shares = plan.replica_shares()
     rows, order = [], []
     for r, share in enumerate(shares):
         ranks, chunks = pipeline_layout([devices[r] for devices in replicas], plan.schedule)

@@ -47,7 +47,7 @@ def show_plan(plan_path: str | Path, paths: Mapping[str, Path]) -> ShowResult:
     if not paths:
         return ShowResult(plan=plan, files={}, step_time_s=None)
     sim = simulate_plan(plan, f"plan {str(plan_path)!r}")
-    devices, links = split_tracks(sim.events, [d for r in range(len(plan.replicas()[0])) for d in (devs[r] for devs in plan.replicas())])
+    devices, links = split_tracks(sim.events, plan.replica_devices())
     types = device_types(plan)
     labels = {d: f"{d} ({types[d]})" if d in types else d for d in devices}
     title = f"{Path(plan_path).name}: {plan.method}, {plan.schedule}, {plan.microbatches} micro-batches"

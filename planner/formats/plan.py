@@ -20,6 +20,13 @@ SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
+def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
+    """``microbatches`` split over ``degree`` replicas as evenly as possible, the first ones taking the rest (what a
+    plan with replicas and no ``data_parallel.microbatches`` means)."""
+    base, rest = divmod(microbatches, degree)
+    return tuple(base + (1 if r < rest else 0) for r in range(degree))
+
+
 @dataclass(frozen=True)
 class Stage:
     index: int
@@ -68,6 +75,16 @@ class Plan:
         dp = self.extra.get("data_parallel")
         shares = dp.get("microbatches") if isinstance(dp, Mapping) else None
         return tuple(int(x) for x in shares) if shares else None
+
+    def replica_shares(self) -> tuple[int, ...]:
+        """Each replica's micro-batches per step: ``shares()``, else an even split (``(microbatches,)`` without replicas)."""
+        return self.shares() or even_shares(self.microbatches, len(self.replicas()[0]))
+
+    def replica_devices(self) -> list[str]:
+        """Every device once, replica by replica (replica 0's stages in order, then replica 1's, ...): the rank
+        order of ``plan run`` and the device rows of ``plan show``."""
+        replicas = self.replicas()
+        return list(dict.fromkeys(devices[r] for r in range(len(replicas[0])) for devices in replicas))
 
     def assignment(self) -> dict[str, int]:
         """Node name -> stage index."""

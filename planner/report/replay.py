@@ -15,7 +15,6 @@ from typing import Any
 from planner.clusters import embedded_cluster
 from planner.errors import InputFileError
 from planner.formats.plan import Plan, Stage
-from planner.partition.model.problem import even_shares
 from planner.partition.sim.hybrid import simulate_hybrid
 from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
@@ -50,7 +49,7 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
     for r in range(degree):
         pipelines.append([dataclasses.replace(sim, device=devices[r], **_replica_figures(stage, r, what))
                           for sim, stage, devices in zip(stages, plan.stages, replicas)])
-    shares = plan.shares() or even_shares(plan.microbatches, degree)
+    shares = plan.replica_shares()
     sync = [float(stage.extra.get("sync_s") or 0.0) for stage in plan.stages]
     return simulate_hybrid(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule)
 

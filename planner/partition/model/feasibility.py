@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from planner.errors import InfeasibleError, PlannerError
-from planner.formats.plan import SCHEDULES
+from planner.formats.plan import SCHEDULES, even_shares
 from planner.partition.model.cost import (device_memory_bytes, format_bytes, inflight_microbatches,
                                           infeasible_reason, stage_activation_bytes, stage_static_bytes,
                                           validate_partition)
@@ -79,8 +79,7 @@ def replica_violations(schedule: str, microbatches: int, stage_replicas: Sequenc
     if degree == 1 and shares is None:
         return shape_violations(schedule, microbatches, [d[0] for d in stage_replicas])
     if shares is None:
-        base, rest = divmod(microbatches, degree)
-        shares = [base + (1 if r < rest else 0) for r in range(degree)]
+        shares = even_shares(microbatches, degree)
     if len(shares) != degree:
         return [f"data_parallel.microbatches lists {len(shares)} share(s) for {degree} replicas; give one share per "
                 f"replica"]

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
-from planner.formats.plan import SCHEDULES
+from planner.formats.plan import SCHEDULES, even_shares
 from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
@@ -113,12 +113,6 @@ def degree_of(partition: Partition) -> int:
 def replica_of(partition: Partition, r: int) -> Partition:
     """Replica ``r``'s pipeline: every stage on its ``r``-th device, without replicas."""
     return tuple(StageSpec(st.start, st.stop, st.devices[r]) for st in partition)
-
-
-def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
-    """``microbatches`` split over ``degree`` replicas as evenly as possible, the first ones taking the rest."""
-    base, rest = divmod(microbatches, degree)
-    return tuple(base + (1 if r < rest else 0) for r in range(degree))
 
 
 def shares_of(partition: Partition, microbatches: int) -> tuple[int, ...]:

@@ -29,7 +29,6 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from planner.errors import PlanMismatchError
 from planner.formats.plan import Plan
 from planner.partition.model.feasibility import replica_violations
-from planner.partition.model.problem import even_shares
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
@@ -129,7 +128,7 @@ def replica_layout(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], tuple[int, 
     _check_shape(plan)
     replicas = plan.replicas()
     degree = len(replicas[0])
-    shares = plan.shares() or even_shares(plan.microbatches, degree)
+    shares = plan.replica_shares()
     ranks = {device: i for i, device in enumerate(rank_devices(plan))}
     layout = tuple(tuple(ranks[devs[r]] for devs in replicas) for r in range(degree))
     return layout, tuple(shares)
@@ -138,8 +137,7 @@ def replica_layout(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], tuple[int, 
 def rank_devices(plan: Plan) -> tuple[str, ...]:
     """Device ids in rank order: the plan's ``device_ranks`` when it has them, else by first appearance over
     replica 0's stages, then replica 1's, and so on."""
-    replicas = plan.replicas()
-    devices = list(dict.fromkeys(devs[r] for r in range(len(replicas[0])) for devs in replicas))
+    devices = plan.replica_devices()
     fixed = [str(d) for d in plan.extra.get("device_ranks") or ()]
     if fixed and set(fixed) != set(devices):
         raise PlanMismatchError(f"the plan's device_ranks {fixed} do not list exactly its stages' devices "

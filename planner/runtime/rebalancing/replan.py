@@ -22,7 +22,7 @@ from planner.partition import partition
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import step_time_s
 from planner.partition.model.convert import partition_of
-from planner.partition.model.problem import Problem, build_problem, even_shares
+from planner.partition.model.problem import Problem, build_problem
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
 
 __all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "stage_keys", "DEVICE_RANKS"]
@@ -82,7 +82,7 @@ class RoundModel:
         (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's); each
         replica's devices for that replica's share of the micro-batches."""
         replicas = plan.replicas()
-        shares = plan.shares() or even_shares(plan.microbatches, len(replicas[0]))
+        shares = plan.replica_shares()
         out: dict[str, float] = {}
         for stage, devices in zip(plan.stages, replicas):
             for device, share in zip(devices, shares):
