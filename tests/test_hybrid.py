@@ -32,10 +32,6 @@ def hosts(*counts: int, memory_bytes: int = 10**9) -> Cluster:
     return Cluster("hosts", devices, intra_host=FAST, inter_host=SLOW)
 
 
-def link_of(cl: Cluster):
-    return cl.link
-
-
 # --- the sync cost ---------------------------------------------------------------------------------
 
 def test_a_ring_within_one_host_moves_2_d_minus_1_chunks_of_n_over_d() -> None:

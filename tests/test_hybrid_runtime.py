@@ -81,8 +81,6 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     """pipeline 2 x data 2 on 4 ranks, replica 0's ranks emulated 3x and 4x slower: the re-plan (a test placer that
     cuts at blocks.1.mlp) moves the cut and the hybrid search moves the shares off the slow pipeline;
     parameters migrate, and losses and parameters still equal one process's."""
-    import os
-
     from tests._runtime_jobs import job
 
     names = [n["name"] for n in json.loads(gpt_profile.read_text())["nodes"]]
