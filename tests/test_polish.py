@@ -134,10 +134,11 @@ def test_max_evaluations_bounds_the_search() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_optimal_never_loses_to_a_baseline_in_the_simulator() -> None:
-    """Issue 12: no method reports "optimal" for a plan the simulator rates slower than a baseline's, on every
-    bundled model x cluster at 8 and 32 micro-batches (the ILP with a short time limit: when it stops early it
-    reports "feasible", which makes no claim)."""
+def test_optimal_never_loses_to_a_rival_in_the_simulator() -> None:
+    """Issues 12 and 22: no method reports "optimal" for a plan the simulator rates slower than greedy's or a
+    baseline's, on every bundled model x cluster at 8 and 32 micro-batches (the ILP with a short time limit:
+    when it stops early it reports "feasible", which makes no claim). A formula optimum that a rival or the
+    polish beats is reported as "best found" and is then no slower than the fastest rival."""
     from pathlib import Path
 
     from planner.clusters import bundled_clusters, resolve_cluster
@@ -147,19 +148,20 @@ def test_optimal_never_loses_to_a_baseline_in_the_simulator() -> None:
 
     catalog = load_catalog()
     root = Path(__file__).resolve().parent / "golden" / "profiles"
-    claims = 0
+    results: dict[str, int] = {}
     for model in ("gpt_tiny", "resnet_small", "unet_small"):
         profile = load_profile(root / f"{model}.json")
         for name in bundled_clusters():
             cluster = load_cluster(resolve_cluster(name))
             for m in (8, 32):
-                base = min(partition(profile, cluster, method=b, microbatches=m, schedule="1f1b",
-                                     catalog=catalog).step_time_s for b in ("uniform", "params", "time-balance"))
+                rival = min(partition(profile, cluster, method=b, microbatches=m, schedule="1f1b",
+                                      catalog=catalog).step_time_s
+                            for b in ("greedy", "uniform", "params", "time-balance"))
                 for method, options in (("dp", {}), ("ilp", {"time_limit_s": 5.0})):
                     plan = partition(profile, cluster, method=method, microbatches=m, schedule="1f1b",
                                      catalog=catalog, **options)
                     result = plan.extra["solver"]["result"]
-                    if result.startswith("optimal") and "simulates faster" not in result:  # a claim of optimality
-                        assert plan.step_time_s <= base * (1 + 1e-9), (model, name, m, method, result)
-                        claims += 1
-    assert claims >= 48  # dp claims on every case; the claims were checked, not skipped
+                    results[result] = results.get(result, 0) + 1
+                    if result in ("optimal", "best found"):
+                        assert plan.step_time_s <= rival * (1 + 1e-9), (model, name, m, method, result)
+    assert results.get("optimal", 0) > 0 and results.get("best found", 0) > 0, results  # both kinds were checked
