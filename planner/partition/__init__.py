@@ -8,7 +8,7 @@ S3-S6 loop; ``validate.validate_plan`` checks any plan against its profile.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
 from planner.partition.model.feasibility import violations
@@ -36,11 +36,13 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               speed_factors: Mapping[str, float] | None = None, profile_ref: Mapping[str, Any] | None = None,
               refine_config: RefineConfig | None = None, granularity: str | None = None,
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
-              data_parallel: str | int = 1, **method_options: Any) -> Plan:
+              data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
+              **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
-    them; ``speed_factors`` (device id -> multiplier on its compute times) come from measurements.
+    them; ``speed_factors`` (device id -> multiplier on its compute times) and ``corrections`` (``(start, stop,
+    factor)`` on profile nodes) come from measurements (``planner.partition.search.speed``).
     ``refine=True`` runs the offline S4-S6 loop (``planner.partition.search.refine``; one round for a placer that
     ignores weights) and then the boundary polish against the simulator (``planner.partition.search.polish``),
     recording both under ``refine``. ``granularity`` (``op``, ``layer``, ``depth:N``, ``count:N``; default ``op``) sets
@@ -56,7 +58,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
-                            catalog=catalog)
+                            catalog=catalog, corrections=corrections)
     reason = infeasible_reason(problem)
     if reason is not None:
         raise InfeasibleError(reason)

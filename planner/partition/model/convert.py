@@ -42,6 +42,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["speed_factors"] = dict(problem.speed_factors)
     if problem.calibration:
         top["calibration"] = dict(problem.calibration)
+    if problem.corrections:
+        top["cost_corrections"] = [list(c) for c in problem.corrections]
     if profile_ref is not None:
         top["profile"] = dict(profile_ref)
     top.update(extra or {})

@@ -66,6 +66,9 @@ class Problem:
     The runtime's rebalancer (seed 003 S5) feeds measured speeds back through this."""
     calibration: Mapping[str, float] = field(default_factory=dict)
     """Device type -> the factor its *measured* per-op times were scaled by (``calibration_factors``)."""
+    corrections: tuple[tuple[int, int, float], ...] = ()
+    """``(start, stop, factor)``: measured corrections already applied to profile nodes ``[start, stop)``
+    (``build_problem(corrections=...)``), kept so the plan can record them."""
     loss_s: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Device type -> (forward, backward) seconds per micro-batch of the default loss (``loss_times``),
     included in the last block's times: the last stage computes it."""
@@ -223,6 +226,7 @@ def build_problem(
     speed_factors: Mapping[str, float] | None = None,
     estimate_precision: str | None = None,
     catalog: Mapping[str, DeviceSpec] | None = None,
+    corrections: Sequence[tuple[int, int, float]] = (),
 ) -> Problem:
     """Build the placers' problem: blocks with per-device-type times, cut bytes, the cluster and settings.
 
@@ -231,7 +235,9 @@ def build_problem(
     profiler's roofline (``planner.roofline``) and listed in ``Problem.estimated_types``.
     ``estimate_precision`` (``fp32``, ``tf32``, ``bf16``; default ``None``: the profiled dtype) is the
     precision those estimates assume; when given, the profile's own ``estimated`` entries of catalog types
-    are re-estimated in it too (measured times are never touched).
+    are re-estimated in it too (measured times are never touched). ``corrections`` (``(start, stop, factor)``,
+    from the run-time speed fit, ``planner.partition.search.speed``) multiply the times of profile nodes
+    ``[start, stop)`` on every device type.
     Work is per node and per device *type*, never per device. ``catalog`` (``planner.formats.catalog.load_catalog``,
     loaded by the caller) is needed only to estimate types the profile did not measure; without it such a
     type is refused with a message that says so.
@@ -244,6 +250,9 @@ def build_problem(
     types = sorted({d.type for d in cluster.devices})
     calibration = {t: f for t, f in calibration_factors(profile, cluster).items() if t in types}
     times, estimated = node_times(profile, cluster, types, estimate_precision, calibration, catalog)
+    checked = _check_corrections(len(profile.nodes), corrections)
+    for start, stop, factor in checked:
+        times[start:stop] = [[(f * factor, b * factor) for f, b in row] for row in times[start:stop]]
     if estimated and catalog is None:
         raise PlannerError(f"device type(s) {', '.join(sorted(estimated))} have estimated times; their loss and "
                            f"optimizer-step estimates need the device catalog: pass catalog=load_catalog() (the CLI does)")
@@ -268,9 +277,21 @@ def build_problem(
         estimated_types=tuple(sorted(estimated)),
         speed_factors=MappingProxyType(factors),
         calibration=MappingProxyType(calibration),
+        corrections=tuple(checked),
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
     )
+
+
+def _check_corrections(count: int, corrections: Sequence[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    out = []
+    for start, stop, factor in corrections:
+        if not (0 <= start < stop <= count) or not (0 < factor < float("inf")):
+            raise PlannerError(f"a cost correction must cover profile nodes [start, stop) within 0..{count} with a positive "
+                               f"finite factor, found ({start}, {stop}, {factor!r}); the rebalancing state does not "
+                               f"match this profile: delete the checkpoint to start over")
+        out.append((int(start), int(stop), float(factor)))
+    return out
 
 
 def _check_speed_factors(cluster: Cluster, factors: Mapping[str, float]) -> dict[str, float]:

@@ -7,10 +7,12 @@ weights move in proportion to the waits and the model is re-partitioned (S5); on
 has not changed for several rounds the balance is taken as reached (S6).
 
 This module adds one thing the seed leaves implicit: the waits say *that* a device is slow, the
-measured compute says *how* slow. Each device's measured compute divided by the cost model's
-prediction for the same work becomes its speed factor (``Problem.speed_factors``), so the re-plan
-sees the devices as they are. The weights then carry only what the speed factors do not explain
-(see ``placer_weights``), so the two never count the same slowness twice.
+measured compute says *how* slow. The measured compute of the last rounds, set against the cost model's
+prediction for the work each device held, is split into a speed factor per device and a correction per
+op range (``planner.partition.search.speed``): a stage that moves keeps its correction, a device keeps its
+speed, and the re-plan sees both (``Problem.speed_factors``, ``build_problem(corrections=...)``). The
+weights then carry only what the speed factors do not explain (see ``placer_weights``), so the two never
+count the same slowness twice.
 
 Everything here takes and returns plain data: no torch.distributed, no clock, no files. The
 runtime (``planner.runtime.launch.worker``) measures, calls ``decide`` and ``settle`` once per round, and
@@ -23,13 +25,14 @@ import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from planner.errors import PlannerError
+from planner.partition.search.speed import Held, fit_speeds
 
 __all__ = [
     "DeviceRound", "RoundStats", "RebalanceConfig", "RebalanceState", "Decision",
-    "initial_state", "imbalance", "is_balanced", "update_weights", "speed_factors_from",
+    "initial_state", "imbalance", "is_balanced", "update_weights", "observe",
     "placer_weights", "decide", "settle", "plan_key", "plans_equal", "plan_fingerprint", "normalise_weights",
 ]
 
@@ -88,10 +91,12 @@ class RebalanceConfig:
     (both judged with the new speed factors); migrating for less is not worth it and breeds flapping."""
     max_step: float = 4.0
     """Bound on the factor by which one round may multiply a weight (guards against a bad round)."""
-    smoothing: float = 0.5
-    """Weight of the newest round in each speed factor (an exponential moving average over rounds);
-    1 trusts the last round alone. Speed is a property of the device, not of the plan, so the average
-    runs across plan changes and damps the noise of a shared machine."""
+    speed_decay: float = 0.85
+    """Weight of a round in the speed fit relative to the round after it (``speed.fit_speeds``); 1 weighs the
+    remembered rounds alike. Speed is a property of the device, not of the plan, so the fit runs across plan
+    changes: the rounds before a re-plan are what separate a device's speed from its ops' error."""
+    speed_window: int = 8
+    """Rounds the speed fit remembers."""
     max_rounds: int = 20
     """Hard stop of the offline loop (``plan partition --refine``); at run time the step count bounds it."""
 
@@ -106,8 +111,10 @@ class RebalanceConfig:
             raise PlannerError(f"rebalance min_improvement must be >= 0, found {self.min_improvement!r}; try 0.05")
         if not self.max_step > 1:
             raise PlannerError(f"rebalance max_step must be > 1, found {self.max_step!r}; try 4")
-        if not 0 < self.smoothing <= 1:
-            raise PlannerError(f"rebalance smoothing must be in (0, 1], found {self.smoothing!r}; try 0.5")
+        if not 0 < self.speed_decay <= 1:
+            raise PlannerError(f"rebalance speed_decay must be in (0, 1], found {self.speed_decay!r}; try 0.85")
+        if self.speed_window < 1:
+            raise PlannerError(f"rebalance speed_window must be at least 1 round, found {self.speed_window!r}; try 8")
         if self.max_rounds < 1:
             raise PlannerError(f"rebalance max_rounds must be at least 1, found {self.max_rounds!r}; try 20")
 
@@ -119,7 +126,12 @@ class RebalanceState:
     weights: Mapping[str, float]
     """Seed 003 S3: each device's share of the load, mean 1."""
     speed_factors: Mapping[str, float] = field(default_factory=dict)
-    """Measured compute / predicted compute per device (1 = as profiled)."""
+    """Per device: how much slower than the cost model it computes, relative to the others (geometric mean 1;
+    ``speed.fit_speeds``)."""
+    corrections: tuple[tuple[int, int, float], ...] = ()
+    """``(start, stop, factor)``: the cost model's correction on profile nodes ``[start, stop)``."""
+    history: tuple[tuple[Held, ...], ...] = ()
+    """The last rounds' measured compute and the work behind it (``speed_window`` rounds), oldest first."""
     stable_rounds: int = 0
     """Consecutive rounds that brought no plan the loop had not had before (S6's "not changed")."""
     seen: tuple[str, ...] = ()
@@ -132,6 +144,8 @@ class RebalanceState:
 
     def to_dict(self) -> dict[str, object]:
         return {"weights": dict(self.weights), "speed_factors": dict(self.speed_factors),
+                "corrections": [list(c) for c in self.corrections],
+                "history": [[h.to_list() for h in held] for held in self.history],
                 "stable_rounds": self.stable_rounds, "rounds": self.rounds, "converged": self.converged,
                 "seen": list(self.seen)}
 
@@ -141,6 +155,8 @@ class RebalanceState:
             return RebalanceState(
                 weights=MappingProxyType({str(k): float(v) for k, v in dict(data["weights"]).items()}),  # type: ignore[arg-type]
                 speed_factors=MappingProxyType({str(k): float(v) for k, v in dict(data.get("speed_factors", {})).items()}),  # type: ignore[arg-type]
+                corrections=tuple((int(a), int(b), float(f)) for a, b, f in data.get("corrections", ())),  # type: ignore[union-attr]
+                history=tuple(tuple(Held.from_list(h) for h in held) for held in data.get("history", ())),  # type: ignore[union-attr]
                 stable_rounds=int(data.get("stable_rounds", 0)),  # type: ignore[arg-type]
                 rounds=int(data.get("rounds", 0)),  # type: ignore[arg-type]
                 converged=bool(data.get("converged", False)),
@@ -228,24 +244,6 @@ def update_weights(weights: Mapping[str, float], stats: RoundStats, loads: Mappi
     return _normalise(out)
 
 
-def speed_factors_from(stats: RoundStats, predicted_compute_s: Mapping[str, float],
-                       previous: Mapping[str, float] | None = None, smoothing: float = 1.0) -> dict[str, float]:
-    """Per device: measured compute / the cost model's compute for the same work (unscaled).
-
-    ``predicted_compute_s`` is what the profile predicts for the round's work on each device
-    without speed factors. With a previous factor, the result is ``smoothing * new + (1 - smoothing)
-    * previous``. Devices that held no work keep their previous factor (or none).
-    """
-    out = dict(previous or {})
-    for d in stats.devices:
-        predicted = predicted_compute_s.get(d.device, 0.0)
-        if predicted > 0 and d.compute_s > 0:
-            measured = d.compute_s / predicted
-            old = out.get(d.device)
-            out[d.device] = measured if old is None else smoothing * measured + (1.0 - smoothing) * old
-    return dict(sorted(out.items()))
-
-
 def placer_weights(weights: Mapping[str, float], factors: Mapping[str, float]) -> dict[str, float]:
     """The weights to hand the placer next to the speed factors: the part the factors do not explain.
 
@@ -256,29 +254,37 @@ def placer_weights(weights: Mapping[str, float], factors: Mapping[str, float]) -
     return _normalise({d: w * factors.get(d, 1.0) for d, w in weights.items()})
 
 
+def observe(state: RebalanceState, held: Sequence[Held], predict: Callable[[str, int, int], float],
+            config: RebalanceConfig) -> RebalanceState:
+    """Add one round's measured work to the state and re-fit the speed factors and op corrections
+    (``speed.fit_speeds``; ``predict(device, start, stop)``: the cost model's seconds for one run of profile nodes
+    ``[start, stop)`` on ``device``, without factors). Devices absent from every remembered round keep theirs."""
+    history = (state.history + (tuple(held),))[-config.speed_window:]
+    fit = fit_speeds(history, predict, decay=config.speed_decay)
+    factors = dict(sorted({**state.speed_factors, **fit.speed}.items()))
+    return replace(state, history=history, speed_factors=MappingProxyType(factors), corrections=fit.corrections)
+
+
 def decide(state: RebalanceState, stats: RoundStats, predicted_compute_s: Mapping[str, float],
            config: RebalanceConfig, intended: Mapping[str, float] | None = None) -> Decision:
-    """S4-S5 for one round: judge balance, update speed factors, and move weights when unbalanced.
+    """S5 for one round: judge balance, and move weights when unbalanced (speed factors: ``observe``).
 
-    ``predicted_compute_s``: the cost model's compute for the round's work on each device, without speed
-    factors (measured / predicted is the speed factor). ``intended``: the load the plan was meant to put
-    on each device, in any unit (``update_weights``' ``loads``); default ``predicted_compute_s``, which is
-    what the runtime passes. The offline loop passes the weights it gave the placer: there the simulated
-    compute *is* the prediction, and only the placer's rounding to whole blocks separates intent from
-    outcome.
+    ``predicted_compute_s``: the cost model's compute for the round's work on each device. ``intended``: the
+    load the plan was meant to put on each device, in any unit (``update_weights``' ``loads``); default
+    ``predicted_compute_s``, which is what the runtime passes. The offline loop passes the weights it gave the
+    placer: there the simulated compute *is* the prediction, and only the placer's rounding to whole blocks
+    separates intent from outcome.
     """
     gap = imbalance(stats)
     balanced = gap <= config.threshold
-    factors = speed_factors_from(stats, predicted_compute_s, state.speed_factors, config.smoothing)
     if state.converged:
-        return Decision(replace(state, speed_factors=MappingProxyType(factors)), gap, balanced, False,
-                        "converged (S6): plan frozen")
+        return Decision(state, gap, balanced, False, "converged (S6): plan frozen")
     if balanced:
-        return Decision(replace(state, speed_factors=MappingProxyType(factors)), gap, True, False,
+        return Decision(state, gap, True, False,
                         f"balanced: max wait {gap:.1%} of the round above the mean (threshold {config.threshold:.1%})")
     loads = predicted_compute_s if intended is None else intended
     weights = update_weights(state.weights, stats, loads, gain=config.gain, max_step=config.max_step)
-    new_state = replace(state, weights=MappingProxyType(weights), speed_factors=MappingProxyType(factors))
+    new_state = replace(state, weights=MappingProxyType(weights))
     return Decision(new_state, gap, False, True,
                     f"unbalanced: max wait {gap:.1%} of the round above the mean (threshold {config.threshold:.1%})")
 

@@ -32,7 +32,7 @@ from planner.formats.plan import Plan, plan_from_dict, save_plan
 from planner.runtime import checkpoint as ckpt
 from planner.runtime.pipeline.graph_split import canonical_param_names
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
-from planner.partition.search.rebalance import RebalanceState, decide, initial_state, settle
+from planner.partition.search.rebalance import RebalanceState, decide, initial_state, observe, settle
 from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method, stage_keys
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
@@ -187,6 +187,10 @@ class DynamicHooks(RunHooks):
             result["reason"] = self.no_model
             return result
         predicted = self.model.predicted_compute_s(run.plan, stats.steps)
+        if not self.warm_up:  # the round after a switch builds stages: its compute is no measure of speed
+            held = self.model.held(run.plan, stats.steps, {d.device: d.compute_s for d in stats.devices})
+            self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
+            result["state"] = self.state.to_dict()
         if not self.opt["rebalance"]:
             decision = decide(self.state, stats, predicted, replace(self.rebalance, threshold=float("inf")))
             result.update(imbalance=decision.imbalance, balanced=decision.imbalance <= self.rebalance.threshold,

@@ -24,6 +24,7 @@ from planner.partition.model.cost import step_time_s
 from planner.partition.model.convert import partition_of
 from planner.partition.model.problem import Problem, build_problem
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
+from planner.partition.search.speed import Held
 
 __all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "stage_keys", "DEVICE_RANKS"]
 
@@ -93,10 +94,40 @@ class RoundModel:
                 out[device] = out.get(device, 0.0) + total * share * steps * self.rows_scale
         return out
 
-    def step_time_s(self, plan: Plan, speed_factors: Mapping[str, float]) -> float:
+    def held(self, plan: Plan, steps: int, measured_s: Mapping[str, float]) -> list[Held]:
+        """Per device that computed: its measured seconds and the profile node ranges behind them, each run
+        (its replica's share x ``steps`` x ``rows_scale``) times: the speed fit's observation of one round."""
+        shares = plan.replica_shares()
+        ranges: dict[str, list[tuple[int, int, float]]] = {}
+        for stage, devices in zip(plan.stages, plan.replicas()):
+            for run_start, run_stop in _runs(sorted(self.index[name] for name in stage.nodes)):
+                for device, share in zip(devices, shares):
+                    ranges.setdefault(device, []).append((run_start, run_stop, share * steps * self.rows_scale))
+        return [Held(d, float(measured_s[d]), tuple(r)) for d, r in sorted(ranges.items()) if measured_s.get(d, 0.0) > 0]
+
+    def predict_s(self, device: str, start: int, stop: int) -> float:
+        """The cost model's forward + backward seconds for one run of profile nodes ``[start, stop)`` on ``device``."""
+        tables = self.problem.tables
+        fwd, bwd = tables.fwd_prefix[device], tables.bwd_prefix[device]
+        return fwd[stop] - fwd[start] + bwd[stop] - bwd[start]
+
+    def step_time_s(self, plan: Plan, speed_factors: Mapping[str, float],
+                    corrections: Sequence[tuple[int, int, float]] = ()) -> float:
         problem = build_problem(self.profile, self.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
-                                optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog)
+                                optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog,
+                                corrections=corrections)
         return step_time_s(problem, partition_of(problem, plan))
+
+
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted node indices as maximal ``[start, stop)`` runs."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
 
 
 @dataclass(frozen=True)
@@ -118,11 +149,12 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
         weights = placer_weights(state.weights, factors) if methods.takes_weights(method) else None
         plan = partition(model.profile, model.cluster, method=method, microbatches=current.microbatches,
                          schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
-                         speed_factors=factors, profile_ref=profile_ref, catalog=model.catalog,
+                         speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
+                         catalog=model.catalog,
                          data_parallel=degree_of(current))  # a hybrid plan keeps its degree; cuts and shares move
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
-    now = model.step_time_s(current, factors)
+    now = model.step_time_s(current, factors, state.corrections)
     new = plan.step_time_s
     order = tuple(dict.fromkeys(d for d in device_order(plan)))
     if set(order) != set(ranks):

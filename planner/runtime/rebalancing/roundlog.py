@@ -39,6 +39,7 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
         "plan_changed": plan_changed, "moved_tensors": moved_tensors, "moved_bytes": moved_bytes,
         "stable_rounds": state.stable_rounds, "converged": state.converged, "reason": reason,
         "loss": loss, "devices": devices, "stages": [dict(s) for s in stages],
+        "cost_corrections": [list(c) for c in state.corrections],
     }
 
 
