@@ -5,15 +5,16 @@ of the simulator's step time, and run-time rebalancing against an emulated slow 
    micro-batch carrying the whole batch (plain model parallelism). Gain = step time (1) / step time (8).
 2. Fidelity: per model, the dp plan on ``cpu-2`` (8 micro-batches, 1F1B); measured step time against
    the plan's ``predicted.step_time_s`` (profile measured with one thread, like the ranks).
-3. Rebalancing: ``--emulate-slowdown 1=2.0`` under (a) the static dp plan, rebalancing off; (b) the same
-   plan with rebalancing on (rounds, convergence, throughput after); (c) an oracle plan made knowing the
-   slowdown (``speed_factors {cpu1: 2.0}``), rebalancing off.
+3. Rebalancing, per model x ``--factors`` F x ``--runs``: ``--emulate-slowdown 1=F`` under (a) the static dp
+   plan, rebalancing off; (b) the same plan with rebalancing on (rounds, convergence, the fitted speed factors,
+   throughput after); (c) an oracle plan made knowing the slowdown (``speed_factors {cpu1: F}``), rebalancing off.
 
 Step times are the mean over rounds after the first (the warm-up round) from the run's round log.
 The machine is shared: the 1-minute load average is recorded before and after every run.
 
-    python3 bench/run.py                                  # everything; writes docs/bench-run.md
-    python3 bench/run.py --only rebalance --output /tmp/r.md
+    python3 bench/run.py                                  # everything; writes docs/bench-run.md and .json
+    python3 bench/run.py --only rebalance                 # one experiment; the page keeps the others' results
+    python3 bench/run.py --only rebalance --factors 2 --runs 1 --rebalance-models gpt_small --output /tmp/r.md
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ HISTORY = REPO / "bench" / "run-history.jsonl"
 CLUSTER = REPO / "profiles" / "clusters" / "cpu-2.json"
 MICROBATCHES = 8
 DEFAULT_OUTPUT = str(REPO / "docs" / "bench-run.md")
+RESULTS = REPO / "docs" / "bench-run.json"
+"""Every experiment's last results (committed beside the page): ``--only`` re-runs one and re-renders all."""
 
 
 def load1() -> float:
@@ -182,19 +185,26 @@ def _compute_ratio(plan: Plan, rounds: list[dict[str, Any]]) -> dict[str, float]
     return {d: measured[d] / predicted[d] for d in predicted if d in measured and predicted[d] > 0}
 
 
-def rebalance(args: argparse.Namespace) -> dict[str, Any]:
-    prof = profile_path("gpt_small", args.reprofile)
-    static = make_plan("gpt_small", prof, "mb8")
-    oracle = make_plan("gpt_small", prof, "oracle", speed_factors={"cpu1": args.factor})
-    slow = f"1={args.factor}"
-    model = MODELS["gpt_small"]
+def rebalance(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per model x slowdown x run: the static plan, the oracle plan and the rebalanced run under the slowdown."""
+    return [rebalance_one(args, name, factor, run) for name in args.rebalance_models for factor in args.factors
+            for run in range(args.runs)]
+
+
+def rebalance_one(args: argparse.Namespace, name: str, factor: float, run: int) -> dict[str, Any]:
+    prof = profile_path(name, args.reprofile)
+    static = make_plan(name, prof, "mb8")
+    oracle = make_plan(name, prof, "oracle", speed_factors={"cpu1": factor})
+    slow = f"1={factor}"
+    model = MODELS[name]
+    tag = f"rb-{name}-{factor}-{run}"
     r_static = run_job(static, model, args.steps, args.round_steps, {"rebalance": False, "emulate_slowdown": slow},
-                       tag="rb-static")
+                       tag=f"{tag}-static")
     r_oracle = run_job(oracle, model, args.steps, args.round_steps, {"rebalance": False, "emulate_slowdown": slow},
-                       tag="rb-oracle")
+                       tag=f"{tag}-oracle")
     r_dyn = run_job(static, model, args.rebalance_steps, args.round_steps,
                     {"rebalance": True, "emulate_slowdown": slow, "output": str(CACHE / "rebalanced.plan.json")},
-                    tag="rb-dynamic")
+                    tag=f"{tag}-dynamic")
     rounds = r_dyn["rounds"]
     changes = [r["round"] for r in rounds if r["plan_changed"]]
     last_change = changes[-1] if changes else -1
@@ -204,10 +214,14 @@ def rebalance(args: argparse.Namespace) -> dict[str, Any]:
     t_before = steady_step_s([r for r in rounds if r["round"] <= max(first_change, 1)])  # the static plan's rounds
     t_after = steady_step_s(rounds, after=last_change + 1) if last_change >= 0 else steady_step_s(rounds)
     final = rounds[-1]
+    speeds = {d: v["speed_factor"] for d, v in final["devices"].items()}
     return {
-        "factor": args.factor, "step_s_static": t_static, "step_s_oracle": t_oracle,
+        "model": name, "run": run, "factor": factor, "step_s_static": t_static, "step_s_oracle": t_oracle,
         "step_s_before": t_before, "step_s_after": t_after, "plan_changes": changes,
         "converged_round": converged, "rounds": len(rounds),
+        "relative_speed": speeds.get("cpu1", 1.0) / speeds.get("cpu0", 1.0),
+        "relative_speed_by_round": [r["devices"]["cpu1"]["speed_factor"] / r["devices"]["cpu0"]["speed_factor"]
+                                    for r in rounds],
         "final_max_over_mean_wait": final["max_wait_s"] / final["mean_wait_s"] if final["mean_wait_s"] else 1.0,
         "speedup_vs_static": t_static / t_after, "fraction_of_oracle": t_oracle / t_after,
         "stages": {"static": [len(s.nodes) for s in load_plan(static).stages],
@@ -217,6 +231,7 @@ def rebalance(args: argparse.Namespace) -> dict[str, Any]:
                       for r in rounds],
         "load": [r_static["load_before"], r_static["load_after"], r_oracle["load_before"], r_oracle["load_after"],
                  r_dyn["load_before"], r_dyn["load_after"]],
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
 
@@ -236,7 +251,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                   f"cannot gain without idle cores). Re-run on a quiet machine.", ""]
     if "pipelining" in results:
         p = results["pipelining"]
-        lines += ["## 1. Pipelining gain (gpt_small, same 2 stages)", "",
+        lines += ["## 1. Pipelining gain (gpt_small, same 2 stages)", "", _section_note(results, "pipelining"), "",
                   "| schedule | micro-batches | rows per micro-batch | step time (s) |", "|---|---:|---:|---:|",
                   f"| 1F1B | 8 | {p['rows'] // MICROBATCHES} | {p['step_s_8']:.3f} |",
                   f"| plain model parallel (GPipe, 1 micro-batch) | 1 | {p['rows']} | {p['step_s_1']:.3f} |", "",
@@ -253,6 +268,7 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         lines.append("")
     if "fidelity" in results:
         lines += ["## 2. Fidelity: measured vs simulated step time (dp plan on cpu-2, 8 micro-batches, 1F1B)", "",
+                  _section_note(results, "fidelity"), "",
                   "Each trial profiles the model afresh, plans, and runs right away. The row shows the median trial; "
                   "*errors* lists every trial's; *compute* is the ranks' measured compute over the plan's (machine "
                   "speed and op-time error, before the schedule and communication add theirs).", "",
@@ -266,25 +282,25 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                          f"{f['error']:+.1%} | {errors} | {ratio} | {_load(f['load'])} |")
         lines += ["", "Target: within 15%.", ""]
     if "rebalance" in results:
-        r = results["rebalance"]
-        lines += [f"## 3. Rebalancing (gpt_small, `--emulate-slowdown 1={r['factor']}`)", "",
-                  "| run | nodes per stage | step time (s) | throughput vs static |", "|---|---|---:|---:|",
-                  f"| static dp plan, rebalancing off | {r['stages']['static']} | {r['step_s_static']:.3f} | 1.00x |",
-                  f"| rebalanced: before the first change | {r['stages']['static']} | {r['step_s_before']:.3f} | "
-                  f"{r['step_s_static'] / r['step_s_before']:.2f}x |",
-                  f"| rebalanced: after convergence | {r['stages']['rebalanced']} | {r['step_s_after']:.3f} | "
-                  f"**{r['speedup_vs_static']:.2f}x** |",
-                  f"| oracle (speed_factors cpu1={r['factor']}) | {r['stages']['oracle']} | {r['step_s_oracle']:.3f} | "
-                  f"{r['step_s_static'] / r['step_s_oracle']:.2f}x |", "",
-                  f"- plan changed in round(s) {r['plan_changes']} of {r['rounds']}; S6 convergence declared in round "
-                  f"{r['converged_round']} (targets: <= 5 rounds).",
-                  f"- rebalanced throughput = **{r['fraction_of_oracle']:.0%} of the oracle's** (target >= 90%); "
-                  f"vs static **{r['speedup_vs_static']:.2f}x** (target >= 1.25x).",
-                  f"- final round max/mean wait: {r['final_max_over_mean_wait']:.2f}.",
-                  f"- load before/after (static, oracle, rebalanced): {_load(r['load'])}.", "",
-                  "Round log of the rebalanced run:", "", "| round | step time (s) | imbalance | plan | reason |",
-                  "|---:|---:|---:|---|---|"]
-        for x in r["round_log"]:
+        rows = _rebalance_rows(results["rebalance"])
+        lines += ["## 3. Rebalancing under an emulated slow rank (`--emulate-slowdown 1=F`)", "",
+                  _section_note(results, "rebalance"), "",
+                  "Per run: the static dp plan with rebalancing off, an oracle plan made knowing the slowdown "
+                  "(`speed_factors {cpu1: F}`) with rebalancing off, and the static plan with rebalancing on. *Speed "
+                  "ratio* is the slow rank's fitted speed factor over the other's in the last round (true: F); "
+                  "targets: within 10% of F, S6 declared within 6 rounds, >= 90% of the oracle's throughput, and "
+                  ">= 1.25x the static plan's at F = 2.", "",
+                  "| model | F | run | speed ratio (error) | plan changed in rounds | S6 in round | vs static | "
+                  "of oracle | load (static, oracle, rebalanced) |", "|---|---:|---:|---|---|---:|---:|---:|---|"]
+        for r in rows:
+            lines.append(f"| {r['model']} | {r['factor']:g} | {r['run']} | {r.get('relative_speed', float('nan')):.2f} "
+                         f"({r.get('relative_speed', float('nan')) / r['factor'] - 1:+.0%}) | {r['plan_changes']} | "
+                         f"{r['converged_round']} | {r['speedup_vs_static']:.2f}x | {r['fraction_of_oracle']:.0%} | "
+                         f"{_load(r['load'])} |")
+        first = rows[0]
+        lines += ["", f"Round log of the first run ({first['model']}, F = {first['factor']:g}):", "",
+                  "| round | step time (s) | imbalance | plan | reason |", "|---:|---:|---:|---|---|"]
+        for x in first["round_log"]:
             plan = "changed" if x["plan_changed"] else ("converged" if x["converged"] else "kept")
             lines.append(f"| {x['round']} | {x['step_time_s']:.3f} | {x['imbalance']:.1%} | {plan} | {x['reason']} |")
         lines.append("")
@@ -323,9 +339,22 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rebalance_rows(part: Any) -> list[dict[str, Any]]:
+    """The rebalancing results as rows (results written before the sweep hold one gpt_small run at F = 2)."""
+    return [{"model": "gpt_small", "run": 0, **part}] if isinstance(part, dict) else list(part)
+
+
+def _section_note(results: dict[str, Any], name: str) -> str:
+    """When and how a section was last measured (``--only`` re-runs one section and keeps the others)."""
+    meta = results.get("sections", {}).get(name)
+    if not meta:
+        return f"Measured by `{results.get('command', 'python3 bench/run.py')}`, finished {results.get('finished', '?')}."
+    return f"Measured by `{meta['command']}`, finished {meta['finished']}."
+
+
 def history_entry(results: dict[str, Any]) -> dict[str, Any]:
     """The line a full run adds to ``HISTORY``."""
-    rb = results["rebalance"]
+    rb = _rebalance_rows(results["rebalance"])[0]
     return {"finished": results["finished"], "command": results["command"],
             "pipelining_gain": results["pipelining"]["gain"],
             "fidelity": {f["model"]: {"median": f["error"], "errors": f.get("errors", [f["error"]])}
@@ -356,7 +385,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rebalance-steps", type=int, default=16)
     parser.add_argument("--round-steps", type=int, default=2)
-    parser.add_argument("--factor", type=float, default=2.0)
+    parser.add_argument("--factors", type=float, nargs="+", default=[1.5, 2.0, 3.0],
+                        help="Rebalancing: the emulated slowdowns of rank 1.")
+    parser.add_argument("--rebalance-models", nargs="+", default=["gpt_small", "resnet_small", "unet_small"],
+                        choices=sorted(MODELS))
+    parser.add_argument("--runs", type=int, default=3, help="Rebalancing: runs per model and slowdown.")
     parser.add_argument("--reprofile", action="store_true", help="Profile again (fidelity always does, per trial).")
     parser.add_argument("--trials", type=int, default=3, help="Fidelity: profile-plan-run trials per model.")
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
@@ -364,22 +397,26 @@ def main() -> None:
     args = parser.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
     if args.render_only:
-        Path(args.output).write_text(render(json.loads((CACHE / "last.json").read_text()), args), encoding="utf-8")
+        Path(args.output).write_text(render(json.loads(RESULTS.read_text()), args), encoding="utf-8")
         return
     todo = args.only or ["pipelining", "fidelity", "rebalance"]
     results: dict[str, Any] = {}
-    if args.only and (CACHE / "last.json").is_file():  # keep the other experiments' last results
-        results = json.loads((CACHE / "last.json").read_text())
-    results["command"] = " ".join(["python3 bench/run.py", *sys.argv[1:]])
+    if args.only and RESULTS.is_file():  # keep the other experiments' last results: the page is re-rendered whole
+        results = json.loads(RESULTS.read_text())
+    command = " ".join(["python3 bench/run.py", *sys.argv[1:]])
+    results["command"] = command
     for name in todo:
         results[name] = {"pipelining": pipelining, "fidelity": fidelity, "rebalance": rebalance}[name](args)
+        results.setdefault("sections", {})[name] = {"command": command,
+                                                    "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         print(json.dumps({name: results[name]}, indent=1), flush=True)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if not args.only and args.output == DEFAULT_OUTPUT:  # a full run of the documented command: keep its summary
         with HISTORY.open("a", encoding="utf-8") as f:
             f.write(json.dumps(history_entry(results)) + "\n")
     Path(args.output).write_text(render(results, args), encoding="utf-8")
-    (CACHE / "last.json").write_text(json.dumps(results, indent=1))
+    if args.output == DEFAULT_OUTPUT:
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.output}")
 
 

@@ -1,7 +1,7 @@
 """Train with a plan in your own loop: planner's API and torch only.
 
     plan profile planner.examples.digits:digits_mlp -o profile.json
-    plan partition profile.json --cluster cpu-2 -n 2 -o plan.json
+    plan partition profile.json --cluster cpu-2 -n 2 -d 1 -o plan.json
     torchrun --nproc-per-node 2 examples/own_loop.py plan.json --steps 20
 
 Rank 0 prints one JSON line: the loss of every step (as ``plan run ... --data planner.data.digits:batches
@@ -11,6 +11,7 @@ Rank 0 prints one JSON line: the loss of every step (as ``plan run ... --data pl
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,13 @@ rank = dist.get_rank()
 torch.manual_seed(0)
 model, example = digits_mlp()  # example: one micro-batch, the profile's micro-batch size
 plan = planner.load_plan(args.plan)
-pipe = planner.build_pipeline(model.train(), example, plan, rank=rank, loss_fn=F.cross_entropy)
+try:
+    pipe = planner.build_pipeline(model.train(), example, plan, rank=rank, loss_fn=F.cross_entropy)
+except planner.PlannerError as exc:  # e.g. a plan with replicas: one line, every rank stops
+    if rank == 0:
+        print(f"error: {exc}", file=sys.stderr)
+    dist.destroy_process_group()
+    sys.exit(2)
 optimizer = torch.optim.SGD(pipe.parameters(), lr=0.05)
 rows = plan.microbatches * example[0].shape[0]
 losses = []

@@ -17,7 +17,9 @@ stages and torch's own schedule for it, and rebalance from waits measured yourse
 returns ``torch.distributed.pipelining`` objects (``PipelineStage`` subclasses and ``Schedule1F1B``,
 ``ScheduleGPipe`` or ``ScheduleInterleaved1F1B``); a process group must be initialised (``torchrun``).
 ``examples/own_loop.py`` is a complete loop; ``tests/test_api.py`` checks that it trains exactly as
-``plan run``. Torch is imported only when these functions are called.
+``plan run``. Plans with replicated stages (``data_parallel`` degree > 1) need the gradient all-reduce and
+the per-replica batches that ``plan run`` adds; ``build_pipeline`` refuses them in one line before any
+collective starts. Torch is imported only when these functions are called.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from planner.errors import UsageError
 from planner.formats.plan import Plan, load_plan
 
 __all__ = ["Pipeline", "load_plan", "build_pipeline", "rebalance"]
@@ -84,6 +87,12 @@ def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str |
     from planner.runtime.pipeline.stages import build_rank_stages, build_schedule, sync_tied_params
 
     plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
+    degree = len(plan.replicas()[0])
+    if degree > 1:  # every rank refuses before capture or any collective, so none waits for the others
+        raise UsageError(f"build_pipeline runs pure pipelines (one replica per stage), but this plan has {degree} "
+                         f"replicas of each stage (data_parallel degree {degree}), which need the gradient all-reduce "
+                         f"and per-replica batches of `plan run`: train it with `plan run`, or re-partition with "
+                         f"--data-parallel 1")
     device = torch.device(device) if device is not None else torch.device("cpu")
     model.to(device)
     inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)

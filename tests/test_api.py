@@ -51,3 +51,25 @@ def test_own_loop_gets_the_losses_of_plan_run(tmp_path: Path) -> None:
     assert own.returncode == 0, own.stderr[-2000:]
     got = json.loads(next(line for line in own.stdout.splitlines() if line.startswith("{")))["losses"]
     assert got == pytest.approx(expected, rel=1e-5) and got[-1] < got[0]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(200)
+def test_own_loop_refuses_a_hybrid_plan_in_one_line(tmp_path: Path) -> None:
+    """Issue 23, item 1: with `--data-parallel auto` the digits plan on cpu-2 is 1 stage x 2 replicas, and
+    `build_pipeline` used to accept it and deadlock. Every rank now refuses it before any collective."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    digits_plan(tmp_path)
+    result = CliRunner().invoke(app, ["partition", str(tmp_path / "profile.json"), "--cluster", "cpu-2", "-d", "2",
+                                      "-n", "2", "-o", str(tmp_path / "hybrid.json")])
+    assert result.exit_code == 0, result.output
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    own = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(ROOT / "examples" / "own_loop.py"), str(tmp_path / "hybrid.json"), "--steps", "2"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    assert own.returncode != 0
+    mine = [line for line in own.stderr.splitlines() if line.startswith("error: ")]
+    assert len(mine) == 1 and "2 replicas of each stage" in mine[0] and "--data-parallel 1" in mine[0], own.stderr
