@@ -27,6 +27,9 @@ def test_a_pure_pipeline_has_degree_one_and_combines_nothing() -> None:
 
 def test_ssgd_is_the_synchronous_mode_and_other_modes_are_refused_in_one_line() -> None:
     plan = make_plan(toy_profile(), toy_cluster(), (3, 5))
+    stages = tuple(replace(st, extra=MappingProxyType({**st.extra, "replicas": [st.device, f"{st.device}-copy"]}))
+                   for st in plan.stages)  # the degree is what the stages' replicas say
+    plan = replace(plan, stages=stages)
     replicated = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "ssgd"}}))
     assert degree_of(replicated) == 2
     sync = sync_for(replicated)

@@ -260,7 +260,10 @@ def _overlap(doc: dict) -> None:
 @pytest.mark.parametrize("edit, words", [
     (_overlap, "serve one replica only"),
     (lambda doc: doc["stages"][0]["replicas"].pop(), "same number of replicas"),
-    (lambda doc: doc["data_parallel"].update(microbatches=[3, 3]), "must be positive and sum to the step's 4"),
+    (lambda doc: doc["data_parallel"].update(microbatches=[3, 3]), "summing to the plan's 4 micro-batches"),
+    (lambda doc: doc["data_parallel"].update(microbatches=[5, -1]), "2 positive whole share(s)"),
+    (lambda doc: doc["data_parallel"].update(sync="asgd"), "data_parallel.sync' must be one of ssgd"),
+    (lambda doc: doc["data_parallel"].update(degree=3), "data_parallel.degree' must be 2"),
 ])
 def test_plan_check_refuses_bad_replicas_in_one_line(hybrid_files, edit, words) -> None:
     assert _check(hybrid_files, hybrid_files["plan"]).exit_code == 0
@@ -268,6 +271,20 @@ def test_plan_check_refuses_bad_replicas_in_one_line(hybrid_files, edit, words) 
     assert done.exit_code != 0
     assert words in " ".join(done.output.split())
     assert "Traceback" not in done.output
+
+
+@pytest.mark.parametrize("command", [["show"], ["diff"], ["export", "--to", "pipelining"], ["check"]])
+def test_every_command_reads_the_parallel_shape_the_same_way(hybrid_files, command) -> None:
+    """Issue 23, item 3: what `plan check` passes, `plan run` runs; `show`, `diff` and `export` refuse the same
+    edits (shares that sum to 3 of 4, an unknown sync mode, a degree the replicas do not have) in one line."""
+    for edit in (lambda doc: doc["data_parallel"].update(microbatches=[2, 1]),
+                 lambda doc: doc["data_parallel"].update(sync="asgd"),
+                 lambda doc: doc["data_parallel"].update(degree=3)):
+        bad = str(_edited(hybrid_files, edit))
+        args = [*command, bad, bad] if command == ["diff"] else [*command, bad]
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code != 0 and "data_parallel" in done.output and "Traceback" not in done.output, done.output
+        assert len([line for line in done.output.splitlines() if line.startswith("error")]) == 1, done.output
 
 
 def test_a_world_size_that_is_not_degree_times_stages_is_one_line(hybrid_files) -> None:

@@ -18,6 +18,8 @@ from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+SYNC_MODES = ("ssgd",)
+"""``data_parallel.sync`` values the runtime runs (design.md section 5 lists the others to come)."""
 
 
 def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
@@ -133,6 +135,7 @@ def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
             nodes=tuple(nodes),
             extra=MappingProxyType({k: v for k, v in raw.items() if k not in ("index", "device", "nodes")}),
         ))
+    _check_data_parallel(check, data, microbatches, stages)
     predicted = check.get(data, "predicted", dict)
     check.get(predicted, "step_time_s", float, "predicted.step_time_s")
     extra = {k: v for k, v in data.items()
@@ -145,6 +148,30 @@ def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
         predicted=MappingProxyType(predicted),
         extra=MappingProxyType(extra),
     )
+
+
+def _check_data_parallel(check: Checker, data: Mapping[str, Any], microbatches: int, stages: list[Stage]) -> None:
+    """``data_parallel``, when present, agrees with the stages' replicas: every field a command reads (``degree``,
+    ``sync``, the shares) is checked here, once, so ``plan check`` passes only what ``plan run`` runs."""
+    if "data_parallel" not in data:
+        return
+    dp = check.get(data, "data_parallel", dict)
+    counts = {len(r) if isinstance(r := s.extra.get("replicas"), list) and r else 1 for s in stages}
+    if len(counts) > 1:
+        return  # stages of unequal degree: the feasibility rule says so, naming the stages
+    degree = counts.pop()
+    hint = "fix data_parallel or re-partition with `plan partition --data-parallel N`"
+    if "degree" in dp and (not isinstance(dp["degree"], int) or isinstance(dp["degree"], bool) or dp["degree"] != degree):
+        check.fail("data_parallel.degree", f"{degree}, the number of replicas every stage lists", dp["degree"], hint)
+    if "sync" in dp and dp["sync"] not in SYNC_MODES:
+        check.fail("data_parallel.sync", f"one of {', '.join(SYNC_MODES)} (the sync modes plan run has)", dp["sync"], hint)
+    if "microbatches" in dp:
+        shares = dp["microbatches"]
+        if (not isinstance(shares, list) or len(shares) != degree
+                or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in shares)
+                or sum(shares) != microbatches):
+            check.fail("data_parallel.microbatches", f"{degree} positive whole share(s), one per replica, summing to the "
+                       f"plan's {microbatches} micro-batches", shares, hint)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -35,12 +35,10 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PlanMismatchError
-from planner.formats.plan import Plan
+from planner.formats.plan import SYNC_MODES, Plan
 
 __all__ = ["UpdateSync", "SingleReplica", "Synchronous", "SYNC_MODES", "degree_of", "sync_for"]
 
-SYNC_MODES = ("ssgd",)
-"""``data_parallel.sync`` values this runtime runs (design.md section 5 lists the others to come)."""
 
 
 class UpdateSync(Protocol):
@@ -97,11 +95,9 @@ class Synchronous:
 
 
 def degree_of(plan: Plan) -> int:
-    """The plan's data-parallel degree: ``data_parallel.degree``, else the length of the stages' ``replicas``, else 1."""
-    dp = plan.extra.get("data_parallel")
-    if isinstance(dp, Mapping) and "degree" in dp:
-        return int(dp["degree"])
-    return max((len(devices) for devices in plan.replicas()), default=1)
+    """The plan's data-parallel degree: the number of replicas its stages list (``plan_from_dict`` has checked that
+    ``data_parallel.degree``, when given, says the same)."""
+    return len(plan.replicas()[0])
 
 
 def sync_for(plan: Plan, group: Any = None) -> UpdateSync:
