@@ -16,13 +16,16 @@ The fit is a regularised least squares in log space over the last rounds (Gauss-
 iterations, so it is deterministic):
 
     min  sum_obs w_obs (log M - log s_d - log sum_a c_a P_d(a) n_a)^2
-         + lambda_s sum_d (log s_d)^2 + lambda_c sum_a (log c_a)^2,   subject to  sum_d log s_d = 0
+         + lambda_s sum_d (log s_d)^2 + lambda_c sum_a (log c_a - log m)^2,   subject to  sum_d log s_d = 0
 
 - The gauge ``sum_d log s_d = 0`` (geometric mean of the speed factors 1) puts the error all devices share into
   the corrections: two devices of equal speed get factor 1 whatever the ops cost.
 - ``lambda_s << lambda_c``: where the data cannot tell, a difference between devices is taken as speed (the
   rebalancer's signal, seed 003), not as op error; ``speed_factors`` then equals the ratio of measured over
   predicted compute between devices, as the per-device estimate before it did.
+- The corrections are pulled towards their common level ``m`` (a free parameter), not towards 1: the profile
+  may be off by the same factor everywhere (the host, co-location), and every new cut adds an atom, so a
+  prior towards 1 would let a small atom absorb the noise of the round in which it appeared.
 - ``w_obs = decay ** age``: recent rounds count more, so a device that changes speed is followed.
 
 This is the alternating speed/work decomposition that heterogeneity-aware schedulers fit from throughput
@@ -43,8 +46,9 @@ __all__ = ["Held", "SpeedFit", "fit_speeds", "SPEED_PRIOR", "CORRECTION_PRIOR", 
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
-CORRECTION_PRIOR = 1e-2
-"""``lambda_c``: how strongly a correction is pulled to 1 (an op range is taken as profiled until the data says not)."""
+CORRECTION_PRIOR = 0.03
+"""``lambda_c``: how strongly a correction is pulled to the corrections' common level (the profile's shape is
+trusted until the data insists: one op range is not made cheap to explain a few percent of noise)."""
 DECAY = 0.85
 """Weight of a round relative to the next one (``RebalanceConfig.speed_decay``)."""
 ITERATIONS = 30
@@ -113,21 +117,22 @@ def fit_speeds(rounds: Sequence[Sequence[Held]], predict: Callable[[str, int, in
         return SpeedFit({}, ())
     P, y, w, dev = np.array(rows), np.array(logs), np.sqrt(np.array(weights)), np.array(owner)
     nd, na = len(devices), len(atoms)
-    theta = np.zeros(nd + na)  # log s, then log c
+    theta = np.zeros(nd + na + 1)  # log s per device, log c per atom, and the corrections' common level log m
+    prior = np.zeros((nd + na, nd + na + 1))  # rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m)
+    prior[:nd, :nd] = math.sqrt(SPEED_PRIOR) * np.eye(nd)
+    prior[nd:, nd:nd + na] = math.sqrt(CORRECTION_PRIOR) * np.eye(na)
+    prior[nd:, -1] = -math.sqrt(CORRECTION_PRIOR)
+    gauge = _GAUGE * np.r_[np.ones(nd), np.zeros(na + 1)][None, :]
     for _ in range(ITERATIONS):
-        c = np.exp(theta[nd:])
+        c = np.exp(theta[nd:nd + na])
         q = P @ c
         residual = y - theta[dev] - np.log(q)
-        jac = np.zeros((len(y), nd + na))
+        jac = np.zeros((len(y), nd + na + 1))
         jac[np.arange(len(y)), dev] = 1.0
-        jac[:, nd:] = P * c[None, :] / q[:, None]
-        # rows: weighted data, the priors, the gauge (each as residual = target - current, jacobian)
-        A = np.vstack([jac * w[:, None],
-                       np.diag(np.r_[np.full(nd, math.sqrt(SPEED_PRIOR)), np.full(na, math.sqrt(CORRECTION_PRIOR))]),
-                       _GAUGE * np.r_[np.ones(nd), np.zeros(na)][None, :]])
-        b = np.r_[residual * w,
-                  -theta * np.r_[np.full(nd, math.sqrt(SPEED_PRIOR)), np.full(na, math.sqrt(CORRECTION_PRIOR))],
-                  [-_GAUGE * theta[:nd].sum()]]
+        jac[:, nd:nd + na] = P * c[None, :] / q[:, None]
+        # one linear least squares per iteration: the weighted data, the priors and the gauge
+        A = np.vstack([jac * w[:, None], prior, gauge])
+        b = np.r_[residual * w, -prior @ theta, -gauge @ theta]
         step = np.linalg.lstsq(A, b, rcond=None)[0]
         theta = theta + step
         if float(np.abs(step).max()) < 1e-12:
