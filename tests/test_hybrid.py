@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _partition_cases import chain, cluster
+from _partition_cases import chain
 from typer.testing import CliRunner
 
 from planner.cli import app

@@ -100,7 +100,7 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
 
 
 def test_training_and_update_measurements_leave_the_model_as_it_was():
-    from planner.profile.measure import _measure_training, _measure_update, _probe
+    from planner.profile.whole_model import measure_training as _measure_training, measure_update as _measure_update, probe as _probe
     from planner.profile.timer import Timer
 
     torch.manual_seed(0)
@@ -181,7 +181,7 @@ def test_single_threaded_cpu_timing_uses_the_thread_clock(tiny):
 
 
 def test_tensors_without_readable_storage_get_key_zero_and_are_never_aliases():
-    from planner.profile.measure import _aliases, _storage_key
+    from planner.profile.memory import aliases as _aliases, storage_key as _storage_key
 
     sparse = torch.eye(3).to_sparse()
     with pytest.raises(NotImplementedError):  # torch refuses: the except branch of _storage_key

@@ -17,6 +17,7 @@ from planner.profile.device import detect_device_type
 from planner.roofline import FREE_CLASSES, add_estimates, check_precision
 from planner.profile.loader import batch_size, describe_output, load_factory, pick_output, select_output
 from planner.profile.measure import Measurement, Progress, measure
+from planner.profile.memory import nbytes
 
 
 def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: int | None = None,
@@ -59,7 +60,7 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
     extra = dict(profile.extra, measurement=dict(profile.extra["measurement"], repeats=repeats, warmup=warmup))
     if colocate > 1 and measurement.whole.train_s:
         from planner.profile.colocate import measure_colocated
-        from planner.profile.measure import time_training
+        from planner.profile.whole_model import time_training
 
         alone = measurement.whole.train_s
         loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1,
@@ -103,7 +104,7 @@ def build_profile(spec: str, module: nn.Module, inputs: Sequence[Any], captured:
             extra["measure_error"] = m.error
         nodes.append(Node(
             name=op.name, op=op.op, inputs=op.inputs, output_bytes=m.output_bytes,
-            param_bytes=sum(_nbytes(tensors[n]) for n in first),
+            param_bytes=sum(nbytes(tensors[n]) for n in first),
             time_s=MappingProxyType({device_type: OpTime(m.fwd_s, m.bwd_s, "measured")}),
             saved_bytes=m.saved_bytes, flops=m.flops, bwd_flops=m.bwd_flops, module_path=op.module_path,
             params=tuple(first), extra=MappingProxyType(extra),
@@ -113,7 +114,7 @@ def build_profile(spec: str, module: nn.Module, inputs: Sequence[Any], captured:
         "name": type(module).__name__, "source": spec, "microbatch_size": batch_size(inputs),
         "inputs": [{"dtype": str(x.dtype).replace("torch.", ""), "shape": list(x.shape)} for x in inputs if isinstance(x, torch.Tensor)],
         "parameters": sum(p.numel() for p in module.parameters()),
-        "param_bytes": sum(_nbytes(t) for t in distinct.values()),
+        "param_bytes": sum(nbytes(t) for t in distinct.values()),
     }
     extra = {
         "device_type": device_type,
@@ -144,7 +145,7 @@ def tied_parameters(captured: Captured, tensors: dict[str, torch.Tensor]) -> lis
     groups = []
     for key, names in aliases.items():
         if len(names) > 1 or len(users.get(key, [])) > 1:
-            groups.append({"params": sorted(names), "nodes": users.get(key, []), "bytes": _nbytes(tensors[names[0]])})
+            groups.append({"params": sorted(names), "nodes": users.get(key, []), "bytes": nbytes(tensors[names[0]])})
     return sorted(groups, key=lambda g: g["params"])
 
 
@@ -162,6 +163,3 @@ def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     tensors.update(module.named_parameters(remove_duplicate=False))
     return tensors
 
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()

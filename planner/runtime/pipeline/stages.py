@@ -154,7 +154,7 @@ def rank_of_stages(plan: Plan) -> tuple[int, ...]:
     # ranks, interleaved stages must still go round-robin over the *ranks*.
     if plan.schedule == "interleaved-1f1b" and result != tuple(i % world for i in range(len(result))):
         raise PlanMismatchError(
-            f"interleaved-1f1b runs stage i on device i mod {world} (devices {list(ranks)}), but the plan "
+            f"interleaved-1f1b runs stage i on device i mod {world} (devices {list(rank_devices(plan))}), but the plan "
             f"places stages on ranks {list(result)}; re-partition with --schedule interleaved-1f1b")
     return result
 

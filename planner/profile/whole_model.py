@@ -1,0 +1,186 @@
+"""The whole model as training runs it (``planner.profile.measure``, steps 3-6), and the warm-up before any op is timed.
+
+- ``warm_whole``: a few whole training micro-batches before any op is timed, so that the first op timed does
+  not pay for the allocator's growth, cold caches and one-off kernel setup (a first block measured 15% to 4x
+  its identical twins without it).
+- ``measure_whole``: the whole model's forward and backward, timed like the ops (the check on the per-op sum).
+- ``measure_training``: one training micro-batch, backward accumulating into ``.grad``: what the cost model
+  calibrates the per-op times to (docs/cost-model.md, "Calibration"); ``time_training`` is the same for
+  ``--colocate`` (``planner.profile.colocate``).
+- ``measure_update``: one optimizer step per optimizer ``plan run`` offers (lr 0: parameters unchanged).
+- ``measure_loss``: ``plan run``'s default loss on the model's output, forward and backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from planner.profile.memory import differentiable, nbytes
+from planner.profile.timer import Timer
+
+__all__ = ["WholeModel", "warm_whole", "probe", "measure_whole", "time_training", "measure_training",
+           "UPDATE_OPTIMIZERS", "measure_update", "measure_loss", "num_threads"]
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    fwd_s: float
+    bwd_s: float
+    sum_ops_fwd_s: float
+    sum_ops_bwd_s: float
+    train_s: float = 0.0
+    """One training micro-batch of the whole model: forward + backward accumulating into ``.grad``
+    (0 when the model has no trainable parameter)."""
+    update_s: Mapping[str, float] = field(default_factory=dict)
+    """Optimizer name -> seconds of one step over every trainable parameter (empty without any)."""
+    update_param_bytes: int = 0
+    """Bytes of the parameters that step updated."""
+    loss: Mapping[str, Any] = field(default_factory=dict)
+    """The default loss on the model's output: ``{"name", "fwd_s", "bwd_s", "output_bytes"}`` (empty if none)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "sum_ops_fwd_s": self.sum_ops_fwd_s,
+                               "sum_ops_bwd_s": self.sum_ops_bwd_s}
+        if self.train_s > 0:
+            out["train_s"] = self.train_s
+        if self.update_s:
+            out["update_s"] = dict(self.update_s)
+            out["update_param_bytes"] = self.update_param_bytes
+        if self.loss:
+            out["loss"] = dict(self.loss)
+        return out
+
+
+def warm_whole(module: nn.Module, inputs: Sequence[Any], steps: int) -> None:
+    """A few whole training micro-batches (forward and backward), gradients dropped afterwards."""
+    for _ in range(max(steps, 1)):
+        outputs = differentiable(module(*inputs))
+        if outputs:
+            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+    module.zero_grad(set_to_none=True)
+
+
+def probe(module: nn.Module, inputs: Sequence[Any]) -> tuple[Any, list[torch.Tensor]]:
+    """One untimed forward of the whole model with gradients on: its output (detached, so the graph is
+    freed) and random output gradients for its differentiable outputs (empty if none)."""
+    with torch.enable_grad():
+        output = module(*inputs)
+    grads_out = [torch.randn_like(t) for t in differentiable(output)]
+    return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, output), grads_out
+
+
+def measure_whole(module: nn.Module, inputs: Sequence[Any], grads_out: list[torch.Tensor],
+                   timer: Timer) -> tuple[float, float]:
+    """Forward and backward seconds of the whole model, timed like the ops (``grads_out`` from :func:`probe`)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    with torch.enable_grad():
+        fwd_s = timer.time(lambda _: module(*inputs))
+        if not grads_out or not params:
+            return fwd_s, 0.0
+        bwd_s = timer.time(lambda outs: torch.autograd.grad(outs, params, grads_out, allow_unused=True),
+                           lambda: differentiable(module(*inputs)))
+    return fwd_s, bwd_s
+
+
+def time_training(module: nn.Module, inputs: Sequence[Any], device: torch.device, repeats: int, warmup: int,
+                  threads: int | None) -> float:
+    """One training micro-batch of the whole model, timed as ``measure`` times it (for ``--colocate``)."""
+    with num_threads(threads if device.type == "cpu" else None):
+        timer = Timer(device, repeats, warmup)
+        _, grads_out = probe(module, inputs)
+        return measure_training(module, inputs, grads_out, timer)
+
+
+def measure_training(module: nn.Module, inputs: Sequence[Any], grads_out: list[torch.Tensor], timer: Timer) -> float:
+    """Seconds of one training micro-batch: forward, then backward into the parameters' ``.grad``.
+
+    Gradients accumulate across the repeats, as over the micro-batches of a step; the parameters'
+    ``.grad`` are restored afterwards (the model is left as it was given)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params or not grads_out:
+        return 0.0
+    before = [p.grad for p in params]
+    with torch.enable_grad():
+
+        def step(_: Any) -> None:
+            outs = differentiable(module(*inputs))
+            torch.autograd.backward(outs, grads_out[: len(outs)])
+
+        try:
+            return timer.time(step)
+        finally:
+            for p, grad in zip(params, before):
+                p.grad = grad
+
+
+UPDATE_OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.0),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.0),
+}
+"""The optimizers ``plan run`` offers, built as it builds them (torch defaults) but with lr 0."""
+
+
+def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> dict[str, float]:
+    """Seconds of one optimizer step over every trainable parameter, per optimizer, as ``plan run``
+    takes it: gradients divided by the micro-batch count, then ``step()`` (lr 0: parameters unchanged).
+
+    Gradients are random stand-ins and the optimizer state is made by the warm-up steps; the
+    parameters' own ``.grad`` are restored afterwards."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return {}
+    before = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = torch.randn_like(p)
+        out = {}
+        for name, make in UPDATE_OPTIMIZERS.items():
+            optimizer = make(params)
+
+            def step(_: Any, optimizer: torch.optim.Optimizer = optimizer) -> None:
+                for p in params:
+                    p.grad.div_(microbatches)
+                optimizer.step()
+
+            out[name] = timer.time(step)
+            del optimizer
+        return out
+    finally:
+        for p, grad in zip(params, before):
+            p.grad = grad
+
+
+def measure_loss(inputs: Sequence[Any], output: Any, timer: Timer) -> dict[str, Any]:
+    """Forward and backward seconds of ``plan run``'s default loss on the model's ``output`` (see item 6)."""
+    from planner.errors import ModelError
+    from planner.data.factory import data_spec, default_target, loss_fn
+
+    cpu_inputs = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
+    try:
+        spec = data_spec(cpu_inputs, output)  # raises unless every input is a tensor
+    except ModelError:
+        return {}
+    target = default_target(spec, cpu_inputs, torch.Generator().manual_seed(0)).to(output.device)
+    loss = loss_fn(spec)
+    logits = output.detach().requires_grad_(True)
+    with torch.enable_grad():
+        fwd_s = timer.time(lambda _: loss(logits, target))
+        bwd_s = timer.time(lambda value: torch.autograd.grad(value, logits), lambda: loss(logits, target))
+    return {"name": spec.loss, "fwd_s": fwd_s, "bwd_s": bwd_s, "output_bytes": nbytes(output)}
+
+
+@contextlib.contextmanager
+def num_threads(threads: int | None) -> Iterator[int]:
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
