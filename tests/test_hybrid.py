@@ -410,3 +410,32 @@ def test_a_hybrid_plan_exports_its_replica_degree_and_refuses_uneven_shares_for_
     (tmp_path / "uneven.json").write_text(json.dumps(doc))
     with pytest.raises(Exception, match="uneven micro-batch shares \\[6, 2\\]"):
         export_file(tmp_path / "uneven.json", "torchtitan")
+
+
+def test_plan_diff_and_check_see_the_parallel_shape(hybrid_files) -> None:
+    """Issue 23, item 2: two plans that differ only in their replicas' shares or devices were 'identical' to
+    `plan diff`, and `plan check` noted nothing when the degree changed."""
+    shares = _edited(hybrid_files, lambda doc: doc["data_parallel"].update(microbatches=[3, 1]))
+    done = CliRunner().invoke(app, ["diff", str(hybrid_files["plan"]), str(shares)])
+    assert done.exit_code == 0 and "replica shares: [2, 2] -> [3, 1]" in done.output, done.output
+    assert "identically" not in done.output
+
+    def swap(doc: dict) -> None:
+        for stage in doc["stages"]:
+            stage["replicas"].reverse()
+            stage["device"] = stage["replicas"][0]
+
+    swapped = CliRunner().invoke(app, ["diff", str(hybrid_files["plan"]), str(_edited(hybrid_files, swap))])
+    assert swapped.exit_code == 0 and "identically" not in swapped.output, swapped.output
+
+    cl = json.loads(hybrid_files["cluster"].read_text())
+    from planner.formats.cluster import cluster_from_dict
+    from planner.formats.profile import load_profile
+
+    pure = partition(load_profile(hybrid_files["profile"]), cluster_from_dict(cl, "cluster"), method="dp",
+                     microbatches=4, schedule="gpipe", optimizer="sgd", data_parallel=1,
+                     profile_ref={"path": str(hybrid_files["profile"])})
+    save_plan(pure, hybrid_files["dir"] / "pure.json")
+    checked = CliRunner().invoke(app, ["check", str(hybrid_files["plan"]), "--baseline", str(hybrid_files["dir"] / "pure.json"),
+                                       "--profile", str(hybrid_files["profile"]), "--tolerance", "1000%"])
+    assert "data-parallel degree differs from the baseline: 1 -> 2" in " ".join(checked.output.split()), checked.output

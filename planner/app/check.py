@@ -224,7 +224,8 @@ class PlanDiff:
     a: str
     b: str
     settings: Mapping[str, tuple[Any, Any]]
-    """Settings that differ (method, schedule, micro-batches, stage count): name -> (A, B)."""
+    """Settings that differ (method, schedule, micro-batches and their size, stage count, data-parallel degree,
+    replica shares, sync): name -> (A, B). Stages compare their holders: the device, or every replica's."""
     stages: tuple[StageDiff, ...]
     moved_nodes: int
     only_in_a: tuple[str, ...]
@@ -257,7 +258,7 @@ def diff_plans(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B") -> PlanDi
         sb = b.stages[i] if i < len(b.stages) else None
         nodes_a, nodes_b = set(sa.nodes if sa else ()), set(sb.nodes if sb else ())
         stages.append(StageDiff(
-            index=i, device_a=sa.device if sa else None, device_b=sb.device if sb else None,
+            index=i, device_a=_holder(a, i), device_b=_holder(b, i),
             nodes_a=len(nodes_a), nodes_b=len(nodes_b),
             compute_s_a=_num(sa, "compute_s"), compute_s_b=_num(sb, "compute_s"),
             memory_bytes_a=_int(sa, "memory_bytes"), memory_bytes_b=_int(sb, "memory_bytes"),
@@ -265,7 +266,11 @@ def diff_plans(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B") -> PlanDi
         ))
     settings = {}
     for key, va, vb in (("method", a.method, b.method), ("schedule", a.schedule, b.schedule),
-                        ("microbatches", a.microbatches, b.microbatches), ("stages", len(a.stages), len(b.stages))):
+                        ("microbatches", a.microbatches, b.microbatches), ("stages", len(a.stages), len(b.stages)),
+                        ("microbatch_size", a.extra.get("microbatch_size"), b.extra.get("microbatch_size")),
+                        ("data-parallel degree", len(a.replicas()[0]), len(b.replicas()[0])),
+                        ("replica shares", list(a.replica_shares()), list(b.replica_shares())),
+                        ("sync", _sync(a), _sync(b))):
         if va != vb:
             settings[key] = (va, vb)
     return PlanDiff(
@@ -274,6 +279,19 @@ def diff_plans(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B") -> PlanDi
         step_time_s=(a.step_time_s, b.step_time_s), peak_memory_bytes=(a.peak_memory_bytes, b.peak_memory_bytes),
         bubble_fraction=(_opt_float(a.predicted.get("bubble_fraction")), _opt_float(b.predicted.get("bubble_fraction"))),
     )
+
+
+def _holder(plan: Plan, index: int) -> str | None:
+    """Stage ``index``'s device, or its replicas' devices joined by ``+`` (``None``: no such stage)."""
+    return "+".join(plan.replicas()[index]) if index < len(plan.stages) else None
+
+
+def _sync(plan: Plan) -> str | None:
+    """How the plan's replicas combine updates (``None`` for a pure pipeline)."""
+    if len(plan.replicas()[0]) == 1:
+        return None
+    dp = plan.extra.get("data_parallel")
+    return str(dp.get("sync", "ssgd")) if isinstance(dp, Mapping) else "ssgd"
 
 
 def diff_files(path_a: str | Path, path_b: str | Path) -> PlanDiff:

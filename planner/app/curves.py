@@ -9,7 +9,7 @@ with ``losses``, ``rounds`` and ``eval``. Training time excludes evaluation in b
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -112,9 +112,14 @@ def _from_summary(path: Path, summary: dict[str, Any], target: Target | None) ->
             if index < len(losses):
                 train.append((index + 1, clock, losses[index]))
             step += 1
-    if target is None and isinstance(summary.get("target"), dict):
-        target = Target(str(summary["target"]["metric"]), float(summary["target"]["value"]))
-    return _curves(path.stem, train, [dict(e) for e in summary.get("eval") or []], target)
+    own = Target(str(summary["target"]["metric"]), float(summary["target"]["value"])) \
+        if isinstance(summary.get("target"), dict) else None
+    target = target or own
+    curves = _curves(path.stem, train, [dict(e) for e in summary.get("eval") or []], target)
+    if own is not None and target == own and summary.get("time_to_target_s") is not None:
+        # the run's own figure for its own target (it may have checked the target between evaluations)
+        curves = replace(curves, time_to_target_s=float(summary["time_to_target_s"]))
+    return curves
 
 
 def _curves(name: str, train: list[tuple[int, float, float]], evals: list[dict[str, Any]],

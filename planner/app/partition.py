@@ -15,7 +15,7 @@ from planner.clusters import load_cluster_spec
 from planner.errors import UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import Plan, save_plan
+from planner.formats.plan import SCHEDULES, Plan, save_plan
 from planner.formats.profile import load_profile
 
 
@@ -30,6 +30,8 @@ def check_settings(method: str, microbatches: int | None, schedule: str, optimiz
     from planner.partition.placers.registry import get as get_method
     from planner.partition.model.problem import validate_settings
 
+    if schedule != "auto" and schedule not in SCHEDULES:  # plan partition also takes auto
+        raise UsageError(f"unknown schedule {schedule!r}; expected auto or one of {', '.join(SCHEDULES)}")
     validate_settings(8 if microbatches is None else microbatches, "1f1b" if schedule == "auto" else schedule,
                       optimizer)
     get_method(method)

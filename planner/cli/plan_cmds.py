@@ -192,9 +192,10 @@ def export_cmd(
                        "the plan's profile.path).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the export as JSON data.")] = False,
 ) -> None:
-    """Write a plan in the form torchtitan or torch.distributed.pipelining reads: module FQNs per stage.
+    """Export a plan to torchtitan, pipelining or schedule-csv.
 
-    Plans that cut inside a module (from --granularity op) are refused with the cost of cutting at layers.
+    torchtitan and pipelining get module FQNs per stage; plans that cut inside a module (from --granularity op)
+    are refused with the cost of cutting at layers. schedule-csv writes each rank's order of passes.
 
     Example: plan export plan.json --to torchtitan -o parallelism.toml
     """

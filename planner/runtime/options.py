@@ -90,10 +90,13 @@ def parse_link(spec: str | None) -> EmulatedLink | None:
         values = [float(p) for p in parts]
     except ValueError:
         values = []
-    if len(values) not in (1, 2) or not values[0] > 0 or (len(values) == 2 and values[1] < 0) \
-            or any(v != v or v == float("inf") for v in values):
+    if len(values) not in (1, 2) or any(v != v or v == float("inf") for v in values):
         raise UsageError(f"--emulate-link must be BANDWIDTH[,LATENCY] in bytes per second and seconds, e.g. "
-                         f"1e8,0.005 (100 MB/s, 5 ms), with a positive bandwidth; found {spec!r}")
+                         f"1e8,0.005 (100 MB/s, 5 ms); found {spec!r}")
+    if not values[0] > 0:
+        raise UsageError(f"--emulate-link's bandwidth must be positive (bytes per second, e.g. 1e8), found {parts[0]!r}")
+    if len(values) == 2 and values[1] < 0:
+        raise UsageError(f"--emulate-link's latency must be 0 or more seconds (e.g. 0.005), found {parts[1]!r}")
     return EmulatedLink(values[0], values[1] if len(values) == 2 else 0.0)
 
 
@@ -129,5 +132,8 @@ def parse_target(spec: str | None) -> Target | None:
     if not sep or metric.strip() not in METRICS or value != value:
         raise UsageError(f"--target must be METRIC=VALUE with METRIC one of {', '.join(METRICS)}, e.g. accuracy=0.95 "
                          f"or loss=2.1; found {spec!r}")
+    if metric.strip() == "accuracy" and not 0 < value <= 1:
+        hint = f"; did you mean accuracy={value / 100:g}?" if 1 < value <= 100 else ""
+        raise UsageError(f"--target accuracy is a fraction in (0, 1] (accuracy=0.95 for 95%), found {raw.strip()}{hint}")
     return Target(metric.strip(), value)
 
