@@ -140,3 +140,10 @@ def test_the_summary_compares_measured_and_predicted_step_time(capsys):
     render_run(Console(), result)
     out = capsys.readouterr().out
     assert "step time 0.550 s measured" in out and "0.500 s predicted" in out and "+10%" in out
+
+
+def test_a_slowdown_of_a_rank_the_job_lacks_is_refused_before_any_rank_starts(case):
+    """Issue 23, item 6: `--emulate-slowdown 5=2.0` on 2 ranks used to be refused after "starting 2 rank(s)"."""
+    result = runner.invoke(app, ["run", str(case / "plan.json"), GPT, "--emulate-slowdown", "5=2.0"])
+    line = _error(result)
+    assert "rank 5" in line and "2 ranks" in line and "starting" not in result.output

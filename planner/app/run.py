@@ -72,11 +72,13 @@ def run_plan(config: RunConfig, launch: Launch = Launch(),
         return result if result["rank"] == 0 else None
     from planner.runtime.launch.elastic import LaunchOptions, launch as start, parse_nnodes
     from planner.runtime.launch.prepare import preflight, world_size_of
+    from planner.runtime.slowdown import parse_slowdowns
 
     min_nodes, max_nodes = parse_nnodes(launch.nnodes)
     checked = preflight(config)
     world = world_size_of(checked.plan)
     nproc = launch.nproc_per_node or max(1, world // max_nodes)
+    parse_slowdowns(config.options.get("emulate_slowdown"), world)  # a rank the job lacks: refused before any starts
     if min_nodes == max_nodes and nproc * max_nodes != world:
         raise UsageError(f"the plan places stages on {world} devices but {max_nodes} node(s) x {nproc} ranks "
                          f"= {nproc * max_nodes} would start; pass --nproc-per-node {world // max_nodes or 1} "

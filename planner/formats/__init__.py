@@ -1,4 +1,4 @@
-"""File contracts of design.md section 5: profile, cluster and plan, validated once at the boundary."""
+"""File contracts of docs/formats.md: profile, cluster and plan, validated once at the boundary."""
 
 from planner.formats.cluster import Cluster, Device, Link, cluster_from_dict, load_cluster, save_cluster
 from planner.formats.jsonio import check_writable, read_document, write_json_atomic

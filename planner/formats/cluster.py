@@ -1,4 +1,4 @@
-"""The cluster file (design.md section 5): devices, their types and hosts, and the links between them."""
+"""The cluster file (docs/formats.md): devices, their types and hosts, and the links between them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The plan file (design.md section 5): stages, their devices and nodes, and the prediction.
+"""The plan file (docs/formats.md): stages, their devices and nodes, and the prediction.
 
 Binding: ``schema_version``, ``method``, ``schedule``, ``microbatches``, ``stages`` (``index``,
 ``device``, ``nodes``) and ``predicted`` (``step_time_s`` and per device ``busy_s``, ``idle_s``,
@@ -19,7 +19,7 @@ from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 SYNC_MODES = ("ssgd",)
-"""``data_parallel.sync`` values the runtime runs (design.md section 5 lists the others to come)."""
+"""``data_parallel.sync`` values the runtime runs (docs/formats.md lists the others to come)."""
 
 
 def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""The profile file (design.md section 5): the captured op graph with measured costs.
+"""The profile file (docs/formats.md): the captured op graph with measured costs.
 
 Binding fields are ``schema_version``, ``model``, and per node ``name``, ``op``, ``inputs``,
 ``output_bytes``, ``param_bytes`` and ``time_s``. The extra per-node fields written here

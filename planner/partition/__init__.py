@@ -1,7 +1,7 @@
 """Partition a profiled model over a cluster into pipeline stages: the one entry point of the placers.
 
 Public: ``partition`` (profile + cluster -> plan), ``methods`` (the registry: ``register``, ``METHODS``),
-``RefineConfig``. The placers live in ``greedy`` (seed 003 S2), ``baselines`` (the peers' uniform,
+``RefineConfig``. The placers live in ``greedy`` (the rebalancing patent's S2), ``baselines`` (the peers' uniform,
 parameter and time balance) and the modules other packages register; ``refine`` is the offline
 S3-S6 loop; ``validate.validate_plan`` checks any plan against its profile.
 """
@@ -40,7 +40,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
-    ``weights`` (device id -> share of the load, seed 003 S3; default equal) reach placers that take
+    ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
     them; ``speed_factors`` (device id -> multiplier on its compute times) and ``corrections`` (``(start, stop,
     factor)`` on profile nodes) come from measurements (``planner.partition.search.speed``).
     ``refine=True`` runs the offline S4-S6 loop (``planner.partition.search.refine``; one round for a placer that

@@ -9,7 +9,7 @@ One room per concern:
   ``stages`` (a rank's ``PipelineStage`` s and torch's synchronous schedules), ``training`` (settings, the
   single-process reference).
 - ``data_parallel``: the replicas of a stage and how they combine updates (degree 1 today).
-- ``rebalancing``: seed 003 S3-S6 at run time: the hooks, the re-plan, the round log. The loop's decisions
+- ``rebalancing``: the rebalancing patent's S3-S6 at run time: the hooks, the re-plan, the round log. The loop's decisions
   themselves are pure (``planner.partition.search.rebalance``).
 - ``migrate`` (parameters and optimizer state to new owners), ``checkpoint``, ``timing`` (compute and waits
   per rank), ``options`` (the hooks' options, checked without torch), ``slowdown`` (emulated stragglers,

@@ -47,7 +47,7 @@ class CheckpointInfo:
     """Steps completed when it was written; training resumes at this step."""
     world_size: int
     plan: Mapping[str, Any]
-    """The plan in force (a plan document, design.md section 5)."""
+    """The plan in force (a plan document, docs/formats.md)."""
     extra: Mapping[str, Any]
     """Anything else the runtime stored (rebalancer state, round index, losses so far)."""
 

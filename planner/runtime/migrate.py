@@ -1,6 +1,6 @@
 """Move the parameters and optimizer state of ops that changed owner, directly between ranks.
 
-After a re-plan (seed 003 S5) each rank knows which named tensors (parameters and buffers, by their
+After a re-plan (the rebalancing patent's S5) each rank knows which named tensors (parameters and buffers, by their
 canonical names, see ``graph_split.canonical_param_names``) it owned under the old plan and which it
 owns under the new one. Every rank builds the full model, so the tensor objects exist everywhere,
 but only an owner's values are current. A tensor a rank newly owns is sent to it by one rank that

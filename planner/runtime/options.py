@@ -18,7 +18,7 @@ __all__ = ["OPTIONS", "run_options", "rebalance_config", "EmulatedLink", "parse_
            "METRICS"]
 
 OPTIONS: Mapping[str, Any] = {
-    "rebalance": True,            # seed 003 S3-S6 between rounds
+    "rebalance": True,            # the rebalancing patent's S3-S6 between rounds
     "threshold": 0.05,            # S5 balance threshold (fraction of the round)
     "patience": 3,                # S6 rounds without a plan change
     "gain": 1.0,                  # fraction of the wait-proportional weight move per round

@@ -22,7 +22,7 @@ from planner.partition.sim.simulate import SimResult, SimStage
 
 def build_plan(problem: Problem, partition: Partition, *, method: str,
                profile_ref: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None) -> Plan:
-    """Check memory, simulate, and assemble the plan (design.md section 5).
+    """Check memory, simulate, and assemble the plan (docs/formats.md).
 
     ``profile_ref`` (path, sha256, model name: the caller knows them) is stored as ``profile``; the
     cluster is embedded so that a plan can be checked without its cluster file. ``extra`` adds

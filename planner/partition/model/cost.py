@@ -1,4 +1,4 @@
-"""The cost model: a stage's compute time, transfer time and memory on a device (seed 003 S1).
+"""The cost model: a stage's compute time, transfer time and memory on a device (the rebalancing patent's S1).
 
 - Compute: the sum of its blocks' forward and backward times on the device's type (measured, or
   estimated by the roofline), times the device's speed factor.

@@ -6,7 +6,7 @@ topological order, each on one device. Contiguity in that order is what
 makes every edge run forwards by construction. Placers therefore choose cut points between
 *blocks* (contiguous node runs; one node per block at op granularity) and a device per stage.
 
-Values that skip stages are routed through the stages in between (design.md section 8), so the
+Values that skip stages are routed through the stages in between (docs/run.md, "How a plan becomes a pipeline"), so the
 bytes crossing the cut after block ``b`` are those of every value produced at or before ``b``
 and read after it.
 """
@@ -63,7 +63,7 @@ class Problem:
     or marked ``estimated`` in the profile (``plan profile --estimate``)."""
     speed_factors: Mapping[str, float] = field(default_factory=dict)
     """Device id -> multiplier on that device's compute times (measured / predicted; 1 when absent).
-    The runtime's rebalancer (seed 003 S5) feeds measured speeds back through this."""
+    The runtime's rebalancer (the rebalancing patent's S5) feeds measured speeds back through this."""
     calibration: Mapping[str, float] = field(default_factory=dict)
     """Device type -> the factor its *measured* per-op times were scaled by (``calibration_factors``)."""
     corrections: tuple[tuple[int, int, float], ...] = ()
@@ -91,7 +91,7 @@ class Problem:
 class StageSpec:
     """One stage of a candidate partition: blocks ``[start, stop)`` on ``device``.
 
-    ``replicas`` (hybrid plans, design.md section 5): every device holding the stage, ``device`` first;
+    ``replicas`` (hybrid plans, docs/formats.md): every device holding the stage, ``device`` first;
     empty means ``(device,)``. Replica ``r`` of the model is the pipeline of ``devices[r]`` of every stage.
     """
 

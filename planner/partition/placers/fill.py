@@ -1,4 +1,4 @@
-"""One greedy fill at a fixed period ``T``: the inner loop of the ``greedy`` placer (seed 003 S2).
+"""One greedy fill at a fixed period ``T``: the inner loop of the ``greedy`` placer (the rebalancing patent's S2).
 
 Walk the blocks in order; the current stage's device keeps taking blocks while its load (compute,
 plus the weighted transfers at the stage's cuts) stays within its capacity ``T * share`` and its
@@ -194,7 +194,7 @@ def _extend(ctx: FillContext, device: FillDevice, start: int, capacity_s: float,
     """The furthest stop such that blocks ``[start, stop)`` fit ``device``'s capacity, memory and kernels.
 
     The load is the stage's compute plus ``transfer_weight`` times the transfers at both of its cuts
-    (seed 003 S2 counts the time to bring inputs; in a 1F1B steady state the outbound cut's round
+    (the rebalancing patent's S2 counts the time to bring inputs; in a 1F1B steady state the outbound cut's round
     trip delays the stage too).
     Compute bounds the stop by bisection on the prefix sums; the stop then steps back to the last
     cut whose transfers also fit, which is usually within a few ops (cut bytes vary inside a layer).

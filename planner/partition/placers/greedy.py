@@ -1,4 +1,4 @@
-"""Greedy earliest-finish-time placement for pipelines (seed 003 S2, with the device weights of S3).
+"""Greedy earliest-finish-time placement for pipelines (the rebalancing patent's S2, with the device weights of S3).
 
 Seed 003 S2 walks the graph in topological order and gives each op to the device, among those that
 implement it, on which it would finish earliest: the work already queued there plus the time to

@@ -1,4 +1,4 @@
-"""Topology-aware mapping of stages to devices (seed 000: place stages with the links in mind).
+"""Topology-aware mapping of stages to devices (the adaptive scheduling paper: place stages with the links in mind).
 
 Given a partition's stages (which blocks each holds), choose which device runs each stage so that
 heavy cuts sit on fast links and host boundaries fall where the activations are small, and each

@@ -30,7 +30,7 @@ class Method:
     name: str
     fn: Placer
     takes_weights: bool
-    """Whether the placer reads the per-device weights (seed 003 S3); only those can be refined."""
+    """Whether the placer reads the per-device weights (the rebalancing patent's S3); only those can be refined."""
 
 
 BUILTIN: Mapping[str, Method] = MappingProxyType({m.name: m for m in (

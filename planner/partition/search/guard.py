@@ -4,7 +4,7 @@ DP and ILP minimise the step-time *formula* (``sum_k L_k + (m - 1) max_k L_k`` w
 added to its stages; docs/exact-methods.md). The simulator, which ranks the plans, overlaps GPU transfers
 with compute but not the host copies of CPU ranks, and sees the 1F1B warm-up; so on some clusters a rival's
 plan simulates faster than the formula's optimum. ``check`` places the same problem with the rivals
-(``RIVALS``: the greedy placer of seed 003 and the peers' baselines), keeps those whose plans pass the
+(``RIVALS``: the greedy placer of the rebalancing patent and the peers' baselines), keeps those whose plans pass the
 feasibility rule (a rival that does not fit in memory is no rival, and is never polished into the result),
 and simulates them; it also polishes the exact plan against the simulator (``search/polish.py``, which only
 takes moves that fit). When a rival or the polish is faster, the fastest of the polished exact plan and the

@@ -1,4 +1,4 @@
-"""Dynamic load balancing between training rounds (seed 003, steps S3-S6), as a pure algorithm.
+"""Dynamic load balancing between training rounds (the rebalancing patent's S3-S6, docs/methods.md), as a pure algorithm.
 
 Seed 003 gives every device a *weight*, its share of the load, equal at first (S3); each round
 trains with the partition made from the current weights and lets every device record how long it

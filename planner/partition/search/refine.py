@@ -1,4 +1,4 @@
-"""Offline rebalancing against the simulator (seed 003 S3-S6), then the boundary polish.
+"""Offline rebalancing against the simulator (the rebalancing patent's S3-S6), then the boundary polish.
 
 This is the runtime's loop (``planner.partition.search.rebalance``, the only S3-S6 implementation) fed
 with *simulated* rounds instead of measured ones:

@@ -21,7 +21,7 @@ iterations, so it is deterministic):
 - The gauge ``sum_d log s_d = 0`` (geometric mean of the speed factors 1) puts the error all devices share into
   the corrections: two devices of equal speed get factor 1 whatever the ops cost.
 - ``lambda_s << lambda_c``: where the data cannot tell, a difference between devices is taken as speed (the
-  rebalancer's signal, seed 003), not as op error; ``speed_factors`` then equals the ratio of measured over
+  rebalancer's signal, the rebalancing patent), not as op error; ``speed_factors`` then equals the ratio of measured over
   predicted compute between devices, as the per-device estimate before it did.
 - The corrections are pulled towards their common level ``m`` (a free parameter), not towards 1: the profile
   may be off by the same factor everywhere (the host, co-location), and every new cut adds an atom, so a

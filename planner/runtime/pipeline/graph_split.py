@@ -1,7 +1,7 @@
 """Split a captured graph into one ``fx.GraphModule`` per pipeline stage, following a plan's node lists.
 
-Why our own split instead of ``torch.distributed.pipelining.pipeline(split_policy=...)`` (design.md
-section 8): that API re-exports the model (node names may change, so plans no longer map back) and a
+Why our own split instead of ``torch.distributed.pipelining.pipeline(split_policy=...)`` (docs/run.md,
+"How a plan becomes a pipeline"): that API re-exports the model (node names may change, so plans no longer map back) and a
 later stage that reads a model input directly fails with ``PipeliningMetadataError ... got root arg``.
 Here the exported graph is cut directly with ``torch.fx``:
 

@@ -135,7 +135,7 @@ def check_graph(captured: Captured, profile: Profile, microbatch_size: int, wher
 
 
 def check_plan_nodes(plan: Plan, profile: Profile, where: str) -> None:
-    """Every profile node on exactly one stage of the plan (design.md section 5)."""
+    """Every profile node on exactly one stage of the plan (docs/formats.md)."""
     seen: dict[str, int] = {}
     for stage in plan.stages:
         for name in stage.nodes:

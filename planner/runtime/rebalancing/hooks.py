@@ -1,4 +1,4 @@
-"""The run-time hooks of ``plan run``: rebalancing rounds (seed 003 S3-S6), checkpoints and resume.
+"""The run-time hooks of ``plan run``: rebalancing rounds (the rebalancing patent's S3-S6), checkpoints and resume.
 
 Installed on every rank by ``planner.runtime.launch.main.rank_main``; options come from ``RunConfig.options``
 (``OPTIONS`` lists them). Per round, on every rank:
