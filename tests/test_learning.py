@@ -146,7 +146,7 @@ def mlp_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["--eval-every", "5", "--target", "accuracy=0.9"], "this task has no accuracy"),
     (["--data", "{tmp}/train_only.py:batches", "--eval-every", "5"], "has no split argument"),
     (["--emulate-link", "fast"], "--emulate-link must be BANDWIDTH[,LATENCY]"),
-    (["--emulate-link", "1e8,-1"], "--emulate-link must be BANDWIDTH[,LATENCY]"),
+    (["--emulate-link", "1e8,-1"], "--emulate-link's latency must be 0 or more seconds"),
     (["--target", "loss=1"], "pass --eval-every K as well"),
 ])
 def test_bad_learning_options_are_one_line(mlp_plan: Path, tmp_path: Path, extra: list[str], words: str) -> None:

@@ -121,8 +121,10 @@ def test_sweep_memory_down_to_what_greedy_fits(model: str) -> None:
         cluster = load_cluster(resolve_cluster(name))
         least = _least_greedy_factor(profile, cluster)
         for factor in (least, least * 1.05, least * 1.3, 1.0):
-            # the ILP (2 s limit) where memory is tightest and the cluster small, to keep the sweep short
-            methods = ("dp", "ilp") if len(cluster.devices) <= 4 and factor < least * 1.1 else ("dp",)
+            # the ILP (2 s limit) where memory is tightest, the cluster small and the model short (the unseen
+            # model's ILP at op granularity is pinned by the case above), to keep the sweep short
+            methods = ("dp", "ilp") if len(cluster.devices) <= 4 and factor < least * 1.1 and len(profile.nodes) < 100 \
+                else ("dp",)
             claims += _assert_exact_holds(profile, _scaled(cluster, min(factor, 1.0)), f"{model} {name} x{factor:.4g}",
                                           methods)
     assert claims > 0  # the claims were checked, not skipped
