@@ -11,13 +11,13 @@ from _partition_cases import chain
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.errors import InfeasibleError, UsageError
+from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.formats.cluster import Cluster, Device, Link
 from planner.formats.plan import save_plan
 from planner.formats.profile import save_profile
 from planner.partition import partition
 from planner.partition.model.allreduce import allreduce_s
-from planner.partition.model.cost import evaluate, step_time_s
+from planner.partition.model.cost import evaluate, stage_sync_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Placed, StageSpec, build_problem
 from planner.partition.search.hybrid import pipelines_of, proportional_shares
@@ -54,6 +54,36 @@ def test_across_hosts_it_is_hierarchical_reduce_scatter_all_reduce_all_gather() 
     # One replica per host: a plain ring over the slow links.
     one_each = [cl.device_ids[0], cl.device_ids[2]]
     assert allreduce_s(one_each, n, cl.link, host) == pytest.approx(2 * (SLOW.latency_s + (n / 2) / SLOW.bandwidth_Bps))
+
+
+def test_hosts_that_share_nics_divide_the_cross_host_bandwidth_among_their_streams() -> None:
+    """Issue 22, point 7: 2 hosts of 4 replicas; with one NIC per host the 4 shard rings of a host share it."""
+    from dataclasses import replace as dc_replace
+
+    from planner.formats.cluster import cluster_from_dict
+
+    cl = hosts(4, 4)
+    host = {d.id: d.host for d in cl.devices}
+    n = 8e6
+    inside = (4 - 1) * (FAST.latency_s + (n / 4) / FAST.bandwidth_Bps)
+    per_device = 2 * inside + 2 * (2 - 1) * (SLOW.latency_s + (n / 8) / SLOW.bandwidth_Bps)
+    shared = 2 * inside + 2 * (2 - 1) * (SLOW.latency_s + (n / 8) / (SLOW.bandwidth_Bps / 4))
+    assert allreduce_s(cl.device_ids, n, cl.link, host) == pytest.approx(per_device)
+    assert allreduce_s(cl.device_ids, n, cl.link, host, nics_per_host=1) == pytest.approx(shared)
+    assert allreduce_s(cl.device_ids, n, cl.link, host, nics_per_host=4) == pytest.approx(per_device)
+    # the cluster file says it, the cost model reads it, and it survives a round trip
+    doc = dc_replace(cl, nics_per_host=2).to_dict()
+    assert doc["links"]["inter_host"]["nics_per_host"] == 2
+    assert cluster_from_dict(doc).nics_per_host == 2
+    doc["links"]["inter_host"]["nics_per_host"] = 0
+    with pytest.raises(PlannerError, match="nics_per_host' must be a whole number of network interfaces"):
+        cluster_from_dict(doc)
+    problem_slow = build_problem(toy_problem(cl, microbatches=4, schedule="gpipe")[0], dc_replace(cl, nics_per_host=1),
+                                 microbatches=4, schedule="gpipe", optimizer="sgd")
+    problem_fast = build_problem(toy_problem(cl, microbatches=4, schedule="gpipe")[0], cl, microbatches=4,
+                                 schedule="gpipe", optimizer="sgd")
+    stage = StageSpec(0, len(problem_fast.blocks), cl.device_ids[0], tuple(cl.device_ids))
+    assert stage_sync_s(problem_slow, stage) > stage_sync_s(problem_fast, stage)
     # The hierarchy beats a flat ring whose slowest hop is the slow link.
     flat = 2 * 3 * (SLOW.latency_s + (n / 4) / SLOW.bandwidth_Bps)
     assert allreduce_s(cl.device_ids, n, cl.link, host) < flat

@@ -84,6 +84,11 @@ class Cluster:
     the stage's ops and its transfers (the schedule's Python, posting and completing its point-to-point
     operations); probed by ``plan profile --probe-links``. 0 when the file gives none."""
     pass_overhead_source: str = ""
+    nics_per_host: int = 0
+    """``links.inter_host.nics_per_host``: how many network interfaces a host's devices share for traffic to other
+    hosts, each at ``inter_host``'s bandwidth. 0 (absent): one per device, as DGX-class hosts have, so every
+    device of a host reaches the other hosts at the full bandwidth at once. The all-reduce across hosts, whose
+    streams run from every device of a host at once, divides the bandwidth when fewer NICs than streams."""
     pass_byte_overhead_s: float = 0.0
     """``runtime.pass_byte_overhead_s``: seconds per byte that a pass sends or receives across devices, paid by
     the sending and the receiving pass on top of the link's own figures. A ping-pong between idle ranks
@@ -122,6 +127,8 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         links: dict[str, Any] = {"intra_host": self.intra_host.to_dict(), "inter_host": self.inter_host.to_dict()}
+        if self.nics_per_host:
+            links["inter_host"]["nics_per_host"] = self.nics_per_host
         if self.pairs:
             links["pairs"] = [{"a": a, "b": b, **link.to_dict()} for (a, b), link in sorted(self.pairs.items())]
         data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": self.name}
@@ -193,6 +200,11 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         inter = _link(check.get(links, "inter_host", dict, "links.inter_host"), "links.inter_host", check)
     else:
         inter = intra  # one host: no transfer ever crosses hosts
+    inter_raw = links.get("inter_host") if isinstance(links.get("inter_host"), dict) else {}
+    nics = check.opt(inter_raw, "nics_per_host", int, 0, "links.inter_host.nics_per_host")
+    if "nics_per_host" in inter_raw and (isinstance(nics, bool) or nics < 1):
+        check.fail("links.inter_host.nics_per_host", "a whole number of network interfaces per host, 1 or more", nics,
+                   "give how many NICs a host's devices share (omit it when every device has its own)")
     return Cluster(
         name=name,
         devices=tuple(devices),
@@ -202,6 +214,7 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         extra=MappingProxyType(extra),
         pass_overhead_s=overhead,
         pass_overhead_source=str(runtime.get("source", "")),
+        nics_per_host=int(nics),
         pass_byte_overhead_s=per_byte,
     )
 

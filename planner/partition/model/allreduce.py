@@ -9,7 +9,10 @@
   inside each host (``(g - 1)`` chunks of ``n / g`` bytes over the intra-host links, ``g`` the most replicas
   on one host), a ring all-reduce of each ``n / g`` shard across the ``h`` hosts (``2 (h - 1)`` chunks of
   ``n / (g h)`` bytes over the slowest inter-host link), and an all-gather inside each host (as the
-  reduce-scatter). With one replica per host this is the ring across hosts.
+  reduce-scatter). With one replica per host this is the ring across hosts. The ``g`` shard rings of a host
+  run at once, one stream per device: with a NIC per device (the default) each has the inter-host
+  bandwidth, but a host whose devices share ``k < g`` NICs (``links.inter_host.nics_per_host``) gives each
+  stream ``k / g`` of it.
 
 Gradients have the parameters' size (``n`` = the stage's parameter bytes). The runtime all-reduces after
 the replica's last backward (``planner.runtime.data_parallel``), so the simulator starts the sync when every
@@ -26,8 +29,9 @@ __all__ = ["allreduce_s"]
 
 
 def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link],
-                host: Mapping[str, str]) -> float:
-    """Seconds to all-reduce ``nbytes`` over ``devices`` (see the module docstring for the formula)."""
+                host: Mapping[str, str], nics_per_host: int = 0) -> float:
+    """Seconds to all-reduce ``nbytes`` over ``devices`` (see the module docstring for the formula);
+    ``nics_per_host`` 0 means a NIC per device."""
     d = len(devices)
     if d < 2 or nbytes <= 0:
         return 0.0
@@ -43,7 +47,8 @@ def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str]
     leaders = [x[0] for x in groups]
     across = _slowest(leaders, link)
     scatter = (g - 1) * _chunk_s(inside, nbytes / g) if inside is not None else 0.0
-    return 2 * scatter + 2 * (h - 1) * _chunk_s(across, nbytes / (g * h))
+    share = min(1.0, nics_per_host / g) if nics_per_host else 1.0  # g streams over the host's NICs
+    return 2 * scatter + 2 * (h - 1) * (across.latency_s + nbytes / (g * h) / (across.bandwidth_Bps * share))
 
 
 def _ring_s(devices: list[str], nbytes: float, link: Callable[[str, str], Link]) -> float:

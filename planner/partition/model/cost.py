@@ -127,7 +127,7 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
     tables = problem.tables
     nbytes = tables.param_prefix[stage.stop] - tables.param_prefix[stage.start]
     hosts = {d.id: d.host for d in problem.cluster.devices}
-    return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts)
+    return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host)
 
 
 def infeasible_reason(problem: Problem) -> str | None:
