@@ -340,7 +340,7 @@ def test_plan_show_draws_replicas_in_the_table_the_timeline_and_the_trace(hybrid
     assert done.exit_code == 0, done.output
     text = " ".join(done.output.split())
     plan = json.loads(hybrid_files["plan"].read_text())
-    assert "x 2 replicas (micro-batches 2/2, ssgd)" in text and "sync" in text
+    assert "x 2 replicas (data parallel; micro-batches 2/2, ssgd)" in text and "sync" in text
     from rich.console import Console
 
     from planner.formats.plan import load_plan

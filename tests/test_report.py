@@ -65,7 +65,7 @@ def test_table_shows_device_type_layers_memory_and_idle() -> None:
 def test_summary_line_and_json_summary() -> None:
     plan = plan_from_dict(_plan_doc())
     text = _render(summary_text(plan))
-    assert "dp · 1f1b · 1 micro-batches · 2 stages · step 7 ms · bubble 57.1%" in text
+    assert "placer dp · 1f1b · 1 micro-batches · 2 stages · step 7 ms · bubble 57.1%" in text
     summary = plan_summary(plan)
     assert summary["peak_memory_bytes"] == 2000
     refined = plan_from_dict({**_plan_doc(), "refine": {"rounds": [{}, {}], "stop": "balanced"}})
@@ -211,3 +211,21 @@ def test_every_device_row_adds_up_to_the_step(cluster: str, schedule: str, metho
         assert parts["compute_s"] > 0
     if cluster == "cpu-2":
         assert any(p["overhead_s"] > 0 and p["copy_s"] > 0 for p in devices.values())
+
+
+def test_a_run_summary_says_replicas_and_which_way_the_prediction_missed() -> None:
+    """Issue 23, item 8: a hybrid run's summary never said replicas, and '+9%' did not say slower or faster."""
+    from rich.console import Console
+
+    from planner.report.render import render_run
+
+    console = Console(record=True, width=200)
+    render_run(console, {"steps": 4, "losses": [2.0, 1.9, 1.8, 1.7], "world_size": 4, "backend": "gloo",
+                         "schedule": "1f1b", "microbatches": 8, "microbatch_size": 2, "optimizer": "sgd", "lr": 0.01,
+                         "loss": "cross_entropy", "wall_s": 4.0, "eval": [], "target": None,
+                         "sync": {"mode": "ssgd", "degree": 2, "shares": [5, 3]},
+                         "step_time_s": 1.09, "predicted_step_time_s": 1.0,
+                         "calibration": {"rounds": 2, "compute_factors": {"cpu0": 1.1}, "calibrated_step_time_s": 1.2}})
+    text = console.export_text()
+    assert "2 replicas (data parallel; micro-batches 5/3, ssgd)" in text
+    assert "+9%: measured slower than predicted" in text and "-9%: measured faster than predicted" in text

@@ -98,8 +98,12 @@ def render_run(console: Console, result: Mapping[str, Any]) -> None:
         console.print(Text(f"resumed from {describe_resume(resumed)}", style="cyan"), soft_wrap=True)
     steps = (f"steps {first}-{result['steps'] - 1} ({result['steps'] - first} steps)" if first
              else f"{result['steps']} steps")
+    sync = result.get("sync") or {}
+    replicas = (f", {sync['degree']} replicas (data parallel; micro-batches "
+                f"{'/'.join(map(str, sync.get('shares') or ()))}, {sync.get('mode')})" if sync.get("degree", 1) > 1 else "")
     console.print(Text(f"trained {steps} on {ranks} ({result['backend']}, {result['schedule']}, "
-                       f"{result['microbatches']} x {result['microbatch_size']} micro-batches)"), soft_wrap=True)
+                       f"{result['microbatches']} x {result['microbatch_size']} micro-batches{replicas})"),
+                  soft_wrap=True)
     if losses:
         console.print(Text(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
                            f"{losses[-1]:.6f} in {result['wall_s']:.2f} s"), soft_wrap=True)
@@ -126,14 +130,21 @@ def render_run(console: Console, result: Mapping[str, Any]) -> None:
                       soft_wrap=True)
     elif measured and predicted:
         console.print(Text(f"step time {measured:.3f} s measured (last rounds after the first), {predicted:.3f} s "
-                           f"predicted by the plan in force ({measured / predicted - 1:+.0%})"), soft_wrap=True)
+                           f"predicted by the plan in force ({_slower(measured, predicted)})"), soft_wrap=True)
         calibration = result.get("calibration")
         if calibration and calibration.get("calibrated_step_time_s"):
             calibrated = float(calibration["calibrated_step_time_s"])
             factors = ", ".join(f"{d} x{f:.2f}" for d, f in calibration["compute_factors"].items())
             console.print(Text(f"calibrated on this machine ({calibration['rounds']} steady rounds; compute measured "
                                f"/ predicted: {factors}): {calibrated:.3f} s predicted "
-                               f"({measured / calibrated - 1:+.0%})"), soft_wrap=True)
+                               f"({_slower(measured, calibrated)})"), soft_wrap=True)
+
+
+def _slower(measured: float, predicted: float) -> str:
+    """The gap in words, so its sign cannot be misread: '+9%: measured slower than predicted'."""
+    gap = measured / predicted - 1
+    return f"{gap:+.0%}: measured {'slower' if gap > 0 else 'faster'} than predicted" if abs(gap) >= 0.005 else \
+        "measured as predicted"
 
 
 def render_links(console: Console, summary: Mapping[str, Any]) -> None:

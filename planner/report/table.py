@@ -76,13 +76,16 @@ def summary_text(plan: Plan) -> Text:
     """The line under the table: method, schedule, micro-batches, predicted step time and bubble."""
     bubble = plan.predicted.get("bubble_fraction")
     text = Text()
-    text.append(f"{plan.method}", style="bold")
-    text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {len(plan.stages)} stages · ")
-    dp = plan.extra.get("data_parallel")
-    if len(plan.replicas()[0]) > 1 and isinstance(dp, Mapping):
-        shares = "/".join(str(x) for x in (plan.shares() or ()))
-        text.append(f"x {len(plan.replicas()[0])} replicas (micro-batches {shares}, {dp.get('sync', 'ssgd')}) · ",
-                    style="bold")
+    text.append(f"placer {plan.method}", style="bold")
+    stages = f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}"
+    text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {stages}")
+    degree = len(plan.replicas()[0])
+    if degree > 1:
+        dp = plan.extra.get("data_parallel")
+        shares = "/".join(str(x) for x in plan.replica_shares())
+        sync = dp.get("sync", "ssgd") if isinstance(dp, Mapping) else "ssgd"
+        text.append(f" x {degree} replicas (data parallel; micro-batches {shares}, {sync})", style="bold")
+    text.append(" · ")
     text.append(f"step {fmt_time(plan.step_time_s)}", style="bold green")
     if isinstance(bubble, (int, float)):
         text.append(f" · bubble {bubble:.1%}")
