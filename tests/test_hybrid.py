@@ -469,3 +469,22 @@ def test_plan_diff_and_check_see_the_parallel_shape(hybrid_files) -> None:
     checked = CliRunner().invoke(app, ["check", str(hybrid_files["plan"]), "--baseline", str(hybrid_files["dir"] / "pure.json"),
                                        "--profile", str(hybrid_files["profile"]), "--tolerance", "1000%"])
     assert "data-parallel degree differs from the baseline: 1 -> 2" in " ".join(checked.output.split()), checked.output
+
+
+def test_a_resume_under_other_shares_says_the_plan_changed(hybrid_files) -> None:
+    """Issue 23, item 10: the resume's plan identity ignored replicas and shares, so a checkpoint made under
+    2/2 read as 'unchanged' when resumed under 3/1. It is now the rebalancer's identity (stage_keys)."""
+    from planner.formats.plan import load_plan
+    from planner.runtime.launch.resume import check_resume
+
+    plan = load_plan(hybrid_files["plan"])
+    sealed = hybrid_files["dir"] / "ckpt" / "step_00000002"
+    sealed.mkdir(parents=True)
+    identity = {"model": "m", "plan": "recorded"}
+    (sealed / "meta.json").write_text(json.dumps({"schema_version": 1, "step": 2, "world_size": 4,
+                                                  "plan": plan.to_dict(), "extra": {"run": identity}}))
+    same = check_resume(str(hybrid_files["dir"] / "ckpt"), 4, identity, plan, "plan.json")
+    assert same is not None and not same.plan_changed
+    other = load_plan(_edited(hybrid_files, lambda doc: doc["data_parallel"].update(microbatches=[3, 1])))
+    changed = check_resume(str(hybrid_files["dir"] / "ckpt"), 4, identity, other, "edited.json")
+    assert changed is not None and changed.plan_changed

@@ -26,7 +26,7 @@ from planner.formats.plan import Plan, plan_from_dict
 from planner.partition.search.rebalance import plan_fingerprint
 from planner.profile.capture import Captured
 from planner.runtime import checkpoint as ckpt
-from planner.runtime.rebalancing.replan import device_order
+from planner.runtime.rebalancing.replan import device_order, stage_keys
 
 __all__ = ["Resume", "run_identity", "check_resume", "IDENTITY_KEY"]
 
@@ -108,4 +108,6 @@ def check_resume(checkpoint_dir: str | None, steps: int, identity: Mapping[str, 
 
 
 def _fingerprint(plan: Plan) -> str:
-    return plan_fingerprint([(s.device, s.nodes) for s in plan.stages]) + f"/{plan.schedule}/{plan.microbatches}"
+    """The plan's identity for a resume: the rebalancer's (``stage_keys``: each stage's nodes and holders, replicas
+    and their shares included) and the schedule and micro-batches."""
+    return plan_fingerprint(stage_keys(plan)) + f"/{plan.schedule}/{plan.microbatches}"
