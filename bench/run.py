@@ -71,27 +71,37 @@ def parallel_capacity() -> float:
     return 2 * alone / together
 
 
-def profile_path(name: str, reprofile: bool) -> Path:
+def profile_path(name: str, reprofile: bool, colocate: int = 2) -> Path:
     """Measure (once, cached) the model's profile with one intra-op thread, like each rank runs, and under
-    co-location with a second training process, as the two ranks share this host (``--colocate 2``)."""
+    co-location with the other training processes, as the ranks share this host (``--colocate N``)."""
     import torch
 
     from planner.profile import profile_model
 
-    path = CACHE / f"{name}.profile.json"
+    path = CACHE / f"{name}.profile.json" if colocate == 2 else CACHE / f"{name}.colocate{colocate}.profile.json"
     if reprofile or not path.is_file():
         torch.set_num_threads(1)
-        save_profile(profile_model(MODELS[name], repeats=5, warmup=2, threads=1, colocate=2), path)
+        save_profile(profile_model(MODELS[name], repeats=5, warmup=2, threads=1, colocate=colocate), path)
     return path
 
 
+SHAPES = {  # fidelity: name -> (cluster, data-parallel degree, ranks)
+    "pipeline": (CLUSTER, 1, 2),
+    "data parallel": (CLUSTER, 2, 2),
+    "hybrid 2x2": (REPO / "profiles" / "clusters" / "cpu-4.json", 2, 4),
+}
+
+
 def make_plan(name: str, profile: Path, tag: str, *, microbatches: int = MICROBATCHES,
-              speed_factors: dict[str, float] | None = None) -> Path:
-    """The dp plan on cpu-2, ranks fixed in cluster order (cpu0 = rank 0, cpu1 = rank 1)."""
-    cluster = load_cluster(CLUSTER)
+              speed_factors: dict[str, float] | None = None, shape: str = "pipeline") -> Path:
+    """The dp plan of ``shape`` (``SHAPES``), ranks fixed in cluster order (cpu0 = rank 0, cpu1 = rank 1, ...)."""
+    cluster_path, degree, _ = SHAPES[shape]
+    cluster = load_cluster(cluster_path)
     plan = partition(load_profile(profile), cluster, method="dp", microbatches=microbatches, schedule="1f1b",
-                     optimizer="adam", speed_factors=speed_factors, profile_ref=profile_ref(profile, name))
-    plan = with_extra(plan, device_ranks=list(cluster.device_ids))
+                     optimizer="adam", speed_factors=speed_factors, profile_ref=profile_ref(profile, name),
+                     data_parallel=degree)
+    if degree == 1:
+        plan = with_extra(plan, device_ranks=list(cluster.device_ids))
     path = CACHE / f"{name}.{tag}.plan.json"
     save_plan(plan, path)
     return path
@@ -103,7 +113,7 @@ def with_extra(plan: Plan, microbatches: int | None = None, **extra: Any) -> Pla
 
 
 def run_job(plan: Path, model: str, steps: int, round_steps: int, options: dict[str, Any],
-            microbatch_size: int | None = None, tag: str = "job") -> dict[str, Any]:
+            microbatch_size: int | None = None, tag: str = "job", ranks: int = 2) -> dict[str, Any]:
     """Launch 2 local ranks (rebalancing and checkpoint hooks built in); return the round records and the load around the run."""
     from planner.runtime.launch.elastic import LaunchOptions, launch
     from planner.runtime.launch.config import RunConfig
@@ -114,7 +124,7 @@ def run_job(plan: Path, model: str, steps: int, round_steps: int, options: dict[
                        microbatch_size=microbatch_size, options={**options, "log": str(log)})
     before = load1()
     start = time.perf_counter()
-    launch(config, LaunchOptions(nproc_per_node=2))
+    launch(config, LaunchOptions(nproc_per_node=ranks))
     wall = time.perf_counter() - start
     rounds = [json.loads(line) for line in log.read_text().splitlines()]
     return {"rounds": rounds, "load_before": before, "load_after": load1(), "wall_s": wall}
@@ -157,12 +167,15 @@ def fidelity(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per model, ``--trials`` times: profile afresh, plan, run; the profile is taken right before its run,
     because this shared machine's speed drifts by several percent over minutes."""
     out = []
-    for name in args.models:
+    cases = [(name, "pipeline") for name in args.models] + [("gpt_small", shape) for shape in args.shapes]
+    for name, shape in cases:
         trials = []
+        ranks = SHAPES[shape][2]
         for _ in range(args.trials):
-            prof = profile_path(name, True)
-            plan = make_plan(name, prof, "mb8")
-            result = run_job(plan, MODELS[name], args.steps, args.round_steps, {"rebalance": False}, tag=f"fid-{name}")
+            prof = profile_path(name, True, colocate=ranks)
+            plan = make_plan(name, prof, "mb8", shape=shape)
+            result = run_job(plan, MODELS[name], args.steps, args.round_steps, {"rebalance": False},
+                             tag=f"fid-{name}-{shape.replace(' ', '_')}", ranks=ranks)
             saved = load_plan(plan)
             measured, predicted = steady_step_s(result["rounds"]), saved.step_time_s
             trials.append({"predicted_s": predicted, "measured_s": measured, "error": measured / predicted - 1,
@@ -171,7 +184,7 @@ def fidelity(args: argparse.Namespace) -> list[dict[str, Any]]:
                            "load": [result["load_before"], result["load_after"]]})
         errors = sorted(t["error"] for t in trials)
         middle = sorted(trials, key=lambda t: t["error"])[len(trials) // 2]
-        out.append({"model": name, **middle, "errors": errors, "trials": trials})
+        out.append({"model": name, "shape": shape, "ranks": ranks, **middle, "errors": errors, "trials": trials})
     return out
 
 
@@ -179,8 +192,9 @@ def _compute_ratio(plan: Plan, rounds: list[dict[str, Any]]) -> dict[str, float]
     """Per device: measured compute per step / the plan's compute per step (forward + backward of its stages
     times the micro-batches; copies and the optimizer step excluded, as the runtime's compute excludes them)."""
     predicted: dict[str, float] = {}
-    for st in plan.stages:
-        predicted[st.device] = predicted.get(st.device, 0.0) + float(st.extra["compute_s"]) * plan.microbatches
+    for st, devices in zip(plan.stages, plan.replicas()):
+        for device, share in zip(devices, plan.replica_shares()):
+            predicted[device] = predicted.get(device, 0.0) + float(st.extra["compute_s"]) * share
     measured = _compute_per_step(rounds)
     return {d: measured[d] / predicted[d] for d in predicted if d in measured and predicted[d] > 0}
 
@@ -272,13 +286,14 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                   "Each trial profiles the model afresh, plans, and runs right away. The row shows the median trial; "
                   "*errors* lists every trial's; *compute* is the ranks' measured compute over the plan's (machine "
                   "speed and op-time error, before the schedule and communication add theirs).", "",
-                  "| model | nodes per stage | predicted (s) | measured (s) | error (median) | errors, all trials | "
-                  "compute measured / predicted | load before/after |",
-                  "|---|---|---:|---:|---:|---|---|---|"]
+                  "| model | shape (ranks) | nodes per stage | predicted (s) | measured (s) | error (median) | "
+                  "errors, all trials | compute measured / predicted | load before/after |",
+                  "|---|---|---|---:|---:|---:|---|---|---|"]
         for f in results["fidelity"]:
             errors = ", ".join(f"{e:+.1%}" for e in f.get("errors", [f["error"]]))
             ratio = ", ".join(f"{d} {r:.2f}" for d, r in f.get("compute_ratio", {}).items())
-            lines.append(f"| {f['model']} | {f['stages']} | {f['predicted_s']:.3f} | {f['measured_s']:.3f} | "
+            shape = f"{f.get('shape', 'pipeline')} ({f.get('ranks', 2)})"
+            lines.append(f"| {f['model']} | {shape} | {f['stages']} | {f['predicted_s']:.3f} | {f['measured_s']:.3f} | "
                          f"{f['error']:+.1%} | {errors} | {ratio} | {_load(f['load'])} |")
         lines += ["", "Target: within 15%.", ""]
     if "rebalance" in results:
@@ -392,6 +407,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="Rebalancing: runs per model and slowdown.")
     parser.add_argument("--reprofile", action="store_true", help="Profile again (fidelity always does, per trial).")
     parser.add_argument("--trials", type=int, default=3, help="Fidelity: profile-plan-run trials per model.")
+    parser.add_argument("--shapes", nargs="*", default=["data parallel", "hybrid 2x2"], choices=sorted(set(SHAPES) - {"pipeline"}),
+                        help="Fidelity: replicated shapes of gpt_small measured beside every model's pipeline.")
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
     parser.add_argument("--render-only", action="store_true", help="Re-render the last results (no runs).")
     args = parser.parse_args()

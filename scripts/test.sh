@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), print the resolved dependency versions, run the test suite, check that the
-# README's figures match the benchmark reports, then re-plan the bundled models and check the result
+# README's figures match the benchmark reports and the examples in docs/ still print what the commands print, then re-plan the bundled models and check the result
 # against the committed golden plans (a planner regression fails here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,4 +8,5 @@ bash scripts/setup.sh
 bash scripts/versions.sh
 .venv/bin/python -m pytest -q "$@"
 .venv/bin/python scripts/readme_figures.py --check
+.venv/bin/python scripts/docs_examples.py --check
 bash scripts/check_golden.sh

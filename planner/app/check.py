@@ -286,10 +286,10 @@ def _holder(plan: Plan, index: int) -> str | None:
     return "+".join(plan.replicas()[index]) if index < len(plan.stages) else None
 
 
-def _sync(plan: Plan) -> str | None:
-    """How the plan's replicas combine updates (``None`` for a pure pipeline)."""
+def _sync(plan: Plan) -> str:
+    """How the plan's replicas combine updates (``"none"`` for a pure pipeline)."""
     if len(plan.replicas()[0]) == 1:
-        return None
+        return "none"
     dp = plan.extra.get("data_parallel")
     return str(dp.get("sync", "ssgd")) if isinstance(dp, Mapping) else "ssgd"
 
