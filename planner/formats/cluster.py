@@ -89,6 +89,11 @@ class Cluster:
     hosts, each at ``inter_host``'s bandwidth. 0 (absent): one per device, as DGX-class hosts have, so every
     device of a host reaches the other hosts at the full bandwidth at once. The all-reduce across hosts, whose
     streams run from every device of a host at once, divides the bandwidth when fewer NICs than streams."""
+    host_cores: int = 0
+    """``runtime.host_cores``: how many processors the devices of one host share, for devices that are processes
+    on a host's CPU cores (CPU ranks). 0 (absent): every device computes on its own processor, as GPUs do. When
+    a host's ranks need more processor-seconds per step than its cores give, the cost model stretches their work
+    until it fits (``planner.partition.sim.step``)."""
     pass_byte_overhead_s: float = 0.0
     """``runtime.pass_byte_overhead_s``: seconds per byte that a pass sends or receives across devices, paid by
     the sending and the receiving pass on top of the link's own figures. A ping-pong between idle ranks
@@ -135,10 +140,12 @@ class Cluster:
         data.update(self.extra)
         data["devices"] = [d.to_dict() for d in self.devices]
         data["links"] = links
-        if self.pass_overhead_s or self.pass_overhead_source or self.pass_byte_overhead_s:
+        if self.pass_overhead_s or self.pass_overhead_source or self.pass_byte_overhead_s or self.host_cores:
             data["runtime"] = {"pass_overhead_s": self.pass_overhead_s}
             if self.pass_byte_overhead_s:
                 data["runtime"]["pass_byte_overhead_s"] = self.pass_byte_overhead_s
+            if self.host_cores:
+                data["runtime"]["host_cores"] = self.host_cores
             if self.pass_overhead_source:
                 data["runtime"]["source"] = self.pass_overhead_source
         return data
@@ -191,6 +198,10 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     check.non_negative(overhead, "runtime.pass_overhead_s")
     per_byte = float(check.opt(runtime, "pass_byte_overhead_s", (int, float), 0.0, "runtime.pass_byte_overhead_s"))
     check.non_negative(per_byte, "runtime.pass_byte_overhead_s")
+    cores = check.opt(runtime, "host_cores", int, 0, "runtime.host_cores")
+    if "host_cores" in runtime and (isinstance(cores, bool) or cores < 1):
+        check.fail("runtime.host_cores", "a whole number of processor cores per host, 1 or more", cores,
+                   "give how many cores a host's CPU ranks share (omit it for GPUs)")
     intra = _link(check.get(links, "intra_host", dict, "links.intra_host"), "links.intra_host", check)
     hosts = sorted({d.host for d in devices})
     if "inter_host" in links or len(hosts) > 1:
@@ -216,6 +227,7 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         pass_overhead_source=str(runtime.get("source", "")),
         nics_per_host=int(nics),
         pass_byte_overhead_s=per_byte,
+        host_cores=int(cores),
     )
 
 

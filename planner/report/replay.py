@@ -15,8 +15,8 @@ from typing import Any
 from planner.clusters import embedded_cluster
 from planner.errors import InputFileError
 from planner.formats.plan import Plan, Stage
-from planner.partition.sim.hybrid import simulate_hybrid
-from planner.partition.sim.simulate import SimResult, SimStage, simulate
+from planner.partition.sim.simulate import SimResult, SimStage
+from planner.partition.sim.step import simulate_step
 
 
 def sim_stage(stage: Stage, what: str = "plan") -> SimStage:
@@ -43,7 +43,7 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
     stages = [sim_stage(stage, what) for stage in plan.stages]
     replicas = plan.replicas()
     if len(replicas[0]) == 1:
-        return simulate(stages, embedded_cluster(plan, what), plan.schedule, plan.microbatches)
+        return simulate_step([stages], [plan.microbatches], [], embedded_cluster(plan, what), plan.schedule)
     degree = len(replicas[0])
     pipelines = []
     for r in range(degree):
@@ -51,7 +51,7 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
                           for sim, stage, devices in zip(stages, plan.stages, replicas)])
     shares = plan.replica_shares()
     sync = [float(stage.extra.get("sync_s") or 0.0) for stage in plan.stages]
-    return simulate_hybrid(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule)
+    return simulate_step(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule)
 
 
 def _replica_figures(stage: Stage, r: int, what: str) -> dict[str, float]:

@@ -99,7 +99,7 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
                                    f"rendezvous settings (MASTER_ADDR, MASTER_PORT)") from None
     try:
         info = {"rank": rank, "host": socket.gethostname(), "type": detect_device_type(device),
-                "memory_bytes": device_memory_bytes(device)}
+                "memory_bytes": device_memory_bytes(device), "cores": usable_cores()}
         infos: list[Any] = [None] * world
         dist.all_gather_object(infos, info)
         fits = []
@@ -166,11 +166,21 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
                           "assumed: no intra-host pair was measured; copied from inter_host")
     samples = [{"a": f"rank{f.a}", "b": f"rank{f.b}", "bytes": [s for s, _ in f.samples],
                 "one_way_s": [t for _, t in f.samples]} for f in fits]
+    cores = 0
     if all(i["type"] == "cpu" for i in infos):  # gloo between CPU processes: the ranks copy the bytes
         intra_link, inter_link = (dataclasses.replace(link, host_copy=True) for link in (intra_link, inter_link))
         pairs = {key: dataclasses.replace(link, host_copy=True) for key, link in pairs.items()}
+        cores = min((int(i["cores"]) for i in infos if i.get("cores")), default=0)  # the ranks share these
     return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
-                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}))
+                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}), host_cores=cores)
+
+
+def usable_cores() -> int:
+    """Processor cores this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _median_link(fits: Sequence[PairFit], kind: str) -> Link | None:

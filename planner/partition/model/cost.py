@@ -14,15 +14,14 @@ docs/cost-model.md for the formulas and what they leave out.
 
 from __future__ import annotations
 
-
 from planner.errors import PlannerError
 from planner.partition.model.allreduce import allreduce_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
-from planner.partition.sim.hybrid import simulate_hybrid
 from planner.partition.sim.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
-from planner.partition.sim.simulate import SimResult, SimStage, simulate
+from planner.partition.sim.simulate import SimResult, SimStage
+from planner.partition.sim.step import simulate_step
 
 # --- O(1) stage figures for placers -------------------------------------------------------------
 
@@ -219,15 +218,15 @@ def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> floa
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:
     """Simulate one training step of ``partition`` under the problem's schedule and micro-batches; with replicas,
-    each replica pipeline runs its share (``shares_of``) and the stages then sync (``planner.partition.sim.hybrid``)."""
+    each replica pipeline runs its share (``shares_of``) and the stages then sync; ranks sharing a host's cores
+    are stretched to fit them (``planner.partition.sim.step``)."""
     degree = degree_of(partition)
     if degree == 1:
-        return simulate(stage_sims(problem, partition), problem.cluster, problem.schedule, problem.microbatches,
-                        record_events=record_events)
-    shares = shares_of(partition, problem.microbatches)
-    pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
-    return simulate_hybrid(pipelines, shares, [stage_sync_s(problem, st) for st in partition], problem.cluster,
-                           problem.schedule, record_events=record_events)
+        return simulate_step([stage_sims(problem, partition)], [problem.microbatches], [], problem.cluster,
+                             problem.schedule, record_events=record_events)
+    return simulate_step([stage_sims(problem, replica_of(partition, r)) for r in range(degree)],
+                         shares_of(partition, problem.microbatches), [stage_sync_s(problem, st) for st in partition],
+                         problem.cluster, problem.schedule, record_events=record_events)
 
 
 def step_time_s(problem: Problem, partition: Partition) -> float:

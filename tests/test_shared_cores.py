@@ -1,0 +1,79 @@
+"""Ranks that share a host's cores (``runtime.host_cores``): the step stretches until their work fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import InputFileError
+from planner.formats.cluster import cluster_from_dict
+from planner.partition.sim.simulate import SimStage, simulate
+from planner.partition.sim.step import host_work, simulate_step
+
+
+def _cluster(hosts: dict[str, int], cores: int | None) -> dict:
+    devices = [{"id": f"{host}-{i}", "type": "cpu", "host": host, "memory_bytes": 2**30}
+               for host, n in hosts.items() for i in range(n)]
+    data = {"schema_version": 1, "name": "t", "devices": devices,
+            "links": {"intra_host": {"bandwidth_Bps": 1e9, "latency_s": 1e-5},
+                      "inter_host": {"bandwidth_Bps": 1e8, "latency_s": 1e-4}}}
+    if cores is not None:
+        data["runtime"] = {"pass_overhead_s": 0.0, "host_cores": cores}
+    return data
+
+
+def _stage(device: str, fwd: float = 0.01) -> SimStage:
+    return SimStage(device=device, fwd_s=fwd, bwd_s=2 * fwd, send_fwd_bytes=1000, send_bwd_bytes=1000,
+                    static_bytes=0, activation_bytes=0, update_s=0.002)
+
+
+def _hybrid(cluster_data: dict) -> tuple:
+    """2 stages x 2 replicas on the cluster's first four devices, 8 micro-batches."""
+    cluster = cluster_from_dict(cluster_data)
+    ids = cluster.device_ids
+    pipelines = [[_stage(ids[0]), _stage(ids[1])], [_stage(ids[2]), _stage(ids[3])]]
+    return pipelines, [4, 4], [0.003, 0.003], cluster
+
+
+def test_four_ranks_on_two_cores_take_at_least_their_work_over_two():
+    pipelines, shares, sync, cluster = _hybrid(_cluster({"h": 4}, cores=2))
+    free = simulate_step(pipelines, shares, sync, cluster_from_dict(_cluster({"h": 4}, cores=None)), "1f1b")
+    shared = simulate_step(pipelines, shares, sync, cluster, "1f1b")
+    work = host_work(free, cluster)["h"]
+    assert work > 2 * free.step_time_s  # the case is over-subscribed
+    assert shared.step_time_s >= work / 2 * 0.999
+    assert shared.step_time_s == pytest.approx(work / 2, rel=0.02)  # the bound, not more
+    # the stretch keeps the schedule: every pass takes longer, none is dropped
+    assert len(shared.events) == len(free.events)
+
+
+def test_enough_cores_or_none_declared_change_nothing():
+    pipelines, shares, sync, _ = _hybrid(_cluster({"h": 4}, cores=None))
+    base = simulate_step(pipelines, shares, sync, cluster_from_dict(_cluster({"h": 4}, cores=None)), "1f1b")
+    for cores in (4, 16):
+        roomy = simulate_step(pipelines, shares, sync, cluster_from_dict(_cluster({"h": 4}, cores=cores)), "1f1b")
+        assert roomy.step_time_s == base.step_time_s
+
+
+def test_only_the_crowded_host_is_stretched():
+    cluster = cluster_from_dict(_cluster({"a": 1, "b": 3}, cores=1))  # host b: 3 ranks on 1 core
+    ids = cluster.device_ids
+    one = [[_stage(ids[0]), _stage(ids[1])]]
+    alone = simulate_step(one, [8], [], cluster, "1f1b")  # a-0 and b-0: one rank per host's core, no stretch
+    assert alone.step_time_s == simulate(one[0], cluster, "1f1b", 8).step_time_s
+    pipelines = [[_stage(ids[0]), _stage(ids[1])], [_stage(ids[2]), _stage(ids[3])]]
+    crowded = simulate_step(pipelines, [4, 4], [0.001, 0.001], cluster, "1f1b")
+    # a-0 runs one pass as profiled; b's ranks run theirs longer
+    fwd = {d: min(e.end_s - e.start_s for e in crowded.events if e.resource == d and e.kind == "fwd") for d in ids}
+    assert fwd["b-1"] > fwd["a-0"] * 1.2
+
+
+@pytest.mark.parametrize("cores", [0, -1, 1.5, True])
+def test_host_cores_must_be_a_positive_whole_number(cores):
+    with pytest.raises(InputFileError, match="runtime.host_cores"):
+        cluster_from_dict(_cluster({"h": 2}, cores=cores))
+
+
+def test_host_cores_round_trips():
+    cluster = cluster_from_dict(_cluster({"h": 4}, cores=2))
+    assert cluster.host_cores == 2
+    assert cluster_from_dict(cluster.to_dict()).host_cores == 2
