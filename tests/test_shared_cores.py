@@ -77,3 +77,33 @@ def test_host_cores_round_trips():
     cluster = cluster_from_dict(_cluster({"h": 4}, cores=2))
     assert cluster.host_cores == 2
     assert cluster_from_dict(cluster.to_dict()).host_cores == 2
+
+
+def test_the_runtime_model_sees_the_stretch_it_predicts():
+    """The rebalancer compares a rank's wall-clock compute with the model's: on 4 ranks sharing 2 cores both must
+    include the stretch, or the speed fit would read the sharing as slow devices and the simulator would stretch
+    again on top."""
+    from pathlib import Path
+
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+    from planner.partition import partition
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    profile = load_profile(Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json")
+    for name, shared in (("cpu-4", True), ("cpu-2", False)):
+        cluster = load_cluster_spec(name)
+        plan = partition(profile, cluster, method="dp", microbatches=8, schedule="1f1b", data_parallel=2,
+                         catalog=load_catalog())
+        model = RoundModel.build(profile, cluster, plan, catalog=load_catalog())
+        stretch = model.core_stretch(plan)
+        assert bool(stretch) == shared
+        if shared:
+            assert set(stretch) == set(cluster.device_ids) and all(f > 1.2 for f in stretch.values())
+            compute = model.predicted_compute_s(plan, 1)
+            stats = plan.predicted["devices"]
+            for device, seconds in compute.items():  # the plan's own simulated compute, stretched alike
+                assert seconds == pytest.approx(stats[device]["compute_s"], rel=1e-6)
+            held = {h.device: h.measured_s for h in model.held(plan, 1, compute)}
+            assert all(held[d] == pytest.approx(compute[d] / stretch[d]) for d in compute)

@@ -20,7 +20,7 @@ See docs/simulator.md for the model and what it leaves out.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
@@ -94,6 +94,9 @@ class SimResult:
     """Per stage: the most micro-batches observed between their forward start and backward end."""
     sync_s: tuple[float, ...] = ()
     """Per stage: seconds its replicas all-reduce their gradients (empty for a pure pipeline)."""
+    core_stretch: Mapping[str, float] = field(default_factory=dict)
+    """Device -> the factor its times were stretched by because its host's ranks share fewer cores than they are
+    (``planner.partition.sim.step``); absent: as profiled."""
 
 
 @dataclass

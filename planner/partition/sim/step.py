@@ -24,6 +24,7 @@ ranks ran 1.71x its unstretched prediction, and the bound predicts 1.59x of it (
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from planner.formats.cluster import Cluster
@@ -62,13 +63,15 @@ def settle(run: Callable[[Mapping[str, float]], SimResult], cluster: Cluster) ->
         return result
     work = host_work(result, cluster)
     factor: dict[str, float] = {}
+    stretch: dict[str, float] = {}
     for _ in range(ROUNDS):
         more = core_stretch(work, result.step_time_s, cluster)
         if not more:
             break
         factor = {host: factor.get(host, 1.0) * more.get(host, 1.0) for host in set(factor) | set(more)}
-        result = run({d.id: factor[d.host] for d in cluster.devices if d.host in factor})
-    return result
+        stretch = {d.id: factor[d.host] for d in cluster.devices if d.host in factor}
+        result = run(stretch)
+    return replace(result, core_stretch=MappingProxyType({d: f for d, f in stretch.items() if d in result.devices}))
 
 
 def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],

@@ -20,7 +20,7 @@ from planner.formats.plan import Plan
 from planner.formats.profile import Profile
 from planner.partition import partition
 from planner.partition.placers import registry as methods
-from planner.partition.model.cost import step_time_s
+from planner.partition.model.cost import evaluate, step_time_s
 from planner.partition.model.convert import partition_of
 from planner.partition.model.problem import Problem, build_problem
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
@@ -43,9 +43,7 @@ def device_order(plan: Plan) -> tuple[str, ...]:
 def stage_keys(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
     """``(holder, nodes)`` per stage, what the rebalancer compares plans by: the holder is the stage's device, or
     for a hybrid plan its replicas and the replicas' shares (moving only the shares is a new plan)."""
-    replicas, shares = plan.replicas(), plan.shares()
-    tag = "" if len(replicas[0]) == 1 else f"@{list(shares or ())}"
-    return [(",".join(devs) + tag, tuple(stage.nodes)) for devs, stage in zip(replicas, plan.stages)]
+    return [(holder, tuple(stage.nodes)) for holder, stage in zip(plan.shape().holders(), plan.stages)]
 
 
 def replan_method(plan: Plan, requested: str | None) -> str:
@@ -81,9 +79,11 @@ class RoundModel:
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
         """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
         (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's); each
-        replica's devices for that replica's share of the micro-batches."""
+        replica's devices for that replica's share of the micro-batches; on ranks that share their host's cores,
+        stretched as the simulator stretches them (``core_stretch``), since a rank's wall clock sees that."""
         replicas = plan.replicas()
         shares = plan.replica_shares()
+        stretch = self.core_stretch(plan)
         out: dict[str, float] = {}
         for stage, devices in zip(plan.stages, replicas):
             for device, share in zip(devices, shares):
@@ -91,19 +91,28 @@ class RoundModel:
                 for name in stage.nodes:
                     fwd, bwd = self.problem.time_on(self.index[name], device)
                     total += fwd + bwd
-                out[device] = out.get(device, 0.0) + total * share * steps * self.rows_scale
+                out[device] = out.get(device, 0.0) + total * share * steps * self.rows_scale * stretch.get(device, 1.0)
         return out
+
+    def core_stretch(self, plan: Plan) -> Mapping[str, float]:
+        """Device -> how much slower the simulator runs it because its host's ranks share fewer cores than they
+        are (``planner.partition.sim.step``); empty on GPUs and on hosts with a core per rank."""
+        if not self.cluster.host_cores:
+            return {}
+        return evaluate(self.problem, partition_of(self.problem, plan), record_events=False).core_stretch
 
     def held(self, plan: Plan, steps: int, measured_s: Mapping[str, float]) -> list[Held]:
         """Per device that computed: its measured seconds and the profile node ranges behind them, each run
         (its replica's share x ``steps`` x ``rows_scale``) times: the speed fit's observation of one round."""
         shares = plan.replica_shares()
+        stretch = self.core_stretch(plan)  # the fit sees each device's own speed, not its share of the cores
         ranges: dict[str, list[tuple[int, int, float]]] = {}
         for stage, devices in zip(plan.stages, plan.replicas()):
             for run_start, run_stop in _runs(sorted(self.index[name] for name in stage.nodes)):
                 for device, share in zip(devices, shares):
                     ranges.setdefault(device, []).append((run_start, run_stop, share * steps * self.rows_scale))
-        return [Held(d, float(measured_s[d]), tuple(r)) for d, r in sorted(ranges.items()) if measured_s.get(d, 0.0) > 0]
+        return [Held(d, float(measured_s[d]) / stretch.get(d, 1.0), tuple(r)) for d, r in sorted(ranges.items())
+                if measured_s.get(d, 0.0) > 0]
 
     def predict_s(self, device: str, start: int, stop: int) -> float:
         """The cost model's forward + backward seconds for one run of profile nodes ``[start, stop)`` on ``device``."""
