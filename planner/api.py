@@ -87,7 +87,7 @@ def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str |
     from planner.runtime.pipeline.stages import build_rank_stages, build_schedule, sync_tied_params
 
     plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
-    degree = len(plan.replicas()[0])
+    degree = plan.shape().degree
     if degree > 1:  # every rank refuses before capture or any collective, so none waits for the others
         raise UsageError(f"build_pipeline runs pure pipelines (one replica per stage), but this plan has {degree} "
                          f"replicas of each stage (data_parallel degree {degree}), which need the gradient all-reduce "

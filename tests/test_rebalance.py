@@ -173,7 +173,8 @@ def test_slowdown_specs_parse_and_stretch() -> None:
 
 def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
     from planner.runtime.slowdown import Slowdown
-    from planner.runtime.timing import RankRound, RankTimer, stats_from
+    from planner.partition.search.rebalance import DeviceRound
+    from planner.runtime.timing import RankTimer, stats_from
 
     now = [0.0]
     slow = Slowdown(2.0, sleep=lambda s: now.__setitem__(0, now[0] + s))
@@ -188,7 +189,7 @@ def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
     mine = timer.end_round()
     assert (mine.wall_s, mine.compute_s, mine.emulated_s, mine.recv_s) == (5.5, 3.0, 1.5, 2.0)
     assert mine.wait_s == 2.5
-    other = RankRound(0, "cpu0", 4.0, 1.0, 0.0)
+    other = DeviceRound("cpu0", 1.0, 3.0, rank=0, wall_s=4.0)
     stats = stats_from([mine, other], round_index=3, first_step=12, steps=4)
     assert [d.device for d in stats.devices] == ["cpu0", "cpu1"]
     assert stats.wall_s == 5.5 and stats.waits() == {"cpu0": 4.5, "cpu1": 2.5}

@@ -268,7 +268,7 @@ def diff_plans(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B") -> PlanDi
     for key, va, vb in (("method", a.method, b.method), ("schedule", a.schedule, b.schedule),
                         ("microbatches", a.microbatches, b.microbatches), ("stages", len(a.stages), len(b.stages)),
                         ("microbatch_size", a.extra.get("microbatch_size"), b.extra.get("microbatch_size")),
-                        ("data-parallel degree", len(a.replicas()[0]), len(b.replicas()[0])),
+                        ("data-parallel degree", a.shape().degree, b.shape().degree),
                         ("replica shares", list(a.replica_shares()), list(b.replica_shares())),
                         ("sync", _sync(a), _sync(b))):
         if va != vb:
@@ -283,15 +283,13 @@ def diff_plans(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B") -> PlanDi
 
 def _holder(plan: Plan, index: int) -> str | None:
     """Stage ``index``'s device, or its replicas' devices joined by ``+`` (``None``: no such stage)."""
-    return "+".join(plan.replicas()[index]) if index < len(plan.stages) else None
+    return "+".join(plan.shape().replicas[index]) if index < len(plan.stages) else None
 
 
 def _sync(plan: Plan) -> str:
     """How the plan's replicas combine updates (``"none"`` for a pure pipeline)."""
-    if len(plan.replicas()[0]) == 1:
-        return "none"
-    dp = plan.extra.get("data_parallel")
-    return str(dp.get("sync", "ssgd")) if isinstance(dp, Mapping) else "ssgd"
+    shape = plan.shape()
+    return shape.sync if shape.replicated else "none"
 
 
 def diff_files(path_a: str | Path, path_b: str | Path) -> PlanDiff:

@@ -20,6 +20,8 @@ SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 SYNC_MODES = ("ssgd",)
 """``data_parallel.sync`` values the runtime runs (docs/formats.md lists the others to come)."""
+DEFAULT_SYNC = "ssgd"
+"""What a plan with replicas and no ``data_parallel.sync`` means: gradients averaged every step."""
 
 
 def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
@@ -27,6 +29,46 @@ def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
     plan with replicas and no ``data_parallel.microbatches`` means)."""
     base, rest = divmod(microbatches, degree)
     return tuple(base + (1 if r < rest else 0) for r in range(degree))
+
+
+@dataclass(frozen=True)
+class ParallelShape:
+    """A plan's parallel layout, read once from its stages and ``data_parallel`` (``Plan.shape``): every command
+    that needs the degree, the shares or the sync mode asks this value, as torchtitan's ``ParallelDims`` owns
+    every degree of its mesh."""
+
+    replicas: tuple[tuple[str, ...], ...]
+    """Per stage: every device holding it, the stage's ``device`` first."""
+    shares: tuple[int, ...]
+    """Per replica pipeline: its micro-batches per step (``(microbatches,)`` for a pure pipeline)."""
+    sync: str = DEFAULT_SYNC
+    """How replicas synchronise (``data_parallel.sync``; meaningless for a pure pipeline)."""
+
+    @property
+    def degree(self) -> int:
+        """Replica pipelines (1: a pure pipeline)."""
+        return len(self.replicas[0])
+
+    @property
+    def replicated(self) -> bool:
+        return self.degree > 1
+
+    def holders(self) -> list[str]:
+        """Per stage, who holds it: its device, or for replicas the devices and the shares (``a+b@[2, 2]``)."""
+        tag = f"@{list(self.shares)}" if self.replicated else ""
+        return ["+".join(devices) + tag for devices in self.replicas]
+
+    def key(self) -> tuple[Any, ...]:
+        """What two plans must share to have the same layout (with the same nodes per stage, the same plan)."""
+        return self.replicas, self.shares, self.sync if self.replicated else DEFAULT_SYNC
+
+    def describe(self) -> str:
+        """``2 stages x 4 replicas (data parallel; micro-batches 2/2/2/2, ssgd)``, or ``2 stages``."""
+        stages = f"{len(self.replicas)} stage{'s' if len(self.replicas) != 1 else ''}"
+        if not self.replicated:
+            return stages
+        return (f"{stages} x {self.degree} replicas (data parallel; micro-batches "
+                f"{'/'.join(str(x) for x in self.shares)}, {self.sync})")
 
 
 @dataclass(frozen=True)
@@ -81,6 +123,12 @@ class Plan:
     def replica_shares(self) -> tuple[int, ...]:
         """Each replica's micro-batches per step: ``shares()``, else an even split (``(microbatches,)`` without replicas)."""
         return self.shares() or even_shares(self.microbatches, len(self.replicas()[0]))
+
+    def shape(self) -> ParallelShape:
+        """The parallel layout (replicas, shares, sync), validated when the plan was read."""
+        dp = self.extra.get("data_parallel")
+        sync = str(dp.get("sync") or DEFAULT_SYNC) if isinstance(dp, Mapping) else DEFAULT_SYNC
+        return ParallelShape(tuple(tuple(r) for r in self.replicas()), self.replica_shares(), sync)
 
     def replica_devices(self) -> list[str]:
         """Every device once, replica by replica (replica 0's stages in order, then replica 1's, ...): the rank

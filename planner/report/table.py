@@ -20,7 +20,7 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     """One row per stage: device and type, layers and op count, compute and transfer per micro-batch, memory,
     and the device's idle time per step (``device_table`` breaks the step down per device)."""
     types = device_types(plan)
-    hybrid = len(plan.replicas()[0]) > 1
+    hybrid = plan.shape().replicated
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
     caption = "compute and transfer per micro-batch, idle per step" + (
         "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
@@ -77,14 +77,12 @@ def summary_text(plan: Plan) -> Text:
     bubble = plan.predicted.get("bubble_fraction")
     text = Text()
     text.append(f"placer {plan.method}", style="bold")
-    stages = f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}"
+    shape = plan.shape()
+    degree = shape.degree
+    stages, _, replicas = shape.describe().partition(" x ")
     text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {stages}")
-    degree = len(plan.replicas()[0])
-    if degree > 1:
-        dp = plan.extra.get("data_parallel")
-        shares = "/".join(str(x) for x in plan.replica_shares())
-        sync = dp.get("sync", "ssgd") if isinstance(dp, Mapping) else "ssgd"
-        text.append(f" x {degree} replicas (data parallel; micro-batches {shares}, {sync})", style="bold")
+    if replicas:
+        text.append(f" x {replicas}", style="bold")
     text.append(" · ")
     text.append(f"step {fmt_time(plan.step_time_s)}", style="bold green")
     if isinstance(bubble, (int, float)):
@@ -102,11 +100,27 @@ def summary_text(plan: Plan) -> Text:
     estimated = plan.extra.get("estimated_types")
     if estimated:
         text.append(f" · estimated times for {', '.join(map(str, estimated))}", style="yellow")
+    idle = unused_devices(plan)
+    if idle:
+        total = len(idle) + len({d for devices in shape.replicas for d in devices})
+        why = (f"{degree} replica pipelines of {len(shape.replicas)} device{'s' if len(shape.replicas) != 1 else ''} each"
+               if degree > 1 else "the placer found no faster plan using them")
+        text.append(f" · not used: {', '.join(idle)} ({len(idle)} of {total} devices; {why})", style="yellow")
     interleaved = plan.extra.get("interleave")
     if isinstance(interleaved, Mapping) and interleaved.get("reason"):
         text.append(f" · interleaved: {interleaved['reason']}",
                     style="yellow" if interleaved.get("chunks") == 1 else "")
     return text
+
+
+def unused_devices(plan: Plan) -> list[str]:
+    """Devices of the plan's embedded cluster that hold no stage (in cluster order; none without a cluster)."""
+    cluster = plan.extra.get("cluster")
+    raw = cluster.get("devices") if isinstance(cluster, Mapping) else None
+    if not isinstance(raw, list):
+        return []
+    used = {d for devices in plan.shape().replicas for d in devices}
+    return [str(d["id"]) for d in raw if isinstance(d, Mapping) and d.get("id") not in used]
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:

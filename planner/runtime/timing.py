@@ -17,37 +17,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankRound", "RankTimer", "instrument_stage", "instrument_schedule", "timed_p2p", "gather_round",
+__all__ = ["RankTimer", "instrument_stage", "instrument_schedule", "timed_p2p", "gather_round",
            "stats_from"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
-
-
-@dataclass(frozen=True)
-class RankRound:
-    """One rank's measurements over one round."""
-
-    rank: int
-    device: str
-    wall_s: float
-    compute_s: float
-    recv_s: float
-    emulated_s: float = 0.0
-    """The part of ``compute_s`` slept by ``--emulate-slowdown``."""
-    post_s: float = 0.0
-    """Time spent posting point-to-point sends and receives (part of the wait)."""
-    update_s: float = 0.0
-    """Time spent in the optimizer step and the gradient averaging before it (part of the wait)."""
-
-    @property
-    def wait_s(self) -> float:
-        return max(self.wall_s - self.compute_s, 0.0)
 
 
 class RankTimer:
@@ -65,10 +44,11 @@ class RankTimer:
         self._start = self._clock()
         self.compute_s = self.recv_s = self.emulated_s = self.post_s = self.update_s = 0.0
 
-    def end_round(self) -> RankRound:
+    def end_round(self) -> DeviceRound:
+        """This rank's round, its wait against its own wall time (``stats_from`` measures it against the slowest's)."""
         wall = self._clock() - self._start
-        return RankRound(self.rank, self.device, wall, self.compute_s, self.recv_s, self.emulated_s,
-                         self.post_s, self.update_s)
+        return DeviceRound(self.device, self.compute_s, max(wall - self.compute_s, 0.0), self.recv_s, self.post_s,
+                           self.update_s, rank=self.rank, wall_s=wall, emulated_s=self.emulated_s)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -162,19 +142,18 @@ def _wrapped(original: Callable[..., Any], context: Callable[[], Any]) -> Callab
     return call
 
 
-def stats_from(rounds: list[RankRound], *, round_index: int, first_step: int, steps: int) -> RoundStats:
+def stats_from(rounds: list[DeviceRound], *, round_index: int, first_step: int, steps: int) -> RoundStats:
     """Combine every rank's round into ``RoundStats`` (device order = rank order; the round's wall
     time is the slowest rank's, and each rank's wait is measured against that wall)."""
     rounds = sorted(rounds, key=lambda r: r.rank)
     wall = max((r.wall_s for r in rounds), default=0.0)
-    devices = tuple(DeviceRound(r.device, r.compute_s, max(wall - r.compute_s, 0.0), r.recv_s, r.post_s, r.update_s)
-                    for r in rounds)
+    devices = tuple(replace(r, wait_s=max(wall - r.compute_s, 0.0)) for r in rounds)
     return RoundStats(round=round_index, first_step=first_step, steps=steps, wall_s=wall, devices=devices)
 
 
-def gather_round(mine: RankRound, *, round_index: int, first_step: int, steps: int,
+def gather_round(mine: DeviceRound, *, round_index: int, first_step: int, steps: int,
                  group: Any = None) -> RoundStats:
-    """All-gather every rank's ``RankRound`` (small pickled objects) and combine them on every rank."""
+    """All-gather every rank's ``DeviceRound`` (small pickled objects) and combine them on every rank."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import Plan, Stage
+from planner.formats.plan import DEFAULT_SYNC, Plan, Stage
 from planner.partition.model.cost import (evaluate, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
@@ -50,7 +50,7 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     if degree_of(partition) > 1:
         dp = dict(facts_of(partition).get("data_parallel") or {})
         dp.update(degree=degree_of(partition), microbatches=list(shares_of(partition, problem.microbatches)))
-        dp.setdefault("sync", "ssgd")
+        dp.setdefault("sync", DEFAULT_SYNC)
         top["data_parallel"] = dp
     return Plan(
         method=method,

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
+from planner.formats.plan import DEFAULT_SYNC
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, facts_of,
@@ -161,7 +162,7 @@ def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
         if weighted is not None and weighted != even:
             options.append(weighted)
         for shares in options:
-            hybrid = Placed(stages, {"data_parallel": {"degree": degree, "microbatches": list(shares), "sync": "ssgd"}})
+            hybrid = Placed(stages, {"data_parallel": {"degree": degree, "microbatches": list(shares), "sync": DEFAULT_SYNC}})
             if violations(problem, hybrid):
                 continue
             found.append((step_time_s(problem, hybrid), len(found), hybrid))

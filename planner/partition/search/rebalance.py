@@ -39,7 +39,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DeviceRound:
-    """What one device measured over one round (K steps)."""
+    """What one device did over one round (K steps): the one record of it, from a rank's timer
+    (``planner.runtime.timing.RankTimer.end_round``, then measured against the round's slowest rank by
+    ``stats_from``) or from the simulator (``simulated``)."""
 
     device: str
     compute_s: float
@@ -52,6 +54,17 @@ class DeviceRound:
     """The part of ``wait_s`` spent posting point-to-point sends and receives."""
     update_s: float = 0.0
     """The part of ``wait_s`` spent in the optimizer step."""
+    rank: int = -1
+    """The rank that measured it (-1: simulated)."""
+    wall_s: float = 0.0
+    """The rank's own wall time over the round (``wait_s`` is measured against the slowest rank's)."""
+    emulated_s: float = 0.0
+    """The part of ``compute_s`` slept by ``--emulate-slowdown`` (for tests; the estimator never reads it)."""
+
+    @classmethod
+    def simulated(cls, device: str, busy_s: float, idle_s: float) -> "DeviceRound":
+        """A simulated step's device as a round: busy time computing, idle time waiting."""
+        return cls(device, compute_s=busy_s, wait_s=idle_s)
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def refine(problem: Problem, method: str, weights: Mapping[str, float], options:
 def _simulated_round(problem: Problem, partition: Partition, number: int) -> RoundStats:
     """S4 from the simulator: one step of ``partition``, each device's busy and idle time."""
     result = evaluate(problem, partition, record_events=False)
-    devices = tuple(DeviceRound(device, compute_s=s.busy_s, wait_s=s.idle_s) for device, s in sorted(result.devices.items()))
+    devices = tuple(DeviceRound.simulated(device, s.busy_s, s.idle_s) for device, s in sorted(result.devices.items()))
     return RoundStats(round=number, first_step=number, steps=1, wall_s=result.step_time_s, devices=devices)
 
 

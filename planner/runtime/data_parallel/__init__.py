@@ -95,18 +95,17 @@ class Synchronous:
 
 
 def degree_of(plan: Plan) -> int:
-    """The plan's data-parallel degree: the number of replicas its stages list (``plan_from_dict`` has checked that
-    ``data_parallel.degree``, when given, says the same)."""
-    return len(plan.replicas()[0])
+    """The plan's data-parallel degree (``Plan.shape``)."""
+    return plan.shape().degree
 
 
 def sync_for(plan: Plan, group: Any = None) -> UpdateSync:
     """The ``UpdateSync`` of ``plan`` over this rank's ``dp`` ``group``; a sync mode this runtime does not have is
     refused in one line (before any rank starts: ``group`` may be ``None`` there)."""
-    if degree_of(plan) == 1:
+    shape = plan.shape()
+    if not shape.replicated:
         return SingleReplica()
-    dp = plan.extra.get("data_parallel")
-    mode = str(dp.get("sync", "ssgd")) if isinstance(dp, Mapping) else "ssgd"
+    mode = shape.sync
     if mode not in SYNC_MODES:
         raise PlanMismatchError(f"the plan's data_parallel.sync is {mode!r}, but this version of plan run synchronises "
                                 f"replicas with {', '.join(SYNC_MODES)} only; set data_parallel.sync to ssgd or "
