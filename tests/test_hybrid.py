@@ -317,6 +317,29 @@ def test_every_command_reads_the_parallel_shape_the_same_way(hybrid_files, comma
         assert len([line for line in done.output.splitlines() if line.startswith("error")]) == 1, done.output
 
 
+def test_the_parallel_shape_is_one_value_read_once(hybrid_files) -> None:
+    """Issue 23, item 10: degree, shares, sync and the plan's identity come from ``Plan.shape``; plans that differ
+    only in their shares have different keys and different rebalancer identities."""
+    from planner.formats.plan import DEFAULT_SYNC, load_plan, plan_from_dict
+    from planner.runtime.rebalancing.replan import stage_keys
+
+    plan = load_plan(hybrid_files["plan"])
+    shape = plan.shape()
+    assert shape.degree == 2 and shape.replicated and shape.sync == DEFAULT_SYNC
+    assert shape.shares == plan.replica_shares() and sum(shape.shares) == plan.microbatches
+    assert [list(r) for r in shape.replicas] == plan.replicas()
+    other = load_plan(_edited(hybrid_files, lambda doc: doc["data_parallel"].update(microbatches=[3, 1])))
+    assert other.shape().key() != shape.key() and stage_keys(other) != stage_keys(plan)
+    assert "x 2 replicas (data parallel; micro-batches 3/1, ssgd)" in other.shape().describe()
+    doc = json.loads(hybrid_files["plan"].read_text())
+    doc.pop("data_parallel")
+    for stage in doc["stages"]:
+        stage.pop("replicas")
+    pipeline = plan_from_dict(doc).shape()
+    assert pipeline.degree == 1 and not pipeline.replicated and pipeline.shares == (plan.microbatches,)
+    assert pipeline.holders() == [s["device"] for s in doc["stages"]]
+
+
 def test_a_world_size_that_is_not_degree_times_stages_is_one_line(hybrid_files) -> None:
     from planner.errors import DistributedError
     from planner.runtime.launch.config import RunConfig
@@ -412,6 +435,11 @@ def test_auto_settings_pick_the_fastest_candidate_and_record_every_one(tmp_path:
     bad = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-n", "8",
                     "--global-batch", "16"])
     assert bad.exit_code == 2 and "goes with --microbatches auto" in bad.output
+    # issue 23, item 5: a global batch too small for the degree was told to pass --microbatches 4
+    bad = run(app, ["partition", str(tmp_path / "profile.json"), "-c", str(tmp_path / "cluster.json"), "-n", "auto",
+                    "--global-batch", "3", "-d", "4", "-o", str(tmp_path / "none.json")])
+    assert bad.exit_code == 2 and "--global-batch 3 splits into at most 3" in bad.output, bad.output
+    assert "--microbatches" not in bad.output and not (tmp_path / "none.json").exists()
 
 
 # --- export -----------------------------------------------------------------------------------------------
@@ -438,8 +466,27 @@ def test_a_hybrid_plan_exports_its_replica_degree_and_refuses_uneven_shares_for_
     doc = json.loads((tmp_path / "plan.json").read_text())
     doc["data_parallel"]["microbatches"] = [6, 2]
     (tmp_path / "uneven.json").write_text(json.dumps(doc))
-    with pytest.raises(Exception, match="uneven micro-batch shares \\[6, 2\\]"):
+    with pytest.raises(Exception, match="uneven micro-batch shares \\[6, 2\\]") as refused:
         export_file(tmp_path / "uneven.json", "torchtitan")
+    assert "one device type" in str(refused.value)
+
+
+def test_export_advice_on_shares_that_do_not_divide(tmp_path) -> None:
+    """Issue 23, item 5: 8 micro-batches over 3 replicas of one GPU type were told to use 'a cluster of one GPU
+    type'; the advice is a micro-batch count the degree divides."""
+    from planner.app.export import export_file
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+
+    golden = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
+    plan = partition(load_profile(golden), load_cluster_spec("a100-4"), method="dp", microbatches=8,
+                     schedule="gpipe", granularity="layer", data_parallel=3, catalog=load_catalog(),
+                     profile_ref={"path": str(golden)})
+    save_plan(plan, tmp_path / "plan.json")
+    assert sorted(plan.replica_shares()) == [2, 3, 3]
+    with pytest.raises(Exception, match=r"a micro-batch count that 3 divides \(-n 9 or -n 6\)"):
+        export_file(tmp_path / "plan.json", "torchtitan")
 
 
 def test_plan_diff_and_check_see_the_parallel_shape(hybrid_files) -> None:

@@ -229,3 +229,22 @@ def test_a_run_summary_says_replicas_and_which_way_the_prediction_missed() -> No
     text = console.export_text()
     assert "2 replicas (data parallel; micro-batches 5/3, ssgd)" in text
     assert "+9%: measured slower than predicted" in text and "-9%: measured faster than predicted" in text
+
+
+def test_the_summary_names_devices_a_plan_leaves_idle() -> None:
+    """Issue 23, item 5: `-d 3` on 4 devices left one idle without a word."""
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+    from planner.partition import partition
+
+    golden = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
+    cluster = load_cluster_spec("a100-4")
+    three = partition(load_profile(golden), cluster, method="dp", microbatches=9, schedule="1f1b",
+                      granularity="layer", data_parallel=3, catalog=load_catalog())
+    idle = [d for d in cluster.device_ids if d not in {x for devices in three.replicas() for x in devices}]
+    assert len(idle) == 1
+    assert f"not used: {idle[0]} (1 of 4 devices; 3 replica pipelines of 1 device each)" in summary_text(three).plain
+    four = partition(load_profile(golden), cluster, method="dp", microbatches=8, schedule="1f1b",
+                     granularity="layer", data_parallel=4, catalog=load_catalog())
+    assert "not used" not in summary_text(four).plain

@@ -138,9 +138,15 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
     degree = len(replicas[0])
     shares = plan.shares()
     if shares and len(set(shares)) > 1:
+        if plan.microbatches % degree:
+            fix = (f"re-partition with a micro-batch count that {degree} divides (-n {degree * (plan.microbatches // degree + 1)}"
+                   f" or -n {degree * max(plan.microbatches // degree, 1)})")
+        else:
+            fix = ("the shares follow the replicas' speeds (devices of different types); re-partition with replicas "
+                   "of one device type")
         raise PlanMismatchError(f"the plan gives its {degree} replicas uneven micro-batch shares {list(shares)}, but "
-                                f"torchtitan splits every batch evenly over its data-parallel replicas; re-partition "
-                                f"with even shares (a cluster of one GPU type) or run it with plan run")
+                                f"torchtitan splits every batch evenly over its data-parallel replicas; {fix}, or "
+                                f"run it with plan run")
     rows = int(plan.extra.get("microbatch_size") or profile.model.get("microbatch_size", 1))
     order = [devices[r] for devices in replicas for r in range(degree)]
     return {"parallelism": {

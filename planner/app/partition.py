@@ -53,7 +53,15 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     check_settings(method, count, schedule, optimizer)
     from planner.partition.search.hybrid import parse_degree
 
-    parse_degree(data_parallel)
+    degree = parse_degree(data_parallel)
+    if count is None and degree is not None and global_batch is not None:
+        from planner.partition.search.settings import microbatch_counts
+
+        most = max(microbatch_counts(global_batch))
+        if most < degree:
+            raise UsageError(f"--data-parallel {degree} needs at least {degree} micro-batches, but --global-batch "
+                             f"{global_batch} splits into at most {most}; pass a --global-batch of {degree} or more "
+                             f"(a multiple of {degree} splits evenly), or --data-parallel {most} or less")
     if granularity is not None:
         from planner.partition.model.granularity import parse_granularity
 

@@ -207,4 +207,4 @@ def export_cmd(
     elif result.output is None:
         sys.stdout.write(result.text)  # as written to -o: no wrapping
     else:
-        console.print(f"wrote {result.output}")
+        console.print(f"wrote {result.output}", soft_wrap=True)

@@ -87,7 +87,7 @@ def profile_cmd(
         render_links(console, result.cluster)
     if result.profile is not None:
         render_summary(result.profile, console)
-        console.print(f"wrote {result.profile['output']}")
+        console.print(f"wrote {result.profile['output']}", soft_wrap=True)
 
 
 class _progress:

@@ -97,4 +97,4 @@ def render_curves(console: Console, table: Sequence[dict[str, Any]], outputs: Se
                      "-" if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.2f} s")
     console.print(grid)
     for path in outputs:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)

@@ -34,7 +34,7 @@ def render_plan(console: Console, plan: Plan, *, title: str | None = None, simul
         console.print(Text(f"note: re-simulated step time {simulated_step_time_s:.6g} s differs from the plan's "
                            f"predicted {predicted:.6g} s (edited plan, or made by another version)", style="yellow"))
     for kind, path in (files or {}).items():
-        console.print(Text(f"wrote {path}" if kind == "plan" else f"wrote {kind}: {path}"))
+        console.print(Text(f"wrote {path}" if kind == "plan" else f"wrote {kind}: {path}"), soft_wrap=True)  # a path stays whole
 
 
 def render_check(console: Console, result: CheckResult) -> None:
@@ -152,7 +152,7 @@ def render_links(console: Console, summary: Mapping[str, Any]) -> None:
     for pair in summary["pairs"]:
         console.print(Text(f"{pair['a']} <-> {pair['b']}: {pair['bandwidth_Bps'] / 1e9:.2f} GB/s, latency "
                            f"{pair['latency_s'] * 1e6:.1f} us"))
-    console.print(Text(f"wrote {summary['output']}"))
+    console.print(Text(f"wrote {summary['output']}"), soft_wrap=True)
 
 
 def _arrow(a: object, b: object) -> str:
