@@ -40,6 +40,13 @@ def _table_row(text: str, first_cell: str, source: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
+def _rows(text: str, first_cell: str, source: str) -> list[list[str]]:
+    """Every table row whose first cell is ``first_cell`` (at least one)."""
+    _find(text, r"^\| " + re.escape(first_cell) + r" \|.*$", source, re.M)
+    return [[cell.strip() for cell in m.group(0).strip("|").split("|")]
+            for m in re.finditer(r"^\| " + re.escape(first_cell) + r" \|.*$", text, re.M)]
+
+
 def _header(text: str, first_cell: str, source: str) -> list[str]:
     line = _find(text, r"^\| " + re.escape(first_cell) + r" \|.*$", source, re.M).group(0)
     return [cell.strip() for cell in line.strip("|").split("|")]
@@ -79,14 +86,23 @@ def training(docs: Path) -> str:
     for model in ("gpt_small", "resnet_small", "unet_small"):
         row = dict(zip(header, _table_row(text, model, source)))
         rows.append(f"{model} {row['errors, all trials']}")
+    within = _find(text, r"Predicted: \*\*(\d+ of \d+) trials within 10%\*\*; the largest error is ([0-9.]+%)", source)
+    calibrated = _find(text, r"Calibrated in round 1: \*\*(\d+ of \d+) trials within 10%\*\*; the largest error "
+                             r"is ([0-9.]+%)", source)
+    fidelity = _find(text, r"^## 2\. Fidelity.*?(?=^## )", source, re.M | re.S).group(0)
+    shapes = sorted({cells[1] for cells in _rows(fidelity, "gpt_small", source) if not cells[1].startswith("pipeline")})
     vs_static = _find(text, r"vs static \*\*([0-9.]+x)\*\*", source).group(1)
     oracle = _find(text, r"\*\*([0-9]+%) of the oracle's\*\*", source).group(1)
     rounds = _find(text, r"S6 convergence declared in round (\d+)", source).group(1)
     return (f"- Training on 2 CPU ranks (`{command.group(1)}`, {command.group(2)}; {machine}): 1F1B with 8 "
             f"micro-batches is {gain.group(1)} plain model parallelism (load average {gain.group(2)}); the "
-            f"simulator's step time against the measured one, every trial: {'; '.join(rows)}; under an emulated "
-            f"2x slowdown of one rank, rebalancing reaches {vs_static} the static plan's throughput and {oracle} "
-            f"of an oracle plan's, S6 declared in round {rounds} ([bench-run.md](docs/bench-run.md)).")
+            f"simulator's step time against the measured one, every trial: {'; '.join(rows)}; with `gpt_small` "
+            f"as {' and '.join(shapes)} too, {within.group(1)} trials within 10% (largest error {within.group(2)}), "
+            f"{calibrated.group(1)} with the prediction calibrated in the run's first round (largest "
+            f"{calibrated.group(2)}); "
+            f"under an emulated 2x slowdown of one rank, rebalancing reaches at least {vs_static} the static "
+            f"plan's throughput and {oracle} of an oracle plan's, S6 declared by round {rounds} "
+            f"([bench-run.md](docs/bench-run.md)).")
 
 
 def hybrid(docs: Path) -> str:
