@@ -10,12 +10,12 @@ import torch
 from _plan_cases import make_plan, toy_cluster, toy_profile
 
 from planner.errors import PlanMismatchError
-from planner.runtime.data_parallel import SingleReplica, Synchronous, degree_of, sync_for
+from planner.runtime.data_parallel import SingleReplica, Synchronous, sync_for
 
 
 def test_a_pure_pipeline_has_degree_one_and_combines_nothing() -> None:
     plan = make_plan(toy_profile(), toy_cluster(), (3, 5))
-    assert degree_of(plan) == 1
+    assert plan.shape().degree == 1
     sync = sync_for(plan)
     assert isinstance(sync, SingleReplica)
     params = {"w": torch.nn.Parameter(torch.ones(2))}
@@ -31,7 +31,7 @@ def test_ssgd_is_the_synchronous_mode_and_other_modes_are_refused_in_one_line() 
                    for st in plan.stages)  # the degree is what the stages' replicas say
     plan = replace(plan, stages=stages)
     replicated = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "ssgd"}}))
-    assert degree_of(replicated) == 2
+    assert replicated.shape().degree == 2
     sync = sync_for(replicated)
     assert isinstance(sync, Synchronous) and sync.reduces_in_backward and sync.microbatches == plan.microbatches
     other = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "asp"}}))

@@ -101,7 +101,7 @@ def test_replicas_run_their_shares_then_sync_then_update() -> None:
     _, problem = toy_problem(cl)
     ids = cl.device_ids
     hybrid = Placed((StageSpec(0, 3, ids[0], (ids[0], ids[2])), StageSpec(3, 7, ids[1], (ids[1], ids[3]))),
-                    {"data_parallel": {"microbatches": [3, 1]}})
+                    shares=[3, 1])
     result = evaluate(problem, hybrid)
     assert set(result.devices) == set(ids)
     assert len(result.sync_s) == 2 and all(s > 0 for s in result.sync_s)
@@ -115,7 +115,7 @@ def test_replicas_run_their_shares_then_sync_then_update() -> None:
         last_bwd = max(e.end_s for e in result.events if e.kind == "bwd" and e.resource in holders)
         assert start == pytest.approx(last_bwd)
     # The uneven split is slower than the even one on identical devices.
-    even = Placed(tuple(hybrid), {"data_parallel": {"microbatches": [2, 2]}})
+    even = Placed(tuple(hybrid), shares=[2, 2])
     assert step_time_s(problem, even) < result.step_time_s
 
 
@@ -124,14 +124,14 @@ def test_the_feasibility_rule_covers_replicas() -> None:
     _, problem = toy_problem(cl, schedule="1f1b")
     ids = cl.device_ids
     ok = (StageSpec(0, 3, ids[0], (ids[0], ids[2])), StageSpec(3, 7, ids[1], (ids[1], ids[3])))
-    assert violations(problem, Placed(ok, {"data_parallel": {"microbatches": [2, 2]}})) == []
+    assert violations(problem, Placed(ok, shares=[2, 2])) == []
     overlap = (StageSpec(0, 3, ids[0], (ids[0], ids[1])), StageSpec(3, 7, ids[1], (ids[1], ids[3])))
     assert "a device may serve one replica only" in violations(problem, overlap)[0]
     unequal = (StageSpec(0, 3, ids[0], (ids[0], ids[2])), StageSpec(3, 7, ids[1]))
     assert "same number of replicas" in violations(problem, unequal)[0]
-    bad_sum = Placed(ok, {"data_parallel": {"microbatches": [2, 1]}})
+    bad_sum = Placed(ok, shares=[2, 1])
     assert "sum to the step's 4 micro-batches" in violations(problem, bad_sum)[0]
-    short = Placed(ok, {"data_parallel": {"microbatches": [3, 1]}})  # 1f1b: a replica needs >= stages
+    short = Placed(ok, shares=[3, 1])  # 1f1b: a replica needs >= stages
     assert "replica 1 (share 1): 1f1b needs" in violations(problem, short)[0]
 
 
@@ -167,7 +167,7 @@ def brute_force_shape(problem) -> float:
                     specs = tuple(StageSpec(a, b, pipelines[0][i], tuple(p[i] for p in pipelines) if d > 1 else ())
                                   for i, (a, b) in enumerate(bounds))
                     for shares in _compositions(m, d):
-                        plan = Placed(specs, {"data_parallel": {"microbatches": list(shares)}})
+                        plan = Placed(specs, shares=list(shares))
                         if not violations(problem, plan):
                             best = min(best, step_time_s(problem, plan))
     return best
@@ -320,7 +320,7 @@ def test_every_command_reads_the_parallel_shape_the_same_way(hybrid_files, comma
 def test_the_parallel_shape_is_one_value_read_once(hybrid_files) -> None:
     """Issue 23, item 10: degree, shares, sync and the plan's identity come from ``Plan.shape``; plans that differ
     only in their shares have different keys and different rebalancer identities."""
-    from planner.formats.plan import DEFAULT_SYNC, load_plan, plan_from_dict
+    from planner.formats.plan import DEFAULT_SYNC, ParallelShape, load_plan, plan_from_dict
     from planner.runtime.rebalancing.replan import stage_keys
 
     plan = load_plan(hybrid_files["plan"])
@@ -337,7 +337,11 @@ def test_the_parallel_shape_is_one_value_read_once(hybrid_files) -> None:
         stage.pop("replicas")
     pipeline = plan_from_dict(doc).shape()
     assert pipeline.degree == 1 and not pipeline.replicated and pipeline.shares == (plan.microbatches,)
-    assert pipeline.holders() == [s["device"] for s in doc["stages"]]
+    assert pipeline.holders() == [s["device"] for s in doc["stages"]] == list(pipeline.key())
+    assert pipeline.describe() == pipeline.stages_text() and pipeline.replicas_text() == ""
+    assert shape.describe() == f"{shape.stages_text()} x {shape.replicas_text()}"
+    resynced = ParallelShape(shape.replicas, shape.shares, "local-sgd")
+    assert resynced.key() != shape.key() and resynced.holders() == shape.holders()
 
 
 def test_a_world_size_that_is_not_degree_times_stages_is_one_line(hybrid_files) -> None:

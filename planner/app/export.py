@@ -134,10 +134,9 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
     """torchtitan's parallelism table. Its device mesh puts ``pp`` outermost, so rank ``s d + r`` runs stage slot
     ``s`` of replica ``r``: ``device_order`` lists the plan's devices in that order. torchtitan splits each step's
     batch evenly over its data-parallel replicas, so uneven shares are refused."""
-    replicas = plan.replicas()
-    degree = len(replicas[0])
-    shares = plan.shares()
-    if shares and len(set(shares)) > 1:
+    shape = plan.shape()
+    replicas, degree, shares = shape.replicas, shape.degree, shape.shares
+    if len(set(shares)) > 1:
         if plan.microbatches % degree:
             fix = (f"re-partition with a micro-batch count that {degree} divides (-n {degree * (plan.microbatches // degree + 1)}"
                    f" or -n {degree * max(plan.microbatches // degree, 1)})")
@@ -163,11 +162,10 @@ def _schedule_csv(plan: Plan) -> dict[str, Any]:
     """Each rank's action order; a hybrid plan's replicas each with their share, ranks replica by replica."""
     from planner.partition.sim.schedules import device_orders, pipeline_layout
 
-    replicas = plan.replicas()
-    shares = plan.replica_shares()
+    shape = plan.shape()
     rows, order = [], []
-    for r, share in enumerate(shares):
-        ranks, chunks = pipeline_layout([devices[r] for devices in replicas], plan.schedule)
+    for r, share in enumerate(shape.shares):
+        ranks, chunks = pipeline_layout([devices[r] for devices in shape.replicas], plan.schedule)
         for actions in device_orders(plan.schedule, len(ranks), chunks, share):
             rows.append([f"{stage}{kind}{mb}" for kind, stage, mb in actions])
         order += list(ranks)

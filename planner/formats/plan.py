@@ -58,17 +58,26 @@ class ParallelShape:
         tag = f"@{list(self.shares)}" if self.replicated else ""
         return ["+".join(devices) + tag for devices in self.replicas]
 
-    def key(self) -> tuple[Any, ...]:
-        """What two plans must share to have the same layout (with the same nodes per stage, the same plan)."""
-        return self.replicas, self.shares, self.sync if self.replicated else DEFAULT_SYNC
+    def key(self) -> tuple[str, ...]:
+        """The layout's identity, per stage: its holders, and for replicas the sync mode (``a+b@[2, 2]/ssgd``). With
+        each stage's nodes it is what the rebalancer and a resume compare plans by (``replan.stage_keys``)."""
+        tag = f"/{self.sync}" if self.replicated else ""
+        return tuple(holder + tag for holder in self.holders())
+
+    def stages_text(self) -> str:
+        """``2 stages``."""
+        return f"{len(self.replicas)} stage{'s' if len(self.replicas) != 1 else ''}"
+
+    def replicas_text(self) -> str:
+        """``4 replicas (data parallel; micro-batches 2/2/2/2, ssgd)``, or ``""`` for a pure pipeline."""
+        if not self.replicated:
+            return ""
+        return (f"{self.degree} replicas (data parallel; micro-batches "
+                f"{'/'.join(str(x) for x in self.shares)}, {self.sync})")
 
     def describe(self) -> str:
         """``2 stages x 4 replicas (data parallel; micro-batches 2/2/2/2, ssgd)``, or ``2 stages``."""
-        stages = f"{len(self.replicas)} stage{'s' if len(self.replicas) != 1 else ''}"
-        if not self.replicated:
-            return stages
-        return (f"{stages} x {self.degree} replicas (data parallel; micro-batches "
-                f"{'/'.join(str(x) for x in self.shares)}, {self.sync})")
+        return " x ".join(part for part in (self.stages_text(), self.replicas_text()) if part)
 
 
 @dataclass(frozen=True)

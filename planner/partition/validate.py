@@ -165,4 +165,4 @@ def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str
     specs = tuple(StageSpec(i, i + 1, s.device, tuple(devices) if len(devices) > 1 else ())
                   for i, (s, devices) in enumerate(zip(plan.stages, replicas)))
     shares = plan.shares()
-    return memory_violations(problem, Placed(specs, {"data_parallel": {"microbatches": shares}}) if shares else specs)
+    return memory_violations(problem, Placed(specs, shares=shares) if shares else specs)

@@ -41,15 +41,14 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
     """Simulate one training step of ``plan`` on its embedded cluster, recording every event (a hybrid plan: every
     replica pipeline with its share, from each stage's ``replica_times``, then the stages' ``sync_s``)."""
     stages = [sim_stage(stage, what) for stage in plan.stages]
-    replicas = plan.replicas()
-    if len(replicas[0]) == 1:
+    shape = plan.shape()
+    if not shape.replicated:
         return simulate_step([stages], [plan.microbatches], [], embedded_cluster(plan, what), plan.schedule)
-    degree = len(replicas[0])
     pipelines = []
-    for r in range(degree):
+    for r in range(shape.degree):
         pipelines.append([dataclasses.replace(sim, device=devices[r], **_replica_figures(stage, r, what))
-                          for sim, stage, devices in zip(stages, plan.stages, replicas)])
-    shares = plan.replica_shares()
+                          for sim, stage, devices in zip(stages, plan.stages, shape.replicas)])
+    shares = shape.shares
     sync = [float(stage.extra.get("sync_s") or 0.0) for stage in plan.stages]
     return simulate_step(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule)
 

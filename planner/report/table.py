@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from rich.table import Table
 from rich.text import Text
 
+from planner.clusters import embedded_cluster
 from planner.formats.plan import Plan, Stage
 
 
@@ -79,10 +80,9 @@ def summary_text(plan: Plan) -> Text:
     text.append(f"placer {plan.method}", style="bold")
     shape = plan.shape()
     degree = shape.degree
-    stages, _, replicas = shape.describe().partition(" x ")
-    text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {stages}")
-    if replicas:
-        text.append(f" x {replicas}", style="bold")
+    text.append(f" · {plan.schedule} · {plan.microbatches} micro-batches · {shape.stages_text()}")
+    if shape.replicated:
+        text.append(f" x {shape.replicas_text()}", style="bold")
     text.append(" · ")
     text.append(f"step {fmt_time(plan.step_time_s)}", style="bold green")
     if isinstance(bubble, (int, float)):
@@ -115,12 +115,10 @@ def summary_text(plan: Plan) -> Text:
 
 def unused_devices(plan: Plan) -> list[str]:
     """Devices of the plan's embedded cluster that hold no stage (in cluster order; none without a cluster)."""
-    cluster = plan.extra.get("cluster")
-    raw = cluster.get("devices") if isinstance(cluster, Mapping) else None
-    if not isinstance(raw, list):
+    if not isinstance(plan.extra.get("cluster"), Mapping):
         return []
     used = {d for devices in plan.shape().replicas for d in devices}
-    return [str(d["id"]) for d in raw if isinstance(d, Mapping) and d.get("id") not in used]
+    return [d.id for d in embedded_cluster(plan).devices if d.id not in used]
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:

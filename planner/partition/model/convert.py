@@ -10,13 +10,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import DEFAULT_SYNC, Plan, Stage
+from planner.formats.plan import Plan, Stage
 from planner.partition.model.cost import (evaluate, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
-from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, facts_of, replica_of,
-                                             shares_of)
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shape_of)
 from planner.partition.sim.simulate import SimResult, SimStage
 
 
@@ -48,10 +47,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
     if degree_of(partition) > 1:
-        dp = dict(facts_of(partition).get("data_parallel") or {})
-        dp.update(degree=degree_of(partition), microbatches=list(shares_of(partition, problem.microbatches)))
-        dp.setdefault("sync", DEFAULT_SYNC)
-        top["data_parallel"] = dp
+        shape = shape_of(partition, problem.microbatches)
+        top["data_parallel"] = {"degree": shape.degree, "microbatches": list(shape.shares), "sync": shape.sync}
     return Plan(
         method=method,
         schedule=problem.schedule,
@@ -130,6 +127,5 @@ def partition_of(problem: Problem, plan: Plan) -> Partition:
                                     f"(it starts at {stage.nodes[0] if stage.nodes else 'nothing'!r}); re-partition "
                                     f"from this profile")
         specs.append(StageSpec(start, stop + 1, stage.device, tuple(replicas) if len(replicas) > 1 else ()))
-    if plan.shares():
-        return Placed(tuple(specs), {"data_parallel": dict(plan.extra["data_parallel"])})
-    return tuple(specs)
+    shape = plan.shape()
+    return Placed(tuple(specs), shares=shape.shares, sync=shape.sync) if shape.replicated else tuple(specs)

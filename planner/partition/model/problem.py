@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
-from planner.formats.plan import SCHEDULES, even_shares
+from planner.formats.plan import DEFAULT_SYNC, SCHEDULES, ParallelShape, even_shares
 from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
@@ -118,13 +118,18 @@ def replica_of(partition: Partition, r: int) -> Partition:
     return tuple(StageSpec(st.start, st.stop, st.devices[r]) for st in partition)
 
 
+def shape_of(partition: Partition, microbatches: int) -> ParallelShape:
+    """The partition's parallel layout, the value a plan's ``Plan.shape`` reads back: its stages' devices, the
+    shares a placer gave it (``Placed(..., shares=...)``) else an even split of ``microbatches``, and its sync."""
+    shares = getattr(partition, "shares", None)
+    return ParallelShape(tuple(tuple(st.devices) for st in partition),
+                         tuple(shares) if shares else even_shares(microbatches, degree_of(partition)),
+                         getattr(partition, "sync", DEFAULT_SYNC))
+
+
 def shares_of(partition: Partition, microbatches: int) -> tuple[int, ...]:
-    """Each replica's micro-batches per step: the ``data_parallel.microbatches`` a placer attached to the partition
-    (``Placed`` facts, the plan field), else an even split of ``microbatches``."""
-    dp = facts_of(partition).get("data_parallel")
-    if isinstance(dp, Mapping) and dp.get("microbatches"):
-        return tuple(int(x) for x in dp["microbatches"])
-    return even_shares(microbatches, degree_of(partition))
+    """Each replica's micro-batches per step (``shape_of(...).shares``)."""
+    return shape_of(partition, microbatches).shares
 
 
 def with_microbatches(problem: "Problem", microbatches: int) -> "Problem":
@@ -137,19 +142,31 @@ def with_microbatches(problem: "Problem", microbatches: int) -> "Problem":
 
 
 class Placed(tuple):  # type: ignore[type-arg]
-    """A ``Partition`` (it *is* the tuple of ``StageSpec``) that also carries top-level plan fields.
+    """A ``Partition`` (it *is* the tuple of ``StageSpec``) that also carries top-level plan fields and, for
+    replicated stages, the replicas' shares and sync mode (read back by ``shape_of``).
 
     A placer may return ``Placed(stages, {"solver": {...}})`` where a plain partition would do; every
     caller treats it as a partition, and ``partition()`` copies ``facts`` into the plan (the ILP's
-    solver status, bound and gap).
+    solver status, bound and gap) and writes ``data_parallel`` from ``shape_of``.
     """
 
     facts: Mapping[str, Any]
+    shares: tuple[int, ...] | None
+    sync: str
 
-    def __new__(cls, stages: Partition, facts: Mapping[str, Any]) -> "Placed":
+    def __new__(cls, stages: Partition, facts: Mapping[str, Any] | None = None, *,
+                shares: Sequence[int] | None = None, sync: str = DEFAULT_SYNC) -> "Placed":
         obj = super().__new__(cls, stages)
-        obj.facts = dict(facts)
+        obj.facts = dict(facts or {})
+        obj.shares = tuple(int(x) for x in shares) if shares else None
+        obj.sync = sync
         return obj
+
+
+def with_facts(partition: Partition, facts: Mapping[str, Any], stages: Partition | None = None) -> Placed:
+    """``partition`` (or ``stages`` in its place) with ``facts`` added to its own, keeping its shares and sync."""
+    return Placed(partition if stages is None else stages, {**facts_of(partition), **facts},
+                  shares=getattr(partition, "shares", None), sync=getattr(partition, "sync", DEFAULT_SYNC))
 
 
 def facts_of(partition: Partition) -> Mapping[str, Any]:

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 from planner.errors import PlannerError
 from planner.partition.model.cost import step_time_s
 from planner.partition.model.feasibility import violations
-from planner.partition.model.problem import Partition, Placed, Problem, facts_of
+from planner.partition.model.problem import Partition, Problem, facts_of, with_facts
 from planner.partition.placers import baselines, greedy
 from planner.partition.search.polish import polish
 
@@ -49,13 +49,13 @@ def check(problem: Problem, chosen: Partition, improve: bool = True) -> Partitio
     if not tried or min(t for t, _ in tried.values()) >= step * (1 - 1e-9):
         solver["simulated"] = {"step_time_s": step, "best_rival_s": min((t for t, _ in tried.values()), default=None),
                                "rivals": sorted(tried), "action": "no rival simulates faster"}
-        return Placed(chosen, {**facts, "solver": solver})
+        return with_facts(chosen, {"solver": solver})
     rival, (rival_s, rival_plan) = min(tried.items(), key=lambda item: (item[1][0], item[0]))
     solver.update(result=BEST_FOUND, formula_result="optimal")
     if not improve:
         solver["simulated"] = {"step_time_s": step, "best_rival": rival, "best_rival_s": rival_s,
                                "action": "kept (polish off)"}
-        return Placed(chosen, {**facts, "solver": solver})
+        return with_facts(chosen, {"solver": solver})
     scored = [(rival_s, 0, rival_plan)]
     if rival != "polish":
         scored.append((step_time_s(problem, p := polish(problem, rival_plan).partition), 1, p))
@@ -64,7 +64,7 @@ def check(problem: Problem, chosen: Partition, improve: bool = True) -> Partitio
                            "action": "the formula's optimum simulated slower than " + (
                                "its own polish" if rival == "polish" else f"{rival}'s plan") + "; kept the fastest "
                                "polished plan"}
-    return Placed(best, {**facts, "solver": solver})
+    return with_facts(chosen, {"solver": solver}, stages=best)
 
 
 def _rivals(problem: Problem) -> dict[str, tuple[float, Partition]]:

@@ -29,11 +29,9 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
-from planner.formats.plan import DEFAULT_SYNC
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
-from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, facts_of,
-                                             replica_of)
+from planner.partition.model.problem import Partition, Placed, Problem, StageSpec, even_shares, replica_of, with_facts
 
 __all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "proportional_shares", "hybrid_search"]
 
@@ -118,7 +116,7 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
                 record.update(stages=None, step_time_s=None, fits=False)
             else:
                 step, hybrid = found
-                record.update(stages=len(hybrid), step_time_s=step, shares=list(facts_of(hybrid)["data_parallel"]["microbatches"]))
+                record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares))
                 if best is None or step < best[0] * (1 - 1e-9):
                     best = (step, len(tried), hybrid)
             tried.append(record)
@@ -131,7 +129,7 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     step, index, chosen = best
     shape = {"data_parallel": "auto" if requested is None else requested, "chosen": tried[index],
              "candidates": tried}
-    return Placed(chosen, {**facts_of(chosen), "shape": shape})
+    return with_facts(chosen, {"shape": shape})
 
 
 def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
@@ -162,7 +160,7 @@ def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
         if weighted is not None and weighted != even:
             options.append(weighted)
         for shares in options:
-            hybrid = Placed(stages, {"data_parallel": {"degree": degree, "microbatches": list(shares), "sync": DEFAULT_SYNC}})
+            hybrid = Placed(stages, shares=shares)
             if violations(problem, hybrid):
                 continue
             found.append((step_time_s(problem, hybrid), len(found), hybrid))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from planner.partition.model.cost import evaluate
-from planner.partition.model.problem import Partition, Placed, Problem, facts_of
+from planner.partition.model.problem import Partition, Placed, Problem, with_facts
 from planner.partition.placers.registry import call, takes_weights
 from planner.partition.search.polish import PolishConfig, polish
 from planner.partition.search.rebalance import (DeviceRound, RebalanceConfig, RoundStats, decide, initial_state,
@@ -89,7 +89,7 @@ def refine(problem: Problem, method: str, weights: Mapping[str, float], options:
         polished = polish(problem, chosen, config.polish)
         record["polish"] = polished.record
         if polished.partition != tuple(chosen):
-            chosen = Placed(polished.partition, facts_of(chosen)) if facts_of(chosen) else polished.partition
+            chosen = with_facts(chosen, {}, stages=polished.partition) if isinstance(chosen, Placed) else polished.partition
     return RefineResult(chosen, best[2], record)
 
 

@@ -37,7 +37,7 @@ from torch import nn
 from planner.errors import PlanMismatchError
 from planner.formats.plan import SYNC_MODES, Plan
 
-__all__ = ["UpdateSync", "SingleReplica", "Synchronous", "SYNC_MODES", "degree_of", "sync_for"]
+__all__ = ["UpdateSync", "SingleReplica", "Synchronous", "SYNC_MODES", "sync_for"]
 
 
 
@@ -92,11 +92,6 @@ class Synchronous:
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
         return None
-
-
-def degree_of(plan: Plan) -> int:
-    """The plan's data-parallel degree (``Plan.shape``)."""
-    return plan.shape().degree
 
 
 def sync_for(plan: Plan, group: Any = None) -> UpdateSync:

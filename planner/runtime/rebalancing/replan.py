@@ -41,9 +41,10 @@ def device_order(plan: Plan) -> tuple[str, ...]:
 
 
 def stage_keys(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
-    """``(holder, nodes)`` per stage, what the rebalancer compares plans by: the holder is the stage's device, or
-    for a hybrid plan its replicas and the replicas' shares (moving only the shares is a new plan)."""
-    return [(holder, tuple(stage.nodes)) for holder, stage in zip(plan.shape().holders(), plan.stages)]
+    """``(holder, nodes)`` per stage, what the rebalancer and a resume compare plans by: the holder is the stage's
+    device, or for a hybrid plan its replicas, the replicas' shares and the sync mode (``ParallelShape.key``;
+    moving only the shares is a new plan)."""
+    return [(holder, tuple(stage.nodes)) for holder, stage in zip(plan.shape().key(), plan.stages)]
 
 
 def replan_method(plan: Plan, requested: str | None) -> str:
@@ -152,15 +153,13 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
             ranks: Sequence[str], fixed_order: bool, profile_ref: Mapping[str, Any] | None = None) -> Proposal:
     """Ask placer ``method`` for a plan under the state's speed factors (and residual weights)."""
     factors = {d: f for d, f in state.speed_factors.items() if d in set(model.cluster.device_ids)}
-    from planner.runtime.data_parallel import degree_of
-
     try:
         weights = placer_weights(state.weights, factors) if methods.takes_weights(method) else None
         plan = partition(model.profile, model.cluster, method=method, microbatches=current.microbatches,
                          schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
                          speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
                          catalog=model.catalog,
-                         data_parallel=degree_of(current))  # a hybrid plan keeps its degree; cuts and shares move
+                         data_parallel=current.shape().degree)  # a hybrid plan keeps its degree; cuts and shares move
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
     now = model.step_time_s(current, factors, state.corrections)
