@@ -68,6 +68,29 @@ def test_pipeline_2_by_data_2_on_4_ranks_with_tied_weights(tmp_path, gpt_profile
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
+def test_local_sgd_every_step_on_pipeline_2_by_data_2_equals_one_process(tmp_path, gpt_profile):
+    """Issue 24: local-sgd with one local step and plain SGD is ssgd, so it trains as one process does."""
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [3, 1], "gpipe")
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan",
+                           extra=("--lr", "0.05", "--sync", "local-sgd", "--sync-period", "1"), world=4)
+    assert summary["sync"]["mode"] == "local-sgd" and summary["sync"]["aggregations"] == STEPS
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05, world=4)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_adaptive_sync_runs_a_hybrid_plan_on_4_ranks(tmp_path, gpt_profile):
+    """Issue 24: ``plan run --sync adaptive`` on replicated stages (2 stages x 2 replicas, 4 local ranks): the
+    replicas aggregate as prioritised chunks, every rank keeps the same interval, and the losses stay finite."""
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [2, 2], "1f1b")
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan",
+                           extra=("--lr", "0.05", "--sync", "adaptive", "--sync-period", "2",
+                                  "--sync-chunk-bytes", "4096"), world=4)
+    sync = summary["sync"]
+    assert sync["mode"] == "adaptive" and sync["aggregations"] >= 1 and sync["periods"][0] == 2
+    assert all(loss == loss and abs(loss) < 1e3 for loss in summary["losses"])
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
 def test_data_2_with_uneven_shares_3_to_1(tmp_path, gpt_profile):
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu1"]], [3, 1], "gpipe")
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))

@@ -54,9 +54,32 @@ def check_learning_options(fields: Mapping[str, Any]) -> None:
     if fields.get("stop_at_target") and target is None:
         raise UsageError("--stop-at-target needs --target METRIC=VALUE")
     parse_link(fields.get("emulate_link"))
+    check_sync_options(fields)
     loss = fields.get("loss")
     if loss is not None and (":" not in str(loss) or not str(loss).rpartition(":")[2]):
         raise UsageError(f"--loss must look like pkg.mod:fn or file.py:fn, found {loss!r}")
+
+
+def check_sync_options(fields: Mapping[str, Any]) -> None:
+    """``--sync`` and its knobs, checked before torch is imported (the plan is checked against them later)."""
+    from planner.formats.plan import SYNC_MODES
+    from planner.partition.search.sync_period import AdaptiveRule
+
+    sync, period = fields.get("sync"), fields.get("sync_period")
+    if sync is not None and sync not in SYNC_MODES:
+        raise UsageError(f"unknown --sync {sync!r}; expected one of {', '.join(SYNC_MODES)}")
+    if period is not None and period < 1:
+        raise UsageError(f"--sync-period must be a whole number of local steps, 1 or more, found {period}; pass for "
+                         f"example --sync-period 4")
+    elastic = float(fields.get("sync_elastic", 0.1))
+    if not 0.0 <= elastic < 1.0:
+        raise UsageError(f"--sync-elastic must be at least 0 and below 1, found {elastic}; pass for example 0.1")
+    if int(fields.get("sync_chunk_bytes", 1 << 18)) < 4:
+        raise UsageError(f"--sync-chunk-bytes must be at least 4 (one float), found {fields.get('sync_chunk_bytes')}")
+    try:
+        AdaptiveRule(overhead=float(fields.get("sync_overhead", 0.1)), max_period=int(fields.get("sync_max_period", 32)))
+    except UsageError as exc:
+        raise UsageError(f"--sync-overhead / --sync-max-period: {exc}") from None
 
 
 def run_plan(config: RunConfig, launch: Launch = Launch(),

@@ -44,6 +44,13 @@ def partition_cmd(
     data_parallel: Annotated[str, typer.Option("--data-parallel", "-d", help="Replica pipelines: auto (the "
                              "fastest shape the simulator finds, the pure pipeline included), or N (1: a pure "
                              "pipeline; N > 1: N replicas of every stage).")] = "auto",
+    sync: Annotated[str, typer.Option("--sync", help="How replicas combine their updates: ssgd (gradients "
+                    "averaged every step), local-sgd (parameters averaged every --sync-period steps) or adaptive "
+                    "(the interval adapts as the run goes; docs/sync.md). A mode other than ssgd makes "
+                    "--data-parallel auto consider replicated shapes only.")] = "ssgd",
+    sync_period: Annotated[Optional[int], typer.Option("--sync-period", help="Local steps between aggregations: "
+                           "required by local-sgd; for adaptive, the first interval (default: chosen from the "
+                           "predicted compute and aggregation times).", show_default=False)] = None,
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -57,6 +64,8 @@ def partition_cmd(
 
       plan partition profile.json -c dgx-h100-8 --data-parallel 2 -o hybrid.json
 
+      plan partition profile.json -c cpu-2 -d 2 --sync local-sgd --sync-period 8 -o local.json
+
       plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
     """
     from planner.app.partition import partition_file
@@ -67,7 +76,8 @@ def partition_cmd(
         plan = partition_file(profile, cluster, output, method=method, microbatches=microbatches,
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
-                              data_parallel=data_parallel, global_batch=global_batch)
+                              data_parallel=data_parallel, global_batch=global_batch, sync=sync,
+                              sync_period=sync_period)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

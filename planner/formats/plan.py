@@ -18,10 +18,13 @@ from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-SYNC_MODES = ("ssgd",)
-"""``data_parallel.sync`` values the runtime runs (docs/formats.md lists the others to come)."""
+SYNC_MODES = ("ssgd", "local-sgd", "adaptive")
+"""``data_parallel.sync`` values the runtime runs (docs/sync.md): gradients averaged every step; parameters
+averaged every ``period`` local steps; the adaptive interval (docs/sync.md) with its correction and prioritised chunks."""
 DEFAULT_SYNC = "ssgd"
 """What a plan with replicas and no ``data_parallel.sync`` means: gradients averaged every step."""
+PERIODIC_SYNCS = ("local-sgd", "adaptive")
+"""Sync modes that take local steps between aggregations (``data_parallel.period``)."""
 
 
 def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
@@ -43,6 +46,9 @@ class ParallelShape:
     """Per replica pipeline: its micro-batches per step (``(microbatches,)`` for a pure pipeline)."""
     sync: str = DEFAULT_SYNC
     """How replicas synchronise (``data_parallel.sync``; meaningless for a pure pipeline)."""
+    period: int = 1
+    """Local steps between aggregations (``data_parallel.period``; ``adaptive``: the first interval, which the
+    run then adapts; 1 for ``ssgd``)."""
 
     @property
     def degree(self) -> int:
@@ -61,8 +67,14 @@ class ParallelShape:
     def key(self) -> tuple[str, ...]:
         """The layout's identity, per stage: its holders, and for replicas the sync mode (``a+b@[2, 2]/ssgd``). With
         each stage's nodes it is what the rebalancer and a resume compare plans by (``replan.stage_keys``)."""
-        tag = f"/{self.sync}" if self.replicated else ""
+        tag = f"/{self.sync_text()}" if self.replicated else ""
         return tuple(holder + tag for holder in self.holders())
+
+    def sync_text(self) -> str:
+        """``ssgd``, ``local-sgd every 4 steps``, ``adaptive from 4 steps``."""
+        if self.sync not in PERIODIC_SYNCS:
+            return self.sync
+        return f"{self.sync} {'every' if self.sync == 'local-sgd' else 'from'} {self.period} step{'s' if self.period != 1 else ''}"
 
     def stages_text(self) -> str:
         """``2 stages``."""
@@ -73,7 +85,7 @@ class ParallelShape:
         if not self.replicated:
             return ""
         return (f"{self.degree} replicas (data parallel; micro-batches "
-                f"{'/'.join(str(x) for x in self.shares)}, {self.sync})")
+                f"{'/'.join(str(x) for x in self.shares)}, {self.sync_text()})")
 
     def describe(self) -> str:
         """``2 stages x 4 replicas (data parallel; micro-batches 2/2/2/2, ssgd)``, or ``2 stages``."""
@@ -134,10 +146,11 @@ class Plan:
         return self.shares() or even_shares(self.microbatches, len(self.replicas()[0]))
 
     def shape(self) -> ParallelShape:
-        """The parallel layout (replicas, shares, sync), validated when the plan was read."""
+        """The parallel layout (replicas, shares, sync and its period), validated when the plan was read."""
         dp = self.extra.get("data_parallel")
-        sync = str(dp.get("sync") or DEFAULT_SYNC) if isinstance(dp, Mapping) else DEFAULT_SYNC
-        return ParallelShape(tuple(tuple(r) for r in self.replicas()), self.replica_shares(), sync)
+        dp = dp if isinstance(dp, Mapping) else {}
+        return ParallelShape(tuple(tuple(r) for r in self.replicas()), self.replica_shares(),
+                             str(dp.get("sync") or DEFAULT_SYNC), int(dp.get("period") or 1))
 
     def replica_devices(self) -> list[str]:
         """Every device once, replica by replica (replica 0's stages in order, then replica 1's, ...): the rank
@@ -222,6 +235,14 @@ def _check_data_parallel(check: Checker, data: Mapping[str, Any], microbatches: 
         check.fail("data_parallel.degree", f"{degree}, the number of replicas every stage lists", dp["degree"], hint)
     if "sync" in dp and dp["sync"] not in SYNC_MODES:
         check.fail("data_parallel.sync", f"one of {', '.join(SYNC_MODES)} (the sync modes plan run has)", dp["sync"], hint)
+    if "period" in dp:
+        period, sync = dp["period"], dp.get("sync", DEFAULT_SYNC)
+        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+            check.fail("data_parallel.period", "a whole number of local steps between aggregations, 1 or more", period,
+                       "fix data_parallel.period or re-partition with `plan partition --sync-period H`")
+        elif period != 1 and sync not in PERIODIC_SYNCS:
+            check.fail("data_parallel.period", f"1 for sync {sync!r} (local steps are for {' and '.join(PERIODIC_SYNCS)})",
+                       period, "set data_parallel.sync to local-sgd or drop the period")
     if "microbatches" in dp:
         shares = dp["microbatches"]
         if (not isinstance(shares, list) or len(shares) != degree

@@ -15,13 +15,13 @@ from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import Plan
+from planner.formats.plan import DEFAULT_SYNC, Plan
 from planner.formats.profile import Profile
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import infeasible_reason
 from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
-from planner.partition.model.problem import build_problem
+from planner.partition.model.problem import build_problem, with_sync
 from planner.partition.search import guard
 from planner.partition.search.hybrid import hybrid_search, parse_degree
 from planner.partition.search.interleave import interleave
@@ -37,7 +37,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               refine_config: RefineConfig | None = None, granularity: str | None = None,
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
-              **method_options: Any) -> Plan:
+              sync: str = DEFAULT_SYNC, sync_period: int | None = 1, **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
@@ -51,7 +51,11 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     (``build_problem``), recorded in the plan as ``estimate_precision``; placers may attach plan fields
     (``methods.Placed``, e.g. the ILP's ``solver``). ``data_parallel`` (``1``, the default: a pure pipeline;
     ``"auto"``: the fastest shape, the pure pipeline included; ``N``: N replica pipelines) replicates the stages
-    (``planner.partition.search.hybrid``; the CLI's default is ``auto``). Raises ``UsageError`` for an unknown method (listing the methods) and
+    (``planner.partition.search.hybrid``; the CLI's default is ``auto``). ``sync`` and ``sync_period`` say how the
+    replicas combine their updates (``ssgd`` every step; ``local-sgd`` every ``sync_period`` steps; ``adaptive``,
+    whose first period the rule picks from the predicted times when ``sync_period`` is ``None``); the simulator
+    spreads each aggregation over its period, and a mode other than ``ssgd`` makes ``auto`` consider replicated
+    shapes only. Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
     entry = methods.get(method)
@@ -59,6 +63,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
                             catalog=catalog, corrections=corrections)
+    problem = with_sync(problem, sync, sync_period)
     reason = infeasible_reason(problem)
     if reason is not None:
         raise InfeasibleError(reason)
@@ -69,6 +74,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
             raise UsageError(f"--data-parallel {requested} needs --schedule gpipe or 1f1b: replicated interleaved "
                              f"stages are not supported; use --data-parallel 1 with interleaved-1f1b")
         requested = 1
+    if sync != DEFAULT_SYNC and requested == 1:
+        raise UsageError(f"--sync {sync} combines replicas, but --data-parallel 1 makes a pure pipeline with none; "
+                         f"pass --data-parallel auto or N > 1, or drop --sync")
     extra: dict[str, Any] = {"granularity": granularity} if granularity else {}
     if estimate_precision is not None:
         extra["estimate_precision"] = estimate_precision
@@ -76,7 +84,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     chosen: Partition | None = None
     used = start
     pure_error: InfeasibleError | None = None
-    if requested in (1, None):
+    if requested == 1 or (requested is None and sync == DEFAULT_SYNC):
         try:
             chosen, used = _pure(problem, method, start, refine, refine_config, method_options, polish_on, extra)
         except InfeasibleError as exc:

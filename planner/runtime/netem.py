@@ -11,7 +11,10 @@ of ``torch.distributed`` still really happens, and is also
 * **slowed** when a link is emulated: the receiver of a point-to-point transfer of ``n`` bytes waits an
   extra ``latency + n / bandwidth`` after the real transfer completes (the sender, as on a real link,
   does not wait), and a blocking collective costs every rank the time its ring or tree would take on
-  that link. ``Traffic.emulated_s`` sums the added time.
+  that link. Collectives share the rank's link one at a time: an asynchronous one (``async_op=True``)
+  occupies it from when it starts (or the link frees) for its link time, and its ``wait`` returns no
+  sooner than that, so compute done meanwhile hides it as a real link would. ``Traffic.emulated_s``
+  sums the added time a rank actually waited.
 
 Patching the module functions (``torch.distributed.distributed_c10d`` and the ``torch.distributed``
 names bound to them) reaches the pipelining schedules' ``batch_isend_irecv`` and the object
@@ -50,6 +53,22 @@ def _nbytes(tensors: Any) -> int:
     return 0
 
 
+class _DeadlineWork:
+    """An asynchronous collective's work handle whose ``wait`` returns no sooner than the emulated link is done."""
+
+    def __init__(self, work: Any, done_at: float, traffic: Traffic) -> None:
+        self._work, self._done_at, self._traffic = work, done_at, traffic
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        _sleep(self._done_at - time.perf_counter(), self._traffic)
+        self._done_at = 0.0
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
 class _DelayedWork:
     """A receive's work handle whose ``wait`` also waits for the emulated link."""
 
@@ -82,6 +101,8 @@ def instrument(traffic: Traffic, link: EmulatedLink | None = None) -> Iterator[T
 
     def world(group: Any) -> int:
         return dist.get_world_size(group)
+
+    link_free = [0.0]  # when this rank's link finishes the collectives already started on it
 
     def wrap(name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> tuple[str, Any]:
         original = getattr(c10d, name)
@@ -133,9 +154,16 @@ def instrument(traffic: Traffic, link: EmulatedLink | None = None) -> Iterator[T
                 w = world(group)
                 sent, seconds = share(_nbytes(args[0] if args else kwargs.get("tensor")), w, (args, kwargs))
                 traffic.bytes_sent += int(sent)
+                began = time.perf_counter()
                 result = original(*args, **kwargs)
-                if link is not None and not kwargs.get("async_op") and w > 1:
-                    _sleep(seconds, traffic)
+                if link is None or w < 2:
+                    return result
+                start = began if kwargs.get("async_op") else time.perf_counter()  # blocking: after the real op
+                done_at = max(start, link_free[0]) + seconds
+                link_free[0] = done_at
+                if kwargs.get("async_op"):
+                    return _DeadlineWork(result, done_at, traffic) if result is not None else result
+                _sleep(done_at - time.perf_counter(), traffic)
                 return result
             return call
         return make

@@ -10,12 +10,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import Plan, Stage
-from planner.partition.model.cost import (evaluate, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
+from planner.formats.plan import PERIODIC_SYNCS, Plan, Stage
+from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
-from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shape_of)
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of)
 from planner.partition.sim.simulate import SimResult, SimStage
 
 
@@ -47,8 +47,9 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
     if degree_of(partition) > 1:
-        shape = shape_of(partition, problem.microbatches)
-        top["data_parallel"] = {"degree": shape.degree, "microbatches": list(shape.shares), "sync": shape.sync}
+        shape = shape_of(problem, partition)
+        top["data_parallel"] = {"degree": shape.degree, "microbatches": list(shape.shares), "sync": shape.sync,
+                                **({"period": shape.period} if shape.sync in PERIODIC_SYNCS else {})}
     return Plan(
         method=method,
         schedule=problem.schedule,
@@ -128,4 +129,4 @@ def partition_of(problem: Problem, plan: Plan) -> Partition:
                                     f"from this profile")
         specs.append(StageSpec(start, stop + 1, stage.device, tuple(replicas) if len(replicas) > 1 else ()))
     shape = plan.shape()
-    return Placed(tuple(specs), shares=shape.shares, sync=shape.sync) if shape.replicated else tuple(specs)
+    return Placed(tuple(specs), shares=shape.shares) if shape.replicated else tuple(specs)

@@ -15,6 +15,7 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from planner.errors import PlannerError
+from planner.formats.plan import DEFAULT_SYNC, ParallelShape
 from planner.partition.model.allreduce import allreduce_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
@@ -218,15 +219,47 @@ def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> floa
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:
     """Simulate one training step of ``partition`` under the problem's schedule and micro-batches; with replicas,
-    each replica pipeline runs its share (``shares_of``) and the stages then sync; ranks sharing a host's cores
-    are stretched to fit them (``planner.partition.sim.step``)."""
+    each replica pipeline runs its share (``shares_of``) and the stages then sync, one aggregation every
+    ``sync_period`` steps; ranks sharing a host's cores are stretched to fit them (``planner.partition.sim.step``)."""
     degree = degree_of(partition)
     if degree == 1:
         return simulate_step([stage_sims(problem, partition)], [problem.microbatches], [], problem.cluster,
                              problem.schedule, record_events=record_events)
-    return simulate_step([stage_sims(problem, replica_of(partition, r)) for r in range(degree)],
-                         shares_of(partition, problem.microbatches), [stage_sync_s(problem, st) for st in partition],
-                         problem.cluster, problem.schedule, record_events=record_events)
+    pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
+    shares, syncs = shares_of(partition, problem.microbatches), [stage_sync_s(problem, st) for st in partition]
+    return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule,
+                         period=_period(problem, pipelines, shares, syncs), record_events=record_events)
+
+
+def sync_period(problem: Problem, partition: Partition) -> int:
+    """Local steps between the replicas' aggregations: 1 for ``ssgd`` and pure pipelines, the problem's period for
+    ``local-sgd``, and for ``adaptive`` without one the adaptive rule's first interval on the predicted times
+    (``planner.partition.search.sync_period.initial_period``)."""
+    degree = degree_of(partition)
+    if degree == 1:
+        return 1
+    pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
+    return _period(problem, pipelines, shares_of(partition, problem.microbatches),
+                   [stage_sync_s(problem, st) for st in partition])
+
+
+def _period(problem: Problem, pipelines: list[tuple[SimStage, ...]], shares: tuple[int, ...], syncs: list[float]) -> int:
+    if problem.sync_period is not None:
+        return problem.sync_period
+    from planner.partition.search.sync_period import initial_period
+
+    compute = simulate_step(pipelines, shares, [0.0] * len(syncs), problem.cluster, problem.schedule,
+                            record_events=False).step_time_s
+    return initial_period(compute, max(syncs, default=0.0))
+
+
+def shape_of(problem: Problem, partition: Partition) -> ParallelShape:
+    """The partition's parallel layout, the value a plan's ``Plan.shape`` reads back: its stages' devices, its
+    shares (``shares_of``), the problem's sync mode and the period (``sync_period``)."""
+    replicated = degree_of(partition) > 1
+    return ParallelShape(tuple(tuple(st.devices) for st in partition), shares_of(partition, problem.microbatches),
+                         problem.sync if replicated else DEFAULT_SYNC,
+                         sync_period(problem, partition) if replicated else 1)
 
 
 def step_time_s(problem: Problem, partition: Partition) -> float:

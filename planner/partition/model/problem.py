@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
-from planner.formats.plan import DEFAULT_SYNC, SCHEDULES, ParallelShape, even_shares
+from planner.formats.plan import DEFAULT_SYNC, PERIODIC_SYNCS, SCHEDULES, SYNC_MODES, even_shares
 from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
@@ -75,6 +75,11 @@ class Problem:
     update_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
     """Device type -> seconds of the optimizer step per parameter byte (``update_rates``; 0 when absent).
     Each device pays it for its stages' parameters once per step, after its last backward."""
+    sync: str = DEFAULT_SYNC
+    """How replicated stages combine their updates (``data_parallel.sync``; ``with_sync``)."""
+    sync_period: int | None = 1
+    """Local steps between aggregations; ``None`` for ``adaptive``: the rule chooses it from the predicted times
+    (``cost.sync_period``)."""
 
     def time_on(self, block: int, device_id: str) -> tuple[float, float]:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
@@ -118,18 +123,39 @@ def replica_of(partition: Partition, r: int) -> Partition:
     return tuple(StageSpec(st.start, st.stop, st.devices[r]) for st in partition)
 
 
-def shape_of(partition: Partition, microbatches: int) -> ParallelShape:
-    """The partition's parallel layout, the value a plan's ``Plan.shape`` reads back: its stages' devices, the
-    shares a placer gave it (``Placed(..., shares=...)``) else an even split of ``microbatches``, and its sync."""
-    shares = getattr(partition, "shares", None)
-    return ParallelShape(tuple(tuple(st.devices) for st in partition),
-                         tuple(shares) if shares else even_shares(microbatches, degree_of(partition)),
-                         getattr(partition, "sync", DEFAULT_SYNC))
-
-
 def shares_of(partition: Partition, microbatches: int) -> tuple[int, ...]:
-    """Each replica's micro-batches per step (``shape_of(...).shares``)."""
-    return shape_of(partition, microbatches).shares
+    """Each replica's micro-batches per step: the shares a placer gave the partition (``Placed(..., shares=...)``),
+    else an even split of ``microbatches`` (``cost.shape_of`` adds the sync mode and period)."""
+    shares = getattr(partition, "shares", None)
+    return tuple(shares) if shares else even_shares(microbatches, degree_of(partition))
+
+
+def check_sync(sync: str, period: int | None) -> int | None:
+    """``period`` for ``sync`` as the problem keeps it (1 for ``ssgd``; ``None``: adaptive's rule chooses), or a
+    ``UsageError`` naming the option to fix (an unknown mode, ``--sync-period 0``, a period for ``ssgd``)."""
+    if sync not in SYNC_MODES:
+        raise UsageError(f"unknown sync mode {sync!r}; expected one of {', '.join(SYNC_MODES)}")
+    if period is not None and (isinstance(period, bool) or period < 1):
+        raise UsageError(f"--sync-period must be a whole number of local steps, 1 or more, found {period}; pass "
+                         f"for example --sync-period 4")
+    if sync not in PERIODIC_SYNCS and period not in (None, 1):
+        raise UsageError(f"--sync-period {period} needs local steps, but --sync {sync} averages every step; pass "
+                         f"--sync local-sgd or drop --sync-period")
+    if sync == "local-sgd" and period is None:
+        raise UsageError("--sync local-sgd needs --sync-period H (local steps between aggregations); pass for "
+                         "example --sync-period 4, or --sync adaptive to let the run choose")
+    return 1 if sync == DEFAULT_SYNC else period
+
+
+def with_sync(problem: "Problem", sync: str, period: int | None) -> "Problem":
+    """``problem`` whose replicas combine their updates by ``sync`` every ``period`` steps (``None``: adaptive's rule
+    chooses), sharing its cost tables; bad values are refused as usage errors (``check_sync``)."""
+    period = check_sync(sync, period)
+    if (sync, period) == (problem.sync, problem.sync_period):
+        return problem
+    other = replace(problem, sync=sync, sync_period=period)
+    other.__dict__["tables"] = problem.tables
+    return other
 
 
 def with_microbatches(problem: "Problem", microbatches: int) -> "Problem":
@@ -143,30 +169,28 @@ def with_microbatches(problem: "Problem", microbatches: int) -> "Problem":
 
 class Placed(tuple):  # type: ignore[type-arg]
     """A ``Partition`` (it *is* the tuple of ``StageSpec``) that also carries top-level plan fields and, for
-    replicated stages, the replicas' shares and sync mode (read back by ``shape_of``).
+    replicated stages, the replicas' shares (read back by ``shares_of``; the sync mode is the problem's).
 
     A placer may return ``Placed(stages, {"solver": {...}})`` where a plain partition would do; every
     caller treats it as a partition, and ``partition()`` copies ``facts`` into the plan (the ILP's
-    solver status, bound and gap) and writes ``data_parallel`` from ``shape_of``.
+    solver status, bound and gap) and writes ``data_parallel`` from ``cost.shape_of``.
     """
 
     facts: Mapping[str, Any]
     shares: tuple[int, ...] | None
-    sync: str
 
     def __new__(cls, stages: Partition, facts: Mapping[str, Any] | None = None, *,
-                shares: Sequence[int] | None = None, sync: str = DEFAULT_SYNC) -> "Placed":
+                shares: Sequence[int] | None = None) -> "Placed":
         obj = super().__new__(cls, stages)
         obj.facts = dict(facts or {})
         obj.shares = tuple(int(x) for x in shares) if shares else None
-        obj.sync = sync
         return obj
 
 
 def with_facts(partition: Partition, facts: Mapping[str, Any], stages: Partition | None = None) -> Placed:
-    """``partition`` (or ``stages`` in its place) with ``facts`` added to its own, keeping its shares and sync."""
+    """``partition`` (or ``stages`` in its place) with ``facts`` added to its own, keeping its shares."""
     return Placed(partition if stages is None else stages, {**facts_of(partition), **facts},
-                  shares=getattr(partition, "shares", None), sync=getattr(partition, "sync", DEFAULT_SYNC))
+                  shares=getattr(partition, "shares", None))
 
 
 def facts_of(partition: Partition) -> Mapping[str, Any]:

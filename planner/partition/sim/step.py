@@ -75,10 +75,12 @@ def settle(run: Callable[[Mapping[str, float]], SimResult], cluster: Cluster) ->
 
 
 def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
-                  cluster: Cluster, schedule: str, *, record_events: bool = True) -> SimResult:
+                  cluster: Cluster, schedule: str, *, period: int = 1, record_events: bool = True) -> SimResult:
     """One step of replica pipelines ``pipelines[r]`` with ``shares[r]`` micro-batches each (one pipeline: the
     plain pipeline simulation, ``sync_s`` unused), then ``sync_s[s]`` to all-reduce stage ``s``; settled on
-    shared cores."""
+    shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
+    mean step: each aggregation's time is spread over the ``period`` steps it serves."""
+    sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1:
         return settle(lambda stretch: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
                                                record_events=record_events), cluster)

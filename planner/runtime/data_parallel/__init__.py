@@ -6,10 +6,15 @@ their updates. The worker calls one ``UpdateSync`` per rank at two points of a s
 
 - ``after_backward(params)``: the step's gradients are complete (accumulated over this replica's
   micro-batches and averaged by ``pipeline.stages.average_grads``); a synchronous mode averages them here;
-- ``after_step(params)``: the optimizer has stepped; a mode that averages parameters does it here.
+- ``after_step(params)``: the optimizer has stepped; a mode that averages parameters does it here;
 
-Modes: ``SingleReplica`` (degree 1: pure pipelines) and ``Synchronous`` (``ssgd``: gradients averaged every
-step, weighted by each replica's samples). ``sync_for`` refuses any other ``data_parallel.sync`` in one line.
+and ``after_round(losses, compute_s)`` after every round (the round's step losses, the same on every rank, and
+this rank's compute seconds per step), ``finish(params)`` before anything reads the model (evaluation, a
+re-plan, the end of the run), ``report()`` for the run summary.
+
+Modes: ``SingleReplica`` (degree 1: pure pipelines), ``Synchronous`` (``ssgd``: gradients averaged every
+step, weighted by each replica's samples), and in ``local.py`` ``LocalSGD`` (``local-sgd``) and ``Adaptive``
+(``adaptive``, docs/sync.md). ``sync_for`` refuses any other ``data_parallel.sync`` in one line.
 
 How ``ssgd`` averages: after the schedule, each replica's gradients are the *sum* over its own micro-batches
 (``scale_grads=False``); ``Synchronous.after_backward`` divides them by the step's global micro-batch count and
@@ -28,7 +33,7 @@ group, which is wrong for uneven shares. The flat all-reduce after the schedule 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,9 +41,10 @@ from torch import nn
 
 from planner.errors import PlanMismatchError
 from planner.formats.plan import SYNC_MODES, Plan
+from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD
 
-__all__ = ["UpdateSync", "SingleReplica", "Synchronous", "SYNC_MODES", "sync_for"]
-
+__all__ = ["UpdateSync", "SingleReplica", "Synchronous", "LocalSGD", "Adaptive", "AdaptiveOptions", "SYNC_MODES",
+           "sync_for"]
 
 
 class UpdateSync(Protocol):
@@ -52,8 +58,27 @@ class UpdateSync(Protocol):
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
+    def after_round(self, losses: Sequence[float], compute_s: float) -> None: ...
 
-class SingleReplica:
+    def finish(self, params: Mapping[str, nn.Parameter]) -> None: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+
+class _EveryStep:
+    """What the modes that combine every step (or never) do between rounds: nothing."""
+
+    def after_round(self, losses: Sequence[float], compute_s: float) -> None:
+        return None
+
+    def finish(self, params: Mapping[str, nn.Parameter]) -> None:
+        return None
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
+class SingleReplica(_EveryStep):
     """Degree 1: nothing to combine."""
 
     mode = "none"
@@ -66,7 +91,7 @@ class SingleReplica:
         return None
 
 
-class Synchronous:
+class Synchronous(_EveryStep):
     """``ssgd``: gradients summed over micro-batches, divided by the global count and summed over the replicas."""
 
     mode = "ssgd"
@@ -94,9 +119,11 @@ class Synchronous:
         return None
 
 
-def sync_for(plan: Plan, group: Any = None) -> UpdateSync:
-    """The ``UpdateSync`` of ``plan`` over this rank's ``dp`` ``group``; a sync mode this runtime does not have is
-    refused in one line (before any rank starts: ``group`` may be ``None`` there)."""
+def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequence[torch.Tensor] = (),
+             options: AdaptiveOptions | None = None, world: Any = None) -> UpdateSync:
+    """The ``UpdateSync`` of ``plan`` for this rank (``replica``, holding ``buffers``) over its ``dp`` ``group``
+    (``world``: every rank, for decisions all must share); a sync mode this runtime does not have is refused in one
+    line (before any rank starts: ``group`` may be ``None`` there)."""
     shape = plan.shape()
     if not shape.replicated:
         return SingleReplica()
@@ -105,4 +132,9 @@ def sync_for(plan: Plan, group: Any = None) -> UpdateSync:
         raise PlanMismatchError(f"the plan's data_parallel.sync is {mode!r}, but this version of plan run synchronises "
                                 f"replicas with {', '.join(SYNC_MODES)} only; set data_parallel.sync to ssgd or "
                                 f"re-partition")
+    if mode == "local-sgd":
+        return LocalSGD(group, shape.shares[replica], plan.microbatches, shape.period, buffers)
+    if mode == "adaptive":
+        return Adaptive(group, shape.shares[replica], plan.microbatches, shape.period, buffers,
+                        options or AdaptiveOptions(), world)
     return Synchronous(group, plan.microbatches)

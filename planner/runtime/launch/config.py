@@ -59,6 +59,18 @@ class RunConfig:
     """End the run at the evaluation that reaches ``target``."""
     emulate_link: str | None = None
     """``BANDWIDTH[,LATENCY]``: every transfer between ranks takes that much longer (testing aid)."""
+    sync: str | None = None
+    """``--sync``: how replicas combine their updates (default: the plan's ``data_parallel.sync``)."""
+    sync_period: int | None = None
+    """``--sync-period``: local steps between aggregations (default: the plan's)."""
+    sync_elastic: float = 0.1
+    """``adaptive``: share of its drift a local model gives back every local step."""
+    sync_chunk_bytes: int = 1 << 18
+    """``adaptive``: size of the sub-tensors an aggregation is cut into."""
+    sync_overhead: float = 0.1
+    """``adaptive``: largest share of the step time aggregations may take."""
+    sync_max_period: int = 32
+    """``adaptive``: the longest interval."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
     config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.

@@ -24,7 +24,8 @@ from planner.data import factory as data_mod
 from planner.runtime.launch.config import RunConfig
 from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.resume import Resume, check_resume, run_identity
-from planner.runtime.data_parallel import sync_for
+from planner.partition.search.sync_period import AdaptiveRule
+from planner.runtime.data_parallel import AdaptiveOptions, sync_for
 from planner.runtime.pipeline.stages import rank_of_stages, replica_layout
 from planner.runtime.pipeline.training import TrainSettings, check_graph, check_plan_nodes, resolve_optimizer, split_batch
 
@@ -57,6 +58,8 @@ class Prepared:
     """What the run depends on (``resume.run_identity``), recorded in its checkpoints."""
     resume: Resume | None = None
     """The checkpoint this run resumes from, checked against the run (``None``: it starts afresh)."""
+    sync_options: AdaptiveOptions | None = None
+    """``--sync adaptive``'s knobs (``None``: the defaults)."""
 
 
 def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, Profile, str]:
@@ -71,6 +74,44 @@ def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, P
     return plan, profile, where
 
 
+def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
+    """The plan under ``--sync MODE`` and ``--sync-period H``: its ``data_parallel`` rewritten and its step time
+    re-simulated with one aggregation per period (``adaptive`` without ``--sync-period``: the rule's first
+    interval on the plan's predicted times). A plan without replicas is refused: there is nothing to combine."""
+    if config.sync is None and config.sync_period is None:
+        return plan
+    shape = plan.shape()
+    sync = config.sync or shape.sync
+    if not shape.replicated:
+        raise UsageError(f"--sync {sync} combines replicas, but the plan {config.plan!r} is a pure pipeline of "
+                         f"{len(plan.stages)} stage(s) with none; re-partition with --data-parallel N (N > 1) "
+                         f"or drop --sync")
+    period = config.sync_period if config.sync_period is not None else (shape.period if sync == shape.sync else None)
+    from planner.partition.model.cost import shape_of
+    from planner.partition.model.convert import partition_of
+    from planner.partition.model.problem import check_sync, with_sync
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    period = check_sync(sync, period)
+    if not isinstance(plan.extra.get("cluster"), Mapping):
+        raise UsageError(f"--sync {sync} re-predicts the plan's step, and the plan {config.plan!r} embeds no "
+                         f"cluster; make the plan with plan partition --sync {sync}, which embeds it")
+    from planner.clusters import embedded_cluster
+    from planner.formats.catalog import load_catalog
+
+    model = RoundModel.build(profile, embedded_cluster(plan), plan, config.microbatch_size, load_catalog())
+    problem = with_sync(model.problem, sync, period)
+    synced = shape_of(problem, partition_of(problem, plan))
+    data_parallel = {**plan.extra["data_parallel"], "sync": sync} if isinstance(plan.extra.get("data_parallel"), Mapping) \
+        else {"degree": synced.degree, "microbatches": list(synced.shares), "sync": sync}
+    data_parallel.pop("period", None)
+    if synced.period != 1 or sync != "ssgd":
+        data_parallel["period"] = synced.period
+    resynced = replace(plan, extra={**plan.extra, "data_parallel": data_parallel})
+    step = model.step_time_s(resynced, dict(plan.extra.get("speed_factors") or {}))
+    return replace(resynced, predicted={**plan.predicted, "step_time_s": step})
+
+
 def world_size_of(plan: Plan) -> int:
     """Ranks a plan needs: its distinct devices, replicas included."""
     layout, _ = replica_layout(plan)
@@ -83,7 +124,7 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     ``world_size``: the ranks started, which must be the plan's device count (``None``: not checked)."""
     plan, profile, where = load_checked_plan(config.plan, config.profile)
     mismatch = check_device_types(plan, device, config.allow_device_mismatch)
-    plan = with_emulated_link(plan, profile, config)
+    plan = with_sync_mode(with_emulated_link(plan, profile, config), profile, config)
     need = world_size_of(plan)
     if world_size is not None and world_size != need:
         layout, _ = replica_layout(plan)
@@ -116,7 +157,13 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     resume = check_resume(config.options.get("checkpoint_dir"), config.steps, identity, plan, config.plan)
     return Prepared(plan, profile, module, captured, data.spec, settings, data.batch, val_batch=data.val_batch,
                     custom_loss=data.custom_loss, data_fingerprint=data.fingerprint, device_mismatch=mismatch,
-                    identity=identity, resume=resume)
+                    identity=identity, resume=resume, sync_options=sync_options(config))
+
+
+def sync_options(config: "RunConfig") -> AdaptiveOptions:
+    """``--sync adaptive``'s knobs from the config (checked by ``planner.app.run`` before any rank starts)."""
+    return AdaptiveOptions(AdaptiveRule(overhead=config.sync_overhead, max_period=config.sync_max_period),
+                           elastic=config.sync_elastic, chunk_bytes=config.sync_chunk_bytes)
 
 
 def preflight(config: "RunConfig") -> Prepared:

@@ -84,7 +84,11 @@ class RankRun:
         """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
         self.stages = stages
         self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss))
-        self.sync = sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None)
+        if getattr(self, "sync", None) is not None:
+            self.sync.finish(self.stages.params)  # an aggregation in flight lands on the old stages
+        self.sync = sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None,
+                             replica=stages.replica, buffers=[b for st in stages.stages for b in st.submod.buffers()],
+                             options=self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
 
@@ -127,6 +131,7 @@ class RankRun:
         through the same stages; parameters and buffers are as they were before (a training-mode BatchNorm's
         running statistics are restored). Collective; every rank returns the same numbers."""
         assert self.prepared.val_batch is not None
+        self.sync.finish(self.stages.params)
         spec = self.prepared.spec
         buffers = [b for st in self.stages.stages for b in st.submod.buffers()]
         saved = [b.detach().clone() for b in buffers]
@@ -154,13 +159,15 @@ class RankRun:
     def train_round(self, steps: int) -> RoundEnd:
         """``steps`` steps, then the step losses summed over the replicas' last stages, on every rank."""
         first, local = self.step, []
-        start = time.perf_counter()
+        start, exposed = time.perf_counter(), self.sync.report().get("exposed_s", 0.0)
         for _ in range(steps):
             local.append(self.train_step())
         wall_s = time.perf_counter() - start
         losses = torch.tensor([x if x is not None else 0.0 for x in local], dtype=torch.float64, device=self.device)
         dist.all_reduce(losses)
         stats = RoundEnd(len(self.rounds), first, steps, wall_s, tuple(losses.tolist()))
+        waited = self.sync.report().get("exposed_s", 0.0) - exposed
+        self.sync.after_round(stats.losses, (wall_s - waited) / steps)
         self.losses.extend(stats.losses)
         self.rounds.append(stats)
         return stats
@@ -231,6 +238,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         every = config.eval_every
         if every and (run.step // every > stats.first_step // every or run.step >= config.steps):
             stop = evaluate()
+    run.sync.finish(run.stages.params)
     wall_s = time.perf_counter() - start - eval_s
     for hook in hooks:
         hook.on_end(run)
@@ -250,7 +258,8 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "bytes_sent": None,  # filled in by run_rank (every rank's, summed)
         "data": {"source": config.data or "synthetic", "task": prepared.spec.loss,
                  "fingerprint": prepared.data_fingerprint},
-        "sync": {"mode": run.sync.mode, "degree": run.stages.degree, "shares": list(run.stages.shares)},
+        "sync": {"mode": run.sync.mode, "degree": run.stages.degree, "shares": list(run.stages.shares),
+                 **run.sync.report()},
         "replica": run.stages.replica,
         "step_time_s": steady_step_time_s(run.rounds),
         "predicted_step_time_s": run.plan.step_time_s,

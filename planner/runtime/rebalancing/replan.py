@@ -22,7 +22,7 @@ from planner.partition import partition
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import evaluate, step_time_s
 from planner.partition.model.convert import partition_of
-from planner.partition.model.problem import Problem, build_problem
+from planner.partition.model.problem import Problem, build_problem, with_sync
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
 from planner.partition.search.speed import Held
 
@@ -71,8 +71,8 @@ class RoundModel:
     @staticmethod
     def build(profile: Profile, cluster: Cluster, plan: Plan, microbatch_size: int | None = None,
               catalog: Mapping[str, DeviceSpec] | None = None) -> "RoundModel":
-        problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
-                                optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog)
+        problem = _synced(build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
+                                        optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog), plan)
         profiled = int(profile.model.get("microbatch_size", 0) or 0)
         scale = microbatch_size / profiled if microbatch_size and profiled else 1.0
         return RoundModel(profile, cluster, problem, profile.node_index(), scale, catalog)
@@ -126,7 +126,13 @@ class RoundModel:
         problem = build_problem(self.profile, self.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                 optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog,
                                 corrections=corrections)
-        return step_time_s(problem, partition_of(problem, plan))
+        return step_time_s(_synced(problem, plan), partition_of(problem, plan))
+
+
+def _synced(problem: Problem, plan: Plan) -> Problem:
+    """``problem`` with ``plan``'s sync mode and period, so its step is simulated as the run aggregates."""
+    shape = plan.shape()
+    return with_sync(problem, shape.sync, shape.period)
 
 
 def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
@@ -158,7 +164,7 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
         plan = partition(model.profile, model.cluster, method=method, microbatches=current.microbatches,
                          schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
                          speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
-                         catalog=model.catalog,
+                         catalog=model.catalog, sync=current.shape().sync, sync_period=current.shape().period,
                          data_parallel=current.shape().degree)  # a hybrid plan keeps its degree; cuts and shares move
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")

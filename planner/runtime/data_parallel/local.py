@@ -1,0 +1,247 @@
+"""Local steps between aggregations: ``local-sgd`` (the baseline) and ``adaptive`` (the multi-step delayed update method of docs/methods.md), docs/sync.md.
+
+Both train each replica on its own share for several optimizer steps and then average the replicas' models,
+weighting replica ``r`` by its share ``m_r / m`` of the step's micro-batches (with even shares: the plain mean).
+Each replica's gradient is the mean over its own micro-batches, so with one local step and a linear optimizer
+(plain SGD, or SGD with momentum) an aggregation gives exactly ``ssgd``'s step.
+
+What is averaged, and what is not:
+
+- every parameter, whether or not it has a gradient this step (torch's ``PeriodicModelAverager`` skips
+  parameters whose ``.grad`` is ``None`` and averages equally, which uneven shares cannot use; that is why
+  this module does its own flat, weighted all-reduce);
+- every floating-point buffer (BatchNorm's running mean and variance), with the same weights, so evaluation
+  sees one model; integer buffers (``num_batches_tracked``) stay as they are, equal on every replica anyway;
+- optimizer state stays local, as in torch's ``PostLocalSGDOptimizer``: momentum and Adam's moments are
+  per replica and keep following their replica's gradients.
+
+``adaptive`` adds the three parts of the multi-step delayed update method (docs/methods.md):
+
+1. **the interval** ``H`` is re-chosen every round from the measured step compute, the measured cost of an
+   aggregation and the training loss (``planner.partition.search.sync_period``); every rank of the world
+   agrees on it through one small all-reduce per round;
+2. **a parameter correction** between aggregations: an elastic pull (EASGD, Zhang, Choromanska and LeCun,
+   NeurIPS 2015) of each local model towards where the global model is expected to be, the last global model
+   moved on by the global progress per step of the last interval. Progress the replicas share is not pulled
+   back; each replica's own drift ``e`` shrinks by ``(1 - elastic)`` every step, so it stays within
+   ``(1 - elastic) / elastic`` times the largest per-step deviation of its updates from the global progress;
+3. **prioritised sub-tensors**: an aggregation cuts the flat model delta into chunks of ``chunk_bytes`` in
+   forward order (the first layer's parameters first, as ByteScheduler and P3 order them), starts one
+   asynchronous all-reduce per chunk in that order, and trains the next step while they travel; the averaged
+   chunks are applied, in the same order, before that next step's optimizer update. The replicas' gradients
+   of that step are therefore taken at the pre-aggregation model (a one-step delay, as in Overlap Local SGD,
+   Wang et al. 2020). Parameters are final only after the optimizer step, so the aggregation cannot start
+   during the same step's backward pass; it overlaps the next step's forward and backward instead. The time
+   the aggregation still blocks is measured (``exposed_s``) beside its full cost (``cost_s``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.partition.search.sync_period import AdaptiveRule, next_period
+
+__all__ = ["LocalSGD", "Adaptive", "AdaptiveOptions", "chunk_bounds", "flat_of", "assign_flat"]
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """``plan run --sync adaptive``'s knobs (docs/sync.md)."""
+
+    rule: AdaptiveRule = AdaptiveRule()
+    elastic: float = 0.1
+    """Share of its drift a local model gives back every local step (0: no correction)."""
+    chunk_bytes: int = 1 << 18
+    """Size of the sub-tensors an aggregation is cut into (256 KiB)."""
+
+
+def chunk_bounds(numel: int, element_size: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` element ranges of a flat tensor of ``numel`` elements cut into chunks of at most
+    ``chunk_bytes`` bytes (at least one element each), in order: the send order, first layers first."""
+    per = max(1, chunk_bytes // max(element_size, 1))
+    return [(start, min(start + per, numel)) for start in range(0, numel, per)]
+
+
+def flat_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors concatenated into one flat float32 copy (in the given order)."""
+    if not tensors:
+        return torch.zeros(0)
+    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+
+
+def assign_flat(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` (as made by ``flat_of``) back into ``tensors``."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
+            offset += t.numel()
+
+
+class LocalSGD:
+    """``local-sgd``: ``period`` local optimizer steps, then the replicas' parameters and float buffers averaged,
+    weighted by their shares (module docstring)."""
+
+    mode = "local-sgd"
+    reduces_in_backward = True
+    """``after_backward`` turns the summed gradients into this replica's own mean (the worker does not)."""
+
+    def __init__(self, group: Any, share: int, microbatches: int, period: int,
+                 buffers: Sequence[torch.Tensor] = ()) -> None:
+        self.group = group
+        self.share = share
+        self.weight = share / microbatches
+        self.period = period
+        self.buffers = [b for b in buffers if b.is_floating_point()]
+        self.since = 0
+        """Local steps since the last aggregation."""
+        self.aggregations = 0
+        self.cost_s = 0.0
+        """Seconds the aggregations took from start to finish."""
+        self.exposed_s = 0.0
+        """Of those, the seconds training waited for them."""
+        self.periods: list[int] = []
+        """The interval in force at each aggregation."""
+
+    def state(self, params: Mapping[str, nn.Parameter]) -> list[torch.Tensor]:
+        """What an aggregation averages, in forward order: the parameters, then the float buffers."""
+        return [p.data for p in params.values()] + [b.data for b in self.buffers]
+
+    def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
+        for p in params.values():
+            if p.grad is not None:
+                p.grad.div_(self.share)
+
+    def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
+        self.since += 1
+        if self.since < self.period:
+            return
+        began = time.perf_counter()
+        tensors = self.state(params)
+        flat = flat_of(tensors).mul_(self.weight)
+        dist.all_reduce(flat, group=self.group)
+        assign_flat(tensors, flat)
+        spent = time.perf_counter() - began
+        self.cost_s += spent
+        self.exposed_s += spent
+        self.aggregations += 1
+        self.periods.append(self.period)
+        self.since = 0
+
+    def after_round(self, losses: Sequence[float], compute_s: float) -> None:
+        return None
+
+    def finish(self, params: Mapping[str, nn.Parameter]) -> None:
+        """Nothing is in flight between steps (aggregations block)."""
+        return None
+
+    def report(self) -> dict[str, Any]:
+        """What the run summary says about the aggregations."""
+        return {"period": self.period, "aggregations": self.aggregations, "periods": list(self.periods),
+                "aggregation_s": self.cost_s, "exposed_s": self.exposed_s,
+                "hidden_fraction": 1.0 - self.exposed_s / self.cost_s if self.cost_s > 0 else None}
+
+
+class Adaptive(LocalSGD):
+    """``adaptive`` (docs/sync.md): the interval adapts, an elastic correction keeps local models near the expected
+    global one, and aggregations travel as prioritised asynchronous chunks (module docstring)."""
+
+    mode = "adaptive"
+
+    def __init__(self, group: Any, share: int, microbatches: int, period: int, buffers: Sequence[torch.Tensor] = (),
+                 options: AdaptiveOptions = AdaptiveOptions(), world: Any = None) -> None:
+        super().__init__(group, share, microbatches, period, buffers)
+        self.options = options
+        self.world = world
+        self.anchor: torch.Tensor | None = None
+        """The last global model (flat)."""
+        self.velocity: torch.Tensor | None = None
+        """The global model's progress per local step over the last interval."""
+        self.pending: list[tuple[Any, int, int]] = []
+        """In-flight chunks: (work, start, stop) in send order."""
+        self.sent: torch.Tensor | None = None
+        self.snapshot: torch.Tensor | None = None
+        self.launched_at = 0.0
+        self.order: list[tuple[int, int]] = []
+        """The chunk ranges of the last aggregation, in the order they were sent."""
+        self.loss_start: float | None = None
+        self.last_cost_s: float | None = None
+
+    def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
+        super().after_backward(params)
+        if self.pending:
+            self._land(self.state(params))
+
+    def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
+        tensors = self.state(params)
+        if self.anchor is None:
+            self.anchor = flat_of(tensors)
+        self.since += 1
+        if self.since < self.period:
+            self._pull(tensors)
+            return
+        self._launch(tensors)
+
+    def finish(self, params: Mapping[str, nn.Parameter]) -> None:
+        """Land an aggregation still in flight (before evaluating, re-planning or saving)."""
+        if self.pending:
+            self._land(self.state(params))
+
+    def _pull(self, tensors: list[torch.Tensor]) -> None:
+        """The elastic correction: towards the anchor moved on by the global velocity."""
+        alpha = self.options.elastic
+        if alpha <= 0.0 or self.anchor is None:
+            return
+        expected = self.anchor if self.velocity is None else self.anchor + self.velocity * self.since
+        local = flat_of(tensors)
+        assign_flat(tensors, local.sub_(local.sub(expected).mul_(alpha)))
+
+    def _launch(self, tensors: list[torch.Tensor]) -> None:
+        assert self.anchor is not None
+        self.launched_at = time.perf_counter()
+        self.snapshot = flat_of(tensors)
+        self.sent = self.snapshot.sub(self.anchor).mul_(self.weight)
+        self.order = chunk_bounds(self.sent.numel(), self.sent.element_size(), self.options.chunk_bytes)
+        self.pending = [(dist.all_reduce(self.sent[a:b], group=self.group, async_op=True), a, b)
+                        for a, b in self.order]
+        self.periods.append(self.period)
+        self.since = 0
+
+    def _land(self, tensors: list[torch.Tensor]) -> None:
+        """Wait for the chunks in send order and move the local model by (global delta - own delta)."""
+        assert self.anchor is not None and self.snapshot is not None and self.sent is not None
+        waited = time.perf_counter()
+        for work, _, _ in self.pending:
+            work.wait()
+        done = time.perf_counter()
+        self.pending = []
+        local = flat_of(tensors)
+        own = self.snapshot - self.anchor
+        local.add_(self.sent - own)  # self.sent now holds the weighted sum: the global delta
+        assign_flat(tensors, local)
+        period = max(self.periods[-1], 1)
+        self.velocity = self.sent / period
+        self.anchor = self.anchor + self.sent
+        self.exposed_s += done - waited
+        self.last_cost_s = done - self.launched_at
+        self.cost_s += self.last_cost_s
+        self.aggregations += 1
+
+    def after_round(self, losses: Sequence[float], compute_s: float) -> None:
+        """Re-choose the interval from this round's measurements, the same on every rank (one all-reduce of the
+        world's largest step compute and aggregation cost)."""
+        loss = sum(losses) / len(losses) if losses else None
+        if self.loss_start is None:
+            self.loss_start = loss
+        figures = torch.tensor([compute_s, self.last_cost_s or 0.0], dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.world)
+        step_s, cost_s = figures.tolist()
+        if cost_s <= 0.0:
+            return  # nothing aggregated yet: keep the plan's first interval
+        self.period = next_period(step_s, cost_s, self.loss_start, loss, self.options.rule)
