@@ -165,7 +165,7 @@ def _one_interval(rank: int, world: int) -> None:
     import torch.distributed as dist
 
     sync = Adaptive(dist.group.WORLD, 1, 2, 4)
-    sync.last_cost_s = 0.02 if rank == 0 else 0.05  # ranks measure differently ...
+    sync.last_exposed_s = 0.02 if rank == 0 else 0.05  # ranks measure differently ...
     sync.after_round([2.0, 1.9], 0.01 * (rank + 1))
     periods = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(periods, torch.tensor([float(sync.period)]))

@@ -50,7 +50,8 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
                           for sim, stage, devices in zip(stages, plan.stages, shape.replicas)])
     shares = shape.shares
     sync = [float(stage.extra.get("sync_s") or 0.0) for stage in plan.stages]
-    return simulate_step(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule, period=shape.period)
+    return simulate_step(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule, period=shape.period,
+                         overlap=shape.sync == "adaptive")
 
 
 def _replica_figures(stage: Stage, r: int, what: str) -> dict[str, float]:

@@ -22,7 +22,7 @@ from planner.partition.model.problem import (Partition, Problem, StageSpec, degr
 from planner.partition.model.tables import CostTables
 from planner.partition.sim.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
 from planner.partition.sim.simulate import SimResult, SimStage
-from planner.partition.sim.step import simulate_step
+from planner.partition.sim.step import exposed_sync_s, simulate_step
 
 # --- O(1) stage figures for placers -------------------------------------------------------------
 
@@ -227,14 +227,14 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
                              problem.schedule, record_events=record_events)
     pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
     shares, syncs = shares_of(partition, problem.microbatches), [stage_sync_s(problem, st) for st in partition]
-    return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule,
+    return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule, overlap=problem.sync == "adaptive",
                          period=_period(problem, pipelines, shares, syncs), record_events=record_events)
 
 
 def sync_period(problem: Problem, partition: Partition) -> int:
     """Local steps between the replicas' aggregations: 1 for ``ssgd`` and pure pipelines, the problem's period for
-    ``local-sgd``, and for ``adaptive`` without one the adaptive rule's first interval on the predicted times
-    (``planner.partition.search.sync_period.initial_period``)."""
+    ``local-sgd``, and for ``adaptive`` without one the adaptive rule's first interval on the predicted step
+    compute and the aggregation time it does not hide (``planner.partition.search.sync_period.initial_period``)."""
     degree = degree_of(partition)
     if degree == 1:
         return 1
@@ -250,7 +250,8 @@ def _period(problem: Problem, pipelines: list[tuple[SimStage, ...]], shares: tup
 
     compute = simulate_step(pipelines, shares, [0.0] * len(syncs), problem.cluster, problem.schedule,
                             record_events=False).step_time_s
-    return initial_period(compute, max(syncs, default=0.0))
+    exposed = exposed_sync_s(pipelines, shares, syncs, problem.cluster, problem.schedule)
+    return initial_period(compute, max(exposed, default=0.0))
 
 
 def shape_of(problem: Problem, partition: Partition) -> ParallelShape:

@@ -75,11 +75,16 @@ def settle(run: Callable[[Mapping[str, float]], SimResult], cluster: Cluster) ->
 
 
 def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
-                  cluster: Cluster, schedule: str, *, period: int = 1, record_events: bool = True) -> SimResult:
+                  cluster: Cluster, schedule: str, *, period: int = 1, overlap: bool = False,
+                  record_events: bool = True) -> SimResult:
     """One step of replica pipelines ``pipelines[r]`` with ``shares[r]`` micro-batches each (one pipeline: the
     plain pipeline simulation, ``sync_s`` unused), then ``sync_s[s]`` to all-reduce stage ``s``; settled on
     shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
-    mean step: each aggregation's time is spread over the ``period`` steps it serves."""
+    mean step: each aggregation's time is spread over the ``period`` steps it serves. With ``overlap``
+    (``adaptive``: the aggregation travels during the next step), only what outlasts a step's compute is
+    charged (``exposed_sync_s``)."""
+    if overlap and len(pipelines) > 1:
+        sync_s = exposed_sync_s(pipelines, shares, sync_s, cluster, schedule)
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1:
         return settle(lambda stretch: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
@@ -91,6 +96,13 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
                                record_events=record_events)
 
     return settle(run, cluster)
+
+
+def exposed_sync_s(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
+                   cluster: Cluster, schedule: str) -> list[float]:
+    """Each stage's aggregation time that a step's compute (the step simulated without syncs) does not hide."""
+    compute = simulate_step(pipelines, shares, [0.0] * len(sync_s), cluster, schedule, record_events=False).step_time_s
+    return [max(s - compute, 0.0) for s in sync_s]
 
 
 def _stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[SimStage, ...]:

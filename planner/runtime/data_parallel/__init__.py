@@ -33,6 +33,7 @@ group, which is wrong for uneven shares. The flat all-reduce after the schedule 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping, Protocol, Sequence
 
 import torch
@@ -101,6 +102,9 @@ class Synchronous(_EveryStep):
     def __init__(self, group: Any, microbatches: int) -> None:
         self.group = group
         self.microbatches = microbatches
+        self.aggregations = 0
+        self.blocked_s = 0.0
+        """Seconds the all-reduces blocked training (all of their time: they do not overlap)."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params.values()]
@@ -109,7 +113,10 @@ class Synchronous(_EveryStep):
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.microbatches)
+        began = time.perf_counter()
         dist.all_reduce(flat, group=self.group)
+        self.blocked_s += time.perf_counter() - began
+        self.aggregations += 1
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -117,6 +124,10 @@ class Synchronous(_EveryStep):
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
         return None
+
+    def report(self) -> dict[str, Any]:
+        return {"period": 1, "aggregations": self.aggregations, "aggregation_s": self.blocked_s,
+                "exposed_s": self.blocked_s, "hidden_fraction": 0.0 if self.aggregations else None}
 
 
 def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequence[torch.Tensor] = (),

@@ -171,7 +171,11 @@ class Adaptive(LocalSGD):
         self.order: list[tuple[int, int]] = []
         """The chunk ranges of the last aggregation, in the order they were sent."""
         self.loss_start: float | None = None
-        self.last_cost_s: float | None = None
+        self.last_exposed_s: float | None = None
+        """What the last aggregation took from training: the wait for it and its copies (the rule's cost)."""
+        self.copy_s = 0.0
+        self.copy_total_s = 0.0
+        """Seconds spent copying and combining the flat models (not waiting)."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
         super().after_backward(params)
@@ -212,6 +216,7 @@ class Adaptive(LocalSGD):
                         for a, b in self.order]
         self.periods.append(self.period)
         self.since = 0
+        self.copy_s = time.perf_counter() - self.launched_at
 
     def _land(self, tensors: list[torch.Tensor]) -> None:
         """Wait for the chunks in send order and move the local model by (global delta - own delta)."""
@@ -221,27 +226,33 @@ class Adaptive(LocalSGD):
             work.wait()
         done = time.perf_counter()
         self.pending = []
-        local = flat_of(tensors)
-        own = self.snapshot - self.anchor
-        local.add_(self.sent - own)  # self.sent now holds the weighted sum: the global delta
-        assign_flat(tensors, local)
-        period = max(self.periods[-1], 1)
-        self.velocity = self.sent / period
-        self.anchor = self.anchor + self.sent
+        # self.sent now holds the weighted sum, the global delta: the new global model is anchor + sent, and
+        # the local model keeps the progress it made since the snapshot on top of it.
+        self.anchor.add_(self.sent)
+        assign_flat(tensors, flat_of(tensors).sub_(self.snapshot).add_(self.anchor))
+        self.velocity = self.sent.div_(max(self.periods[-1], 1))
+        self.snapshot = None
+        copied = self.copy_s + time.perf_counter() - done
         self.exposed_s += done - waited
-        self.last_cost_s = done - self.launched_at
-        self.cost_s += self.last_cost_s
+        self.copy_total_s += copied
+        self.last_exposed_s = done - waited + copied
+        self.cost_s += done - self.launched_at
         self.aggregations += 1
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(), "copy_s": self.copy_total_s}
 
     def after_round(self, losses: Sequence[float], compute_s: float) -> None:
         """Re-choose the interval from this round's measurements, the same on every rank (one all-reduce of the
-        world's largest step compute and aggregation cost)."""
+        world's largest step compute and aggregation cost: the wait once the overlap has hidden what it can, and
+        the copies that combine the models)."""
         loss = sum(losses) / len(losses) if losses else None
         if self.loss_start is None:
             self.loss_start = loss
-        figures = torch.tensor([compute_s, self.last_cost_s or 0.0], dtype=torch.float64)
+        figures = torch.tensor([compute_s, -1.0 if self.last_exposed_s is None else self.last_exposed_s],
+                               dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.world)
-        step_s, cost_s = figures.tolist()
-        if cost_s <= 0.0:
+        step_s, exposed_s = figures.tolist()
+        if exposed_s < 0.0:
             return  # nothing aggregated yet: keep the plan's first interval
-        self.period = next_period(step_s, cost_s, self.loss_start, loss, self.options.rule)
+        self.period = next_period(step_s, exposed_s, self.loss_start, loss, self.options.rule)

@@ -1,0 +1,203 @@
+"""Benchmark of the sync modes (docs/sync.md) the way the multi-step delayed update paper judges them: time to a
+target at equal final accuracy, against SSGD and Local SGD.
+
+Pure data parallelism on 2 CPU ranks (``plan partition -d 2``, one stage x 2 replicas, 8 micro-batches), on
+two emulated links (``--emulate-link``: 1e8 B/s with 5 ms, and 1e9 B/s with 0.5 ms), with modes ``ssgd``,
+``local-sgd`` with H = 4 and 16, and ``adaptive``, each with 3 seeds:
+
+- digits: ``digits_cnn`` on scikit-learn's digits, Adam lr 1e-3, target 95% validation accuracy;
+- text: ``gpt_bytes`` on the standard library's source bytes, Adam lr 3e-3, target validation loss 3.0.
+
+Reported per data set, link and mode (medians of the seeds): training time to target (evaluation excluded),
+final validation metric, bytes sent, the aggregation time training waited for, and for ``adaptive`` the
+share of one blocking all-reduce per step that its overlap hid (``1 - exposed per aggregation / ssgd's
+measured all-reduce``, both from this run). Curves by ``plan curves``. Writes docs/bench-sync.md,
+docs/bench-sync.json and docs/img/sync-*.{png,svg}; the 1-minute load average is recorded around every run.
+
+    python3 bench/sync.py                       # everything (about 15 minutes)
+    python3 bench/sync.py --data digits --seeds 1
+    python3 bench/sync.py --render               # the page again from docs/bench-sync.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _paths import REPO  # first: the repository on sys.path
+
+WORK = REPO / "bench" / ".cache" / "sync"
+OUTPUT = REPO / "docs" / "bench-sync.md"
+RESULTS = REPO / "docs" / "bench-sync.json"
+IMAGES = REPO / "docs" / "img"
+PLAN = [sys.executable, "-c", "from planner.cli import main; main()"]
+
+DATA = {
+    "digits": {"model": "planner.examples.digits:digits_cnn", "data": "planner.data.digits:batches", "steps": 300,
+               "lr": 0.001, "target": "accuracy=0.95", "eval_every": 10, "metric": "accuracy"},
+    "text": {"model": "planner.examples.gpt:gpt_bytes", "data": "planner.data.text:batches", "steps": 100,
+             "lr": 0.003, "target": "loss=3.0", "eval_every": 10, "metric": "loss"},
+}
+LINKS = {"slow": "1e8,0.005", "fast": "1e9,0.0005"}
+MODES = {"ssgd": ["--sync", "ssgd"], "local-sgd H=4": ["--sync", "local-sgd", "--sync-period", "4"],
+         "local-sgd H=16": ["--sync", "local-sgd", "--sync-period", "16"], "adaptive": ["--sync", "adaptive"]}
+ROUND_STEPS = 20
+"""Rounds of 20 steps: the per-round bookkeeping (a barrier, the losses, the rebalancer's broadcast) costs each
+mode the same few link latencies per round."""
+
+
+def plan_cli(*args: str) -> str:
+    done = subprocess.run([*PLAN, *args], cwd=WORK, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"plan {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def make_plan(name: str, spec: dict[str, Any]) -> Path:
+    profile, plan = WORK / f"{name}-profile.json", WORK / f"{name}-plan.json"
+    plan_cli("profile", spec["model"], "-o", str(profile), "--json")
+    plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "2", "-n", "8", "-o", str(plan), "--json")
+    return plan
+
+
+def train(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list[str], seed: int) -> dict[str, Any]:
+    log = WORK / f"{tag}.jsonl"
+    log.unlink(missing_ok=True)
+    before = os.getloadavg()[0]
+    args = ["run", str(plan), spec["model"], "--data", spec["data"], "--steps", str(spec["steps"]),
+            "--round-steps", str(ROUND_STEPS), "--lr", str(spec["lr"]), "--no-rebalance", "--seed", str(seed),
+            "--eval-every", str(spec["eval_every"]), "--target", spec["target"], "--emulate-link", link,
+            "--log", str(log), "--json", *mode]
+    summary = json.loads(plan_cli(*args))
+    summary.pop("plan", None)
+    summary["load"] = [before, os.getloadavg()[0]]
+    shown = {str(plan): plan.name, str(log): f"{tag}.jsonl"}
+    summary["command"] = "plan " + " ".join(shown.get(a, a) for a in args if a != "--json")
+    (WORK / f"{tag}.json").write_text(json.dumps(summary))
+    return summary
+
+
+def row(runs: list[dict[str, Any]], metric: str, blocking_s: float | None) -> dict[str, Any]:
+    """Medians over the seeds of one data set, link and mode."""
+    def median(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if len(known) == len(values) and known else None
+
+    final = [r["eval"][-1][metric] for r in runs]
+    exposed = [r["sync"]["exposed_s"] / max(r["sync"]["aggregations"], 1) for r in runs]
+    hidden = None
+    if blocking_s and runs[0]["sync"]["mode"] == "adaptive":
+        hidden = 1.0 - statistics.median(exposed) / blocking_s
+    return {"time_to_target_s": median([r["time_to_target_s"] for r in runs]),
+            "reached": sum(r["time_to_target_s"] is not None for r in runs), "seeds": len(runs),
+            "final": statistics.median(final), "bytes_sent": statistics.median(r["bytes_sent"] for r in runs),
+            "wall_s": statistics.median(r["wall_s"] for r in runs),
+            "exposed_per_step_s": statistics.median(r["sync"]["exposed_s"] / r["steps"] for r in runs),
+            "exposed_per_aggregation_s": statistics.median(exposed), "hidden_fraction": hidden,
+            "periods": runs[0]["sync"].get("periods", [])[:12],
+            "load": [min(r["load"][0] for r in runs), max(r["load"][1] for r in runs)],
+            "command": runs[0]["command"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", nargs="*", default=list(DATA), choices=list(DATA))
+    parser.add_argument("--links", nargs="*", default=list(LINKS), choices=list(LINKS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--render", action="store_true", help="re-render the page from docs/bench-sync.json only")
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if args.render:
+        OUTPUT.write_text(render(results))
+        return
+    began = time.time()
+    for name in args.data:
+        spec = DATA[name]
+        plan = make_plan(name, spec)
+        for link_name in args.links:
+            link = LINKS[link_name]
+            runs = {mode: [] for mode in MODES}
+            for seed in range(args.seeds):
+                for mode, flags in MODES.items():  # modes interleaved, so load drift hits them alike
+                    tag = f"{name}-{link_name}-{mode.replace(' ', '').replace('=', '')}-s{seed}"
+                    print(f"{tag} ...", file=sys.stderr, flush=True)
+                    runs[mode].append(train(tag, plan, spec, link, flags, seed))
+            ssgd = runs["ssgd"]
+            blocking = statistics.median(r["sync"]["aggregation_s"] / max(r["sync"]["aggregations"], 1) for r in ssgd)
+            results[f"{name}/{link_name}"] = {
+                "data": name, "link": link, "metric": spec["metric"], "target": spec["target"],
+                "blocking_all_reduce_s": blocking, "date": time.strftime("%Y-%m-%d"),
+                "modes": {mode: row(rs, spec["metric"], blocking) for mode, rs in runs.items()}}
+            _curves(name, link_name, {mode: rs[0] for mode, rs in runs.items()})
+    results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
+                           "minutes": round((time.time() - began) / 60, 1)}
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    OUTPUT.write_text(render(results))
+    print(f"wrote {OUTPUT.relative_to(REPO)}", file=sys.stderr)
+
+
+def _curves(name: str, link_name: str, first_seed: dict[str, dict[str, Any]]) -> None:
+    """``plan curves`` over the first seed's run of every mode."""
+    logs = []
+    for mode in first_seed:
+        tag = f"{name}-{link_name}-{mode.replace(' ', '').replace('=', '')}-s0"
+        logs.append(str(WORK / f"{tag}.json"))
+    plan_cli("curves", *logs, "-o", str(IMAGES / f"sync-{name}-{link_name}.png"))
+
+
+def _fmt_s(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f}"
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = ["# Sync modes: time to target on 2 CPU ranks", "",
+             "<!-- generated by bench/sync.py; do not edit by hand -->", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; 2 gloo ranks of "
+             "pure data parallelism (1 stage x 2 replicas, 8 micro-batches), one intra-op thread each. Links emulated "
+             "with `--emulate-link` (loopback is faster than any real link). Load: the 1-minute load average before "
+             "the first and after the last run of each row (2.0 = both cores busy). Medians of the seeds. "
+             "Reproduce: `python3 bench/sync.py` (modes and seeds interleaved).", "",
+             "Columns: *to target*: training seconds (evaluation excluded) to the first evaluation that reaches the "
+             "target (evaluations come at round ends, so every 20 steps here, though `--eval-every 10`); *vs ssgd*: ssgd's time over the mode's; *final*: the last evaluation's "
+             "metric; *waited per step*: aggregation time training waited for, per step; *hidden*: for adaptive, "
+             "1 - its waited time per aggregation / ssgd's measured blocking all-reduce; *periods*: the first "
+             "intervals of seed 0.", ""]
+    for key in sorted(k for k in results if not k.startswith("_")):
+        entry = results[key]
+        modes = entry["modes"]
+        base = modes["ssgd"]["time_to_target_s"]
+        lines += [f"## {entry['data']}, link {entry['link']} (B/s, s): target {entry['target']}", "",
+                  f"Measured {entry['date']}. ssgd's blocking all-reduce: {entry['blocking_all_reduce_s'] * 1e3:.1f} ms.", "",
+                  "| mode | to target (s) | vs ssgd | reached | final " + entry["metric"] + " | bytes sent | waited per step | hidden | periods | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for mode in [m for m in MODES if m in modes]:
+            r = modes[mode]
+            ratio = f"{base / r['time_to_target_s']:.2f}x" if base and r["time_to_target_s"] else "-"
+            final = f"{r['final']:.2%}" if entry["metric"] == "accuracy" else f"{r['final']:.3f}"
+            hidden = f"{r['hidden_fraction']:.0%}" if r["hidden_fraction"] is not None else "-"
+            periods = ", ".join(str(p) for p in r["periods"]) if mode == "adaptive" else "-"
+            lines.append(f"| {mode} | {_fmt_s(r['time_to_target_s'])} | {ratio} | {r['reached']}/{r['seeds']} | {final} | "
+                         f"{r['bytes_sent'] / 1e6:.1f} MB | {r['exposed_per_step_s'] * 1e3:.2f} ms | {hidden} | {periods} | "
+                         f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
+        best_fixed = min((modes[m]["time_to_target_s"] for m in ("local-sgd H=4", "local-sgd H=16")
+                          if modes[m]["time_to_target_s"]), default=None)
+        adaptive = modes["adaptive"]["time_to_target_s"]
+        if adaptive and best_fixed:
+            lines += ["", f"adaptive against the better fixed interval: {best_fixed / adaptive:.2f}x."]
+        lines += ["", f"Command (seed 0): `{modes['adaptive']['command']}`", "",
+                  f"![{key}](img/sync-{entry['data']}-{key.split('/')[1]}.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
