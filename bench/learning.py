@@ -41,31 +41,38 @@ TEXT = {"model": "planner.examples.gpt:gpt_bytes", "data": "planner.data.text:ba
 LINK = "1e8,0.005"
 
 
-def plan_cli(*args: str) -> str:
-    done = subprocess.run([*PLAN, *args], cwd=WORK, capture_output=True, text=True)
+def plan_cli(*args: str, work: Path = WORK) -> str:
+    """``plan ARGS`` run in ``work``; its stdout, or exit with its error."""
+    done = subprocess.run([*PLAN, *args], cwd=work, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"plan {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done.stdout
 
 
-def make_plan(name: str, spec: dict[str, Any]) -> Path:
-    profile, plan = WORK / f"{name}-profile.json", WORK / f"{name}-plan.json"
-    plan_cli("profile", spec["model"], "-o", str(profile), "--json")
-    plan_cli("partition", str(profile), "--cluster", "cpu-2", "-n", str(spec["microbatches"]), "-o", str(plan), "--json")
+def make_plan(name: str, spec: dict[str, Any], *partition_args: str, work: Path = WORK) -> Path:
+    """Profile ``spec["model"]`` and partition it on ``cpu-2`` with ``spec["microbatches"]`` (and ``partition_args``)."""
+    profile, plan = work / f"{name}-profile.json", work / f"{name}-plan.json"
+    plan_cli("profile", spec["model"], "-o", str(profile), "--json", work=work)
+    plan_cli("partition", str(profile), "--cluster", "cpu-2", "-n", str(spec["microbatches"]), "-o", str(plan), "--json",
+             *partition_args, work=work)
     return plan
 
 
-def train(name: str, plan: Path, spec: dict[str, Any], *extra: str) -> dict[str, Any]:
-    log = WORK / f"{name}.jsonl"
+def train(name: str, plan: Path, spec: dict[str, Any], *extra: str, work: Path = WORK,
+          round_steps: int = 5) -> dict[str, Any]:
+    """``plan run`` of ``plan`` on ``spec``'s data with ``extra`` options; its summary (without the plan), with the
+    load around it and the command, also kept as ``work/NAME.json`` beside the round log ``NAME.jsonl``."""
+    log = work / f"{name}.jsonl"
     log.unlink(missing_ok=True)
     before = os.getloadavg()[0]
     args = ["run", str(plan), spec["model"], "--data", spec["data"], "--steps", str(spec["steps"]), "--round-steps",
-            "5", "--lr", str(spec["lr"]), "--no-rebalance", "--log", str(log), "--json", *extra]
-    summary = json.loads(plan_cli(*args))
+            str(round_steps), "--lr", str(spec["lr"]), "--no-rebalance", "--log", str(log), "--json", *extra]
+    summary = json.loads(plan_cli(*args, work=work))
+    summary.pop("plan", None)
     summary["load"] = [before, os.getloadavg()[0]]
     shown = {str(plan): plan.name, str(log): log.name}
     summary["command"] = "plan " + " ".join(shown.get(a, a) for a in args if a != "--json")
-    (WORK / f"{name}.json").write_text(json.dumps(summary))
+    (work / f"{name}.json").write_text(json.dumps(summary))
     return summary
 
 

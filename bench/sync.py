@@ -26,19 +26,18 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
+from learning import make_plan, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "sync"
 OUTPUT = REPO / "docs" / "bench-sync.md"
 RESULTS = REPO / "docs" / "bench-sync.json"
 IMAGES = REPO / "docs" / "img"
-PLAN = [sys.executable, "-c", "from planner.cli import main; main()"]
 
 DATA = {
     "digits": {"model": "planner.examples.digits:digits_cnn", "data": "planner.data.digits:batches", "steps": 300,
@@ -54,35 +53,10 @@ ROUND_STEPS = 20
 mode the same few link latencies per round."""
 
 
-def plan_cli(*args: str) -> str:
-    done = subprocess.run([*PLAN, *args], cwd=WORK, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"plan {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return done.stdout
-
-
-def make_plan(name: str, spec: dict[str, Any]) -> Path:
-    profile, plan = WORK / f"{name}-profile.json", WORK / f"{name}-plan.json"
-    plan_cli("profile", spec["model"], "-o", str(profile), "--json")
-    plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "2", "-n", "8", "-o", str(plan), "--json")
-    return plan
-
-
-def train(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list[str], seed: int) -> dict[str, Any]:
-    log = WORK / f"{tag}.jsonl"
-    log.unlink(missing_ok=True)
-    before = os.getloadavg()[0]
-    args = ["run", str(plan), spec["model"], "--data", spec["data"], "--steps", str(spec["steps"]),
-            "--round-steps", str(ROUND_STEPS), "--lr", str(spec["lr"]), "--no-rebalance", "--seed", str(seed),
-            "--eval-every", str(spec["eval_every"]), "--target", spec["target"], "--emulate-link", link,
-            "--log", str(log), "--json", *mode]
-    summary = json.loads(plan_cli(*args))
-    summary.pop("plan", None)
-    summary["load"] = [before, os.getloadavg()[0]]
-    shown = {str(plan): plan.name, str(log): f"{tag}.jsonl"}
-    summary["command"] = "plan " + " ".join(shown.get(a, a) for a in args if a != "--json")
-    (WORK / f"{tag}.json").write_text(json.dumps(summary))
-    return summary
+def train_mode(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list[str], seed: int) -> dict[str, Any]:
+    """One run of ``plan`` in ``mode`` on the emulated ``link`` (``learning.train``: summary, load, command)."""
+    return train(tag, plan, spec, "--seed", str(seed), "--eval-every", str(spec["eval_every"]), "--target",
+                 spec["target"], "--emulate-link", link, *mode, work=WORK, round_steps=ROUND_STEPS)
 
 
 def row(runs: list[dict[str, Any]], metric: str, blocking_s: float | None) -> dict[str, Any]:
@@ -123,7 +97,7 @@ def main() -> None:
     began = time.time()
     for name in args.data:
         spec = DATA[name]
-        plan = make_plan(name, spec)
+        plan = make_plan(name, {**spec, "microbatches": 8}, "-d", "2", work=WORK)
         for link_name in args.links:
             link = LINKS[link_name]
             runs = {mode: [] for mode in MODES}
@@ -131,7 +105,7 @@ def main() -> None:
                 for mode, flags in MODES.items():  # modes interleaved, so load drift hits them alike
                     tag = f"{name}-{link_name}-{mode.replace(' ', '').replace('=', '')}-s{seed}"
                     print(f"{tag} ...", file=sys.stderr, flush=True)
-                    runs[mode].append(train(tag, plan, spec, link, flags, seed))
+                    runs[mode].append(train_mode(tag, plan, spec, link, flags, seed))
             ssgd = runs["ssgd"]
             blocking = statistics.median(r["sync"]["aggregation_s"] / max(r["sync"]["aggregations"], 1) for r in ssgd)
             results[f"{name}/{link_name}"] = {
@@ -152,7 +126,7 @@ def _curves(name: str, link_name: str, first_seed: dict[str, dict[str, Any]]) ->
     for mode in first_seed:
         tag = f"{name}-{link_name}-{mode.replace(' ', '').replace('=', '')}-s0"
         logs.append(str(WORK / f"{tag}.json"))
-    plan_cli("curves", *logs, "-o", str(IMAGES / f"sync-{name}-{link_name}.png"))
+    plan_cli("curves", *logs, "-o", str(IMAGES / f"sync-{name}-{link_name}.png"), work=WORK)
 
 
 def _fmt_s(value: float | None) -> str:

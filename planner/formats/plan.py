@@ -76,6 +76,11 @@ class ParallelShape:
             return self.sync
         return f"{self.sync} {'every' if self.sync == 'local-sgd' else 'from'} {self.period} step{'s' if self.period != 1 else ''}"
 
+    def data_parallel(self) -> dict[str, Any]:
+        """The plan's ``data_parallel`` field for this layout (``period`` only for the modes with local steps)."""
+        return {"degree": self.degree, "microbatches": list(self.shares), "sync": self.sync,
+                **({"period": self.period} if self.sync in PERIODIC_SYNCS else {})}
+
     def stages_text(self) -> str:
         """``2 stages``."""
         return f"{len(self.replicas)} stage{'s' if len(self.replicas) != 1 else ''}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import PERIODIC_SYNCS, Plan, Stage
+from planner.formats.plan import Plan, Stage
 from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
@@ -47,9 +47,7 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
     if degree_of(partition) > 1:
-        shape = shape_of(problem, partition)
-        top["data_parallel"] = {"degree": shape.degree, "microbatches": list(shape.shares), "sync": shape.sync,
-                                **({"period": shape.period} if shape.sync in PERIODIC_SYNCS else {})}
+        top["data_parallel"] = shape_of(problem, partition).data_parallel()
     return Plan(
         method=method,
         schedule=problem.schedule,

@@ -22,7 +22,7 @@ from planner.partition.model.problem import (Partition, Problem, StageSpec, degr
 from planner.partition.model.tables import CostTables
 from planner.partition.sim.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
 from planner.partition.sim.simulate import SimResult, SimStage
-from planner.partition.sim.step import exposed_sync_s, simulate_step
+from planner.partition.sim.step import compute_only_s, exposed_sync_s, simulate_step
 
 # --- O(1) stage figures for placers -------------------------------------------------------------
 
@@ -226,9 +226,10 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
         return simulate_step([stage_sims(problem, partition)], [problem.microbatches], [], problem.cluster,
                              problem.schedule, record_events=record_events)
     pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
-    shares, syncs = shares_of(partition, problem.microbatches), [stage_sync_s(problem, st) for st in partition]
-    return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule, overlap=problem.sync == "adaptive",
-                         period=_period(problem, pipelines, shares, syncs), record_events=record_events)
+    shares = shares_of(partition, problem.microbatches)
+    syncs, period = _charged_syncs(problem, partition, pipelines, shares)
+    return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule, period=period,
+                         record_events=record_events)
 
 
 def sync_period(problem: Problem, partition: Partition) -> int:
@@ -238,20 +239,25 @@ def sync_period(problem: Problem, partition: Partition) -> int:
     degree = degree_of(partition)
     if degree == 1:
         return 1
-    pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
-    return _period(problem, pipelines, shares_of(partition, problem.microbatches),
-                   [stage_sync_s(problem, st) for st in partition])
-
-
-def _period(problem: Problem, pipelines: list[tuple[SimStage, ...]], shares: tuple[int, ...], syncs: list[float]) -> int:
     if problem.sync_period is not None:
         return problem.sync_period
+    pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
+    return _charged_syncs(problem, partition, pipelines, shares_of(partition, problem.microbatches))[1]
+
+
+def _charged_syncs(problem: Problem, partition: Partition, pipelines: list[tuple[SimStage, ...]],
+                   shares: tuple[int, ...]) -> tuple[list[float], int]:
+    """Each stage's all-reduce as the step is charged for it (``adaptive``: the part a step's compute does not
+    hide), and the period it is spread over; the sync-free step is simulated once, and only for ``adaptive``."""
+    syncs = [stage_sync_s(problem, st) for st in partition]
+    if problem.sync != "adaptive":
+        return syncs, problem.sync_period or 1
+    exposed = exposed_sync_s(syncs, compute := compute_only_s(pipelines, shares, problem.cluster, problem.schedule))
+    if problem.sync_period is not None:
+        return exposed, problem.sync_period
     from planner.partition.search.sync_period import initial_period
 
-    compute = simulate_step(pipelines, shares, [0.0] * len(syncs), problem.cluster, problem.schedule,
-                            record_events=False).step_time_s
-    exposed = exposed_sync_s(pipelines, shares, syncs, problem.cluster, problem.schedule)
-    return initial_period(compute, max(exposed, default=0.0))
+    return exposed, initial_period(compute, max(exposed, default=0.0))
 
 
 def shape_of(problem: Problem, partition: Partition) -> ParallelShape:

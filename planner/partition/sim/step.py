@@ -84,7 +84,7 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
     (``adaptive``: the aggregation travels during the next step), only what outlasts a step's compute is
     charged (``exposed_sync_s``)."""
     if overlap and len(pipelines) > 1:
-        sync_s = exposed_sync_s(pipelines, shares, sync_s, cluster, schedule)
+        sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule))
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1:
         return settle(lambda stretch: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
@@ -98,11 +98,15 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
     return settle(run, cluster)
 
 
-def exposed_sync_s(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
-                   cluster: Cluster, schedule: str) -> list[float]:
-    """Each stage's aggregation time that a step's compute (the step simulated without syncs) does not hide."""
-    compute = simulate_step(pipelines, shares, [0.0] * len(sync_s), cluster, schedule, record_events=False).step_time_s
-    return [max(s - compute, 0.0) for s in sync_s]
+def compute_only_s(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], cluster: Cluster,
+                   schedule: str) -> float:
+    """The replicas' step without any sync: the compute an overlapped aggregation can hide behind."""
+    return simulate_step(pipelines, shares, [0.0] * len(pipelines[0]), cluster, schedule, record_events=False).step_time_s
+
+
+def exposed_sync_s(sync_s: Sequence[float], compute_s: float) -> list[float]:
+    """Each stage's aggregation time that ``compute_s`` of the next step's compute does not hide."""
+    return [max(s - compute_s, 0.0) for s in sync_s]
 
 
 def _stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[SimStage, ...]:

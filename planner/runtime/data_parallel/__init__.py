@@ -42,7 +42,7 @@ from torch import nn
 
 from planner.errors import PlanMismatchError
 from planner.formats.plan import SYNC_MODES, Plan
-from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD
+from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD, aggregation_report
 
 __all__ = ["UpdateSync", "SingleReplica", "Synchronous", "LocalSGD", "Adaptive", "AdaptiveOptions", "SYNC_MODES",
            "sync_for"]
@@ -126,8 +126,7 @@ class Synchronous(_EveryStep):
         return None
 
     def report(self) -> dict[str, Any]:
-        return {"period": 1, "aggregations": self.aggregations, "aggregation_s": self.blocked_s,
-                "exposed_s": self.blocked_s, "hidden_fraction": 0.0 if self.aggregations else None}
+        return aggregation_report(1, self.aggregations, self.blocked_s, self.blocked_s)
 
 
 def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequence[torch.Tensor] = (),

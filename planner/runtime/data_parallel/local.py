@@ -61,6 +61,12 @@ class AdaptiveOptions:
     """Size of the sub-tensors an aggregation is cut into (256 KiB)."""
 
 
+def aggregation_report(period: int, aggregations: int, total_s: float, exposed_s: float) -> dict[str, Any]:
+    """What a run summary says about a mode's aggregations (``sync`` in the summary)."""
+    return {"period": period, "aggregations": aggregations, "aggregation_s": total_s, "exposed_s": exposed_s,
+            "hidden_fraction": 1.0 - exposed_s / total_s if total_s > 0 else None}
+
+
 def chunk_bounds(numel: int, element_size: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """``[start, stop)`` element ranges of a flat tensor of ``numel`` elements cut into chunks of at most
     ``chunk_bytes`` bytes (at least one element each), in order: the send order, first layers first."""
@@ -75,13 +81,20 @@ def flat_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
 
 
+def _pieces(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each tensor with its part of ``flat`` (as laid out by ``flat_of``), shaped like it."""
+    out, offset = [], 0
+    for t in tensors:
+        out.append((t, flat[offset:offset + t.numel()].view_as(t)))
+        offset += t.numel()
+    return out
+
+
 def assign_flat(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy ``flat`` (as made by ``flat_of``) back into ``tensors``."""
-    offset = 0
     with torch.no_grad():
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
-            offset += t.numel()
+        for t, part in _pieces(tensors, flat):
+            t.copy_(part.to(t.dtype))
 
 
 class LocalSGD:
@@ -143,9 +156,8 @@ class LocalSGD:
 
     def report(self) -> dict[str, Any]:
         """What the run summary says about the aggregations."""
-        return {"period": self.period, "aggregations": self.aggregations, "periods": list(self.periods),
-                "aggregation_s": self.cost_s, "exposed_s": self.exposed_s,
-                "hidden_fraction": 1.0 - self.exposed_s / self.cost_s if self.cost_s > 0 else None}
+        return {**aggregation_report(self.period, self.aggregations, self.cost_s, self.exposed_s),
+                "periods": list(self.periods)}
 
 
 class Adaptive(LocalSGD):
@@ -163,8 +175,8 @@ class Adaptive(LocalSGD):
         """The last global model (flat)."""
         self.velocity: torch.Tensor | None = None
         """The global model's progress per local step over the last interval."""
-        self.pending: list[tuple[Any, int, int]] = []
-        """In-flight chunks: (work, start, stop) in send order."""
+        self.pending: list[Any] = []
+        """The in-flight chunks' work handles, in send order (``order``)."""
         self.sent: torch.Tensor | None = None
         self.snapshot: torch.Tensor | None = None
         self.launched_at = 0.0
@@ -203,8 +215,9 @@ class Adaptive(LocalSGD):
         if alpha <= 0.0 or self.anchor is None:
             return
         expected = self.anchor if self.velocity is None else self.anchor + self.velocity * self.since
-        local = flat_of(tensors)
-        assign_flat(tensors, local.sub_(local.sub(expected).mul_(alpha)))
+        with torch.no_grad():  # in place, tensor by tensor: no copy of the whole model on every local step
+            for t, target in _pieces(tensors, expected):
+                t.sub_((t - target.to(t.dtype)).mul_(alpha))
 
     def _launch(self, tensors: list[torch.Tensor]) -> None:
         assert self.anchor is not None
@@ -212,8 +225,7 @@ class Adaptive(LocalSGD):
         self.snapshot = flat_of(tensors)
         self.sent = self.snapshot.sub(self.anchor).mul_(self.weight)
         self.order = chunk_bounds(self.sent.numel(), self.sent.element_size(), self.options.chunk_bytes)
-        self.pending = [(dist.all_reduce(self.sent[a:b], group=self.group, async_op=True), a, b)
-                        for a, b in self.order]
+        self.pending = [dist.all_reduce(self.sent[a:b], group=self.group, async_op=True) for a, b in self.order]
         self.periods.append(self.period)
         self.since = 0
         self.copy_s = time.perf_counter() - self.launched_at
@@ -222,7 +234,7 @@ class Adaptive(LocalSGD):
         """Wait for the chunks in send order and move the local model by (global delta - own delta)."""
         assert self.anchor is not None and self.snapshot is not None and self.sent is not None
         waited = time.perf_counter()
-        for work, _, _ in self.pending:
+        for work in self.pending:
             work.wait()
         done = time.perf_counter()
         self.pending = []

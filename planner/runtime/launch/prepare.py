@@ -102,12 +102,7 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
     model = RoundModel.build(profile, embedded_cluster(plan), plan, config.microbatch_size, load_catalog())
     problem = with_sync(model.problem, sync, period)
     synced = shape_of(problem, partition_of(problem, plan))
-    data_parallel = {**plan.extra["data_parallel"], "sync": sync} if isinstance(plan.extra.get("data_parallel"), Mapping) \
-        else {"degree": synced.degree, "microbatches": list(synced.shares), "sync": sync}
-    data_parallel.pop("period", None)
-    if synced.period != 1 or sync != "ssgd":
-        data_parallel["period"] = synced.period
-    resynced = replace(plan, extra={**plan.extra, "data_parallel": data_parallel})
+    resynced = replace(plan, extra={**plan.extra, "data_parallel": synced.data_parallel()})
     step = model.step_time_s(resynced, dict(plan.extra.get("speed_factors") or {}))
     return replace(resynced, predicted={**plan.predicted, "step_time_s": step})
 
