@@ -49,11 +49,12 @@ def plan_cli(*args: str, work: Path = WORK) -> str:
     return done.stdout
 
 
-def make_plan(name: str, spec: dict[str, Any], *partition_args: str, work: Path = WORK) -> Path:
-    """Profile ``spec["model"]`` and partition it on ``cpu-2`` with ``spec["microbatches"]`` (and ``partition_args``)."""
+def make_plan(name: str, spec: dict[str, Any], *partition_args: str, work: Path = WORK, cluster: str = "cpu-2") -> Path:
+    """Profile ``spec["model"]`` and partition it on ``cluster`` with ``spec["microbatches"]`` (and
+    ``partition_args``)."""
     profile, plan = work / f"{name}-profile.json", work / f"{name}-plan.json"
     plan_cli("profile", spec["model"], "-o", str(profile), "--json", work=work)
-    plan_cli("partition", str(profile), "--cluster", "cpu-2", "-n", str(spec["microbatches"]), "-o", str(plan), "--json",
+    plan_cli("partition", str(profile), "--cluster", cluster, "-n", str(spec["microbatches"]), "-o", str(plan), "--json",
              *partition_args, work=work)
     return plan
 

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/versions.sh
 # Two workers (pytest-xdist); the multi-process tests run one after another on one of them (tests/conftest.py).
-.venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"
+.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=15 "$@"
 .venv/bin/python scripts/readme_figures.py --check
 .venv/bin/python scripts/docs_examples.py --check
 bash scripts/check_golden.sh

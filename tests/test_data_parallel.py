@@ -34,9 +34,13 @@ def test_ssgd_is_the_synchronous_mode_and_other_modes_are_refused_in_one_line() 
     assert replicated.shape().degree == 2
     sync = sync_for(replicated)
     assert isinstance(sync, Synchronous) and sync.reduces_in_backward and sync.microbatches == plan.microbatches
-    other = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "asp"}}))
-    with pytest.raises(PlanMismatchError, match="data_parallel.sync is .asp.*ssgd, local-sgd, adaptive only"):
+    other = replace(plan, extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "easgd"}}))
+    with pytest.raises(PlanMismatchError, match="data_parallel.sync is .easgd.*ssgd, local-sgd, adaptive, bsp"):
         sync_for(other)
+    served = replace(plan, stages=plan.stages[:1],
+                     extra=MappingProxyType({**plan.extra, "data_parallel": {"degree": 2, "sync": "dasp"}}))
+    with pytest.raises(PlanMismatchError, match="parameter server rank that `plan run` starts"):
+        sync_for(served)  # the library's pipeline runtime cannot run it
 
 
 def _weighted(rank: int, world: int) -> None:

@@ -26,13 +26,14 @@ def test_chunks_cover_the_tensor_once_in_forward_order(numel: int, size: int, ch
 
 
 def test_the_cost_rule_keeps_aggregations_under_their_share_of_the_time() -> None:
-    rule = AdaptiveRule(overhead=0.1, max_period=64)
+    rule = AdaptiveRule(overhead=0.1, min_period=1, max_period=64)
     for compute, sync in [(0.01, 0.05), (0.002, 0.001), (0.05, 0.2)]:
         h = next_period(compute, sync, None, None, rule)
         assert sync / (h * compute + sync) <= 0.1 + 1e-9  # the share is met ...
         if h > 1:
             assert sync / ((h - 1) * compute + sync) > 0.1  # ... by the least interval that meets it
-    assert cost_period(0.01, 0.0, rule) == 1.0 and initial_period(0.01, 0.0) == 1
+    assert cost_period(0.01, 0.0, rule) == 1.0 and next_period(0.01, 0.0, None, None, rule) == 1
+    assert initial_period(0.01, 0.0) == 2  # the default floor: every other step runs with nothing in flight
     assert next_period(1e-6, 10.0, None, None, rule) == 64  # clamped
 
 
@@ -218,7 +219,7 @@ def test_partition_records_the_mode_and_spreads_the_aggregation_over_its_period(
 @pytest.mark.parametrize("args,words", [
     (["--sync", "local-sgd", "-d", "2"], "--sync local-sgd needs --sync-period"),
     (["--sync", "local-sgd", "--sync-period", "0", "-d", "2"], "--sync-period must be a whole number"),
-    (["--sync", "asp", "-d", "2"], "unknown sync mode 'asp'"),
+    (["--sync", "easgd", "-d", "2"], "unknown sync mode 'easgd'"),
     (["--sync-period", "4", "-d", "2"], "--sync-period 4 needs local steps"),
     (["--sync", "adaptive", "-d", "1"], "--sync adaptive combines replicas"),
 ])
@@ -232,7 +233,7 @@ def test_bad_sync_options_at_partition_are_one_line(files, args, words) -> None:
 
 @pytest.mark.parametrize("plan,args,words", [
     ("ssgd", ["--sync-period", "0"], "--sync-period must be a whole number"),
-    ("ssgd", ["--sync", "dasp"], "unknown --sync 'dasp'"),
+    ("ssgd", ["--sync", "easgd"], "unknown --sync 'easgd'"),
     ("pipeline", ["--sync", "local-sgd", "--sync-period", "4"], "is a pure pipeline"),
     ("ssgd", ["--sync", "local-sgd"], "--sync local-sgd needs --sync-period"),
     ("ssgd", ["--sync-elastic", "1.5"], "--sync-elastic must be"),

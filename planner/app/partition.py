@@ -41,12 +41,13 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                    microbatches: int | str, schedule: str, optimizer: str = "adam", refine: bool = False,
                    granularity: str | None = None, time_limit_s: float | None = None,
                    estimate_precision: str | None = None, data_parallel: str | int = "auto",
-                   global_batch: int | None = None, sync: str = "ssgd", sync_period: int | None = None) -> Plan:
+                   global_batch: int | None = None, sync: str = "ssgd", sync_period: int | None = None,
+                   staleness: int | None = None) -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). ``schedule="auto"`` and ``microbatches="auto"`` (with
     ``global_batch`` samples) are chosen by simulated step time (``planner.partition.search.settings``). Raises
-    ``PlannerError`` on bad input; on any error nothing is written. ``sync`` and ``sync_period``: how replicas
-    combine their updates (``planner.partition.partition``)."""
+    ``PlannerError`` on bad input; on any error nothing is written. ``sync``, ``sync_period`` and ``staleness``: how
+    replicas combine their updates (``planner.partition.partition``)."""
     from planner.partition import partition
     from planner.partition.search.settings import choose, parse_microbatches
 
@@ -57,7 +58,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     degree = parse_degree(data_parallel)
     from planner.partition.model.problem import check_sync
 
-    check_sync(sync, sync_period)
+    check_sync(sync, sync_period, staleness)
     if count is None and degree is not None and global_batch is not None:
         from planner.partition.search.settings import microbatch_counts
 
@@ -88,7 +89,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
                          optimizer=optimizer, refine=refine, granularity=granularity,
                          estimate_precision=estimate_precision, catalog=catalog, data_parallel=data_parallel,
-                         profile_ref=ref, sync=sync, sync_period=sync_period, **options)
+                         profile_ref=ref, sync=sync, sync_period=sync_period, sync_staleness=staleness, **options)
 
     if schedule == "auto" or count is None:
         plan = choose(profile, schedule, count, global_batch, plan_with)

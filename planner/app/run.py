@@ -71,7 +71,7 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
     if period is not None and period < 1:
         raise UsageError(f"--sync-period must be a whole number of local steps, 1 or more, found {period}; pass for "
                          f"example --sync-period 4")
-    elastic = float(fields.get("sync_elastic", 0.1))
+    elastic = float(fields.get("sync_elastic", 0.02))
     if not 0.0 <= elastic < 1.0:
         raise UsageError(f"--sync-elastic must be at least 0 and below 1, found {elastic}; pass for example 0.1")
     if int(fields.get("sync_chunk_bytes", 1 << 18)) < 4:
@@ -80,6 +80,18 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
         AdaptiveRule(overhead=float(fields.get("sync_overhead", 0.1)), max_period=int(fields.get("sync_max_period", 32)))
     except UsageError as exc:
         raise UsageError(f"--sync-overhead / --sync-max-period: {exc}") from None
+    from planner.formats.plan import STALENESS_SYNCS
+    from planner.runtime.parameter_server.rule import DaspRule
+
+    staleness = fields.get("staleness")
+    if staleness is not None and staleness < 0:
+        raise UsageError(f"--staleness must be a whole number of steps, 0 or more, found {staleness}; pass for "
+                         f"example --staleness 3")
+    if staleness is not None and sync is not None and sync not in STALENESS_SYNCS:
+        raise UsageError(f"--staleness bounds {' and '.join(STALENESS_SYNCS)}, but --sync is {sync}; pass --sync ssp "
+                         f"or drop --staleness")
+    DaspRule(slow_factor=float(fields.get("dasp_slow_factor", 1.5)),
+             rejoin_factor=float(fields.get("dasp_rejoin_factor", 1.2)), patience=int(fields.get("dasp_patience", 2)))
 
 
 def run_plan(config: RunConfig, launch: Launch = Launch(),
@@ -92,16 +104,19 @@ def run_plan(config: RunConfig, launch: Launch = Launch(),
         from planner.runtime.launch.main import rank_main
 
         result = rank_main(config)
-        return result if result["rank"] == 0 else None
+        return result if result.get("primary", result["rank"] == 0) else None
     from planner.runtime.launch.elastic import LaunchOptions, launch as start, parse_nnodes
     from planner.runtime.launch.prepare import preflight, world_size_of
-    from planner.runtime.slowdown import parse_slowdowns
+    from planner.runtime.slowdown import parse_slowdown_patterns, parse_slowdowns
 
     min_nodes, max_nodes = parse_nnodes(launch.nnodes)
     checked = preflight(config)
     world = world_size_of(checked.plan)
     nproc = launch.nproc_per_node or max(1, world // max_nodes)
-    parse_slowdowns(config.options.get("emulate_slowdown"), world)  # a rank the job lacks: refused before any starts
+    served = checked.plan.shape().served
+    # a rank the job lacks (or, for a pipeline, a time-varying pattern): refused before any rank starts
+    (parse_slowdown_patterns if served else parse_slowdowns)(config.options.get("emulate_slowdown"),
+                                                             world - 1 if served else world)
     if min_nodes == max_nodes and nproc * max_nodes != world:
         raise UsageError(f"the plan places stages on {world} devices but {max_nodes} node(s) x {nproc} ranks "
                          f"= {nproc * max_nodes} would start; pass --nproc-per-node {world // max_nodes or 1} "
@@ -114,4 +129,4 @@ def run_plan(config: RunConfig, launch: Launch = Launch(),
         announce(f"starting {nproc} rank(s) per node on {max_nodes} node(s) ...")
     results = start(config, LaunchOptions(nproc_per_node=nproc, nnodes=launch.nnodes, rdzv_endpoint=launch.rdzv_endpoint,
                                           rdzv_id=launch.rdzv_id, max_restarts=launch.max_restarts))
-    return results[min(results)]
+    return next((r for r in results.values() if r.get("primary")), results[min(results)])

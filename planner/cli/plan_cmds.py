@@ -46,11 +46,15 @@ def partition_cmd(
                              "pipeline; N > 1: N replicas of every stage).")] = "auto",
     sync: Annotated[str, typer.Option("--sync", help="How replicas combine their updates: ssgd (gradients "
                     "averaged every step), local-sgd (parameters averaged every --sync-period steps) or adaptive "
-                    "(the interval adapts as the run goes; docs/sync.md). A mode other than ssgd makes "
-                    "--data-parallel auto consider replicated shapes only.")] = "ssgd",
+                    "(the interval adapts as the run goes); or through a parameter server rank: bsp, asp, ssp "
+                    "(--staleness S) or dasp (DASP: docs/methods.md), on one replica of the whole model per device "
+                    "(docs/sync.md). A mode other than ssgd makes --data-parallel auto consider replicated shapes "
+                    "only.")] = "ssgd",
     sync_period: Annotated[Optional[int], typer.Option("--sync-period", help="Local steps between aggregations: "
                            "required by local-sgd; for adaptive, the first interval (default: chosen from the "
                            "predicted compute and aggregation times).", show_default=False)] = None,
+    staleness: Annotated[Optional[int], typer.Option("--staleness", help="ssp: how many steps the fastest "
+                         "worker may be ahead of the slowest. Default: 3.", show_default=False)] = None,
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -66,6 +70,8 @@ def partition_cmd(
 
       plan partition profile.json -c cpu-2 -d 2 --sync local-sgd --sync-period 8 -o local.json
 
+      plan partition profile.json -c cpu-4 --sync dasp -o dasp.json
+
       plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
     """
     from planner.app.partition import partition_file
@@ -77,7 +83,7 @@ def partition_cmd(
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
                               data_parallel=data_parallel, global_batch=global_batch, sync=sync,
-                              sync_period=sync_period)
+                              sync_period=sync_period, staleness=staleness)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

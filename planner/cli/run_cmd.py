@@ -48,19 +48,27 @@ def run_cmd(
                             "and s: every transfer between ranks takes latency + bytes/bandwidth longer "
                             "(testing aid; the prediction uses the same figures).", show_default=False)] = None,
     sync: Annotated[Optional[str], typer.Option("--sync", help="How replicas combine their updates: ssgd, "
-                    "local-sgd (every --sync-period steps) or adaptive (docs/sync.md). Default: the "
-                    "plan's data_parallel.sync.", show_default=False)] = None,
+                    "local-sgd (every --sync-period steps), adaptive, or through a parameter server rank bsp, asp, "
+                    "ssp or dasp (docs/sync.md). Default: the plan's data_parallel.sync.", show_default=False)] = None,
     sync_period: Annotated[Optional[int], typer.Option("--sync-period", help="Local steps between aggregations "
                            "(local-sgd; adaptive: the first interval). Default: the plan's.",
                            show_default=False)] = None,
     sync_elastic: Annotated[float, typer.Option("--sync-elastic", help="adaptive: share of its drift from the "
-                            "expected global model a replica gives back every local step (0: no correction).")] = 0.1,
+                            "expected global model a replica gives back every local step (0: no correction).")] = 0.02,
     sync_chunk_bytes: Annotated[int, typer.Option("--sync-chunk-bytes", help="adaptive: bytes per sub-tensor an "
                                 "aggregation is cut into, sent first layers first.")] = 1 << 18,
     sync_overhead: Annotated[float, typer.Option("--sync-overhead", help="adaptive: largest share of the step "
                              "time aggregations may take; sets the interval with the loss.")] = 0.1,
     sync_max_period: Annotated[int, typer.Option("--sync-max-period", help="adaptive: the longest "
                                "interval.")] = 32,
+    staleness: Annotated[Optional[int], typer.Option("--staleness", help="ssp: how many steps the fastest worker "
+                         "may be ahead of the slowest. Default: the plan's.", show_default=False)] = None,
+    dasp_slow_factor: Annotated[float, typer.Option("--dasp-slow-factor", help="dasp: a synchronous worker this "
+                                "many times slower than the fastest leaves the group.")] = 1.5,
+    dasp_rejoin_factor: Annotated[float, typer.Option("--dasp-rejoin-factor", help="dasp: an asynchronous worker "
+                                  "within this many times the fastest rejoins.")] = 1.2,
+    dasp_patience: Annotated[int, typer.Option("--dasp-patience", help="dasp: rounds in a row before a worker "
+                             "changes state.")] = 2,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
                        "(default: the plan's profile.path).", show_default=False)] = None,
     round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "
@@ -115,6 +123,8 @@ def run_cmd(
 
       plan run hybrid.json planner.examples.digits:digits_mlp --data planner.data.digits:batches --sync adaptive
 
+      plan run dp4.json planner.examples.digits:digits_mlp --data planner.data.digits:batches --sync dasp --emulate-slowdown 3=4
+
       plan run plan.json planner.examples.gpt:gpt_small --checkpoint-dir ckpt --checkpoint-every 10 --max-restarts 2
 
       torchrun --nproc-per-node 2 -m planner.run plan.json planner.examples.gpt:gpt_small --steps 20
@@ -128,7 +138,8 @@ def run_cmd(
         allow_device_mismatch=allow_device_mismatch, loss=loss, eval_every=eval_every, eval_batches=eval_batches,
         target=target, stop_at_target=stop_at_target, emulate_link=emulate_link, sync=sync, sync_period=sync_period,
         sync_elastic=sync_elastic, sync_chunk_bytes=sync_chunk_bytes, sync_overhead=sync_overhead,
-        sync_max_period=sync_max_period, options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
+        sync_max_period=sync_max_period, staleness=staleness, dasp_slow_factor=dasp_slow_factor,
+        dasp_rejoin_factor=dasp_rejoin_factor, dasp_patience=dasp_patience, options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
                      log=log, live=live, output=output, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every))
     launch = Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,

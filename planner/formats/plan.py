@@ -18,9 +18,16 @@ from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-SYNC_MODES = ("ssgd", "local-sgd", "adaptive")
+SYNC_MODES = ("ssgd", "local-sgd", "adaptive", "bsp", "asp", "ssp", "dasp")
 """``data_parallel.sync`` values the runtime runs (docs/sync.md): gradients averaged every step; parameters
-averaged every ``period`` local steps; the adaptive interval (docs/sync.md) with its correction and prioritised chunks."""
+averaged every ``period`` local steps; the adaptive interval (docs/sync.md) with its correction and prioritised
+chunks; and through a parameter server rank: bulk-synchronous, asynchronous, stale-synchronous and DASP's
+dynamic sync/async states."""
+SERVER_SYNCS = ("bsp", "asp", "ssp", "dasp")
+"""Sync modes that run the replicas (of the whole model) against a parameter server rank (docs/sync.md)."""
+STALENESS_SYNCS = ("ssp",)
+"""Sync modes with a staleness bound (``data_parallel.staleness``): ssp's S."""
+DEFAULT_STALENESS = 3
 DEFAULT_SYNC = "ssgd"
 """What a plan with replicas and no ``data_parallel.sync`` means: gradients averaged every step."""
 PERIODIC_SYNCS = ("local-sgd", "adaptive")
@@ -49,6 +56,13 @@ class ParallelShape:
     period: int = 1
     """Local steps between aggregations (``data_parallel.period``; ``adaptive``: the first interval, which the
     run then adapts; 1 for ``ssgd``)."""
+    staleness: int = DEFAULT_STALENESS
+    """How many steps the fastest worker may be ahead of the slowest (``data_parallel.staleness``; ``ssp`` only)."""
+
+    @property
+    def served(self) -> bool:
+        """True when the replicas train against a parameter server rank (``SERVER_SYNCS``)."""
+        return self.replicated and self.sync in SERVER_SYNCS
 
     @property
     def degree(self) -> int:
@@ -71,7 +85,9 @@ class ParallelShape:
         return tuple(holder + tag for holder in self.holders())
 
     def sync_text(self) -> str:
-        """``ssgd``, ``local-sgd every 4 steps``, ``adaptive from 4 steps``."""
+        """``ssgd``, ``local-sgd every 4 steps``, ``adaptive from 4 steps``, ``ssp staleness 3``."""
+        if self.sync in STALENESS_SYNCS:
+            return f"{self.sync} staleness {self.staleness}"
         if self.sync not in PERIODIC_SYNCS:
             return self.sync
         return f"{self.sync} {'every' if self.sync == 'local-sgd' else 'from'} {self.period} step{'s' if self.period != 1 else ''}"
@@ -79,7 +95,8 @@ class ParallelShape:
     def data_parallel(self) -> dict[str, Any]:
         """The plan's ``data_parallel`` field for this layout (``period`` only for the modes with local steps)."""
         return {"degree": self.degree, "microbatches": list(self.shares), "sync": self.sync,
-                **({"period": self.period} if self.sync in PERIODIC_SYNCS else {})}
+                **({"period": self.period} if self.sync in PERIODIC_SYNCS else {}),
+                **({"staleness": self.staleness} if self.sync in STALENESS_SYNCS else {})}
 
     def stages_text(self) -> str:
         """``2 stages``."""
@@ -155,7 +172,8 @@ class Plan:
         dp = self.extra.get("data_parallel")
         dp = dp if isinstance(dp, Mapping) else {}
         return ParallelShape(tuple(tuple(r) for r in self.replicas()), self.replica_shares(),
-                             str(dp.get("sync") or DEFAULT_SYNC), int(dp.get("period") or 1))
+                             str(dp.get("sync") or DEFAULT_SYNC), int(dp.get("period") or 1),
+                             int(dp.get("staleness", DEFAULT_STALENESS)))
 
     def replica_devices(self) -> list[str]:
         """Every device once, replica by replica (replica 0's stages in order, then replica 1's, ...): the rank
@@ -248,6 +266,20 @@ def _check_data_parallel(check: Checker, data: Mapping[str, Any], microbatches: 
         elif period != 1 and sync not in PERIODIC_SYNCS:
             check.fail("data_parallel.period", f"1 for sync {sync!r} (local steps are for {' and '.join(PERIODIC_SYNCS)})",
                        period, "set data_parallel.sync to local-sgd or drop the period")
+    sync = dp.get("sync", DEFAULT_SYNC)
+    if "staleness" in dp:
+        staleness = dp["staleness"]
+        if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
+            check.fail("data_parallel.staleness", "a whole number of steps, 0 or more", staleness,
+                       "fix data_parallel.staleness or re-partition with `plan partition --staleness S`")
+        elif sync not in STALENESS_SYNCS:
+            check.fail("data_parallel.staleness", f"no staleness for sync {sync!r} (it is for "
+                       f"{' and '.join(STALENESS_SYNCS)})", staleness, "drop data_parallel.staleness")
+    if sync in SERVER_SYNCS and degree > 1 and len(stages) != 1:
+        check.fail("data_parallel.sync", f"one stage for {sync!r}: its parameter server serves replicas of the whole "
+                   f"model, and a server rank is not a pipeline stage", f"{len(stages)} stages",
+                   f"re-partition with `plan partition --sync {sync}` (it makes one stage per replica), or use "
+                   f"--sync ssgd for replicated pipelines")
     if "microbatches" in dp:
         shares = dp["microbatches"]
         if (not isinstance(shares, list) or len(shares) != degree

@@ -15,7 +15,7 @@ from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import DEFAULT_SYNC, Plan
+from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, Plan
 from planner.formats.profile import Profile
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import infeasible_reason
@@ -37,7 +37,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               refine_config: RefineConfig | None = None, granularity: str | None = None,
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
-              sync: str = DEFAULT_SYNC, sync_period: int | None = 1, **method_options: Any) -> Plan:
+              sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
+              **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
@@ -55,7 +56,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     replicas combine their updates (``ssgd`` every step; ``local-sgd`` every ``sync_period`` steps; ``adaptive``,
     whose first period the rule picks from the predicted times when ``sync_period`` is ``None``); the simulator
     spreads each aggregation over its period, and a mode other than ``ssgd`` makes ``auto`` consider replicated
-    shapes only. Raises ``UsageError`` for an unknown method (listing the methods) and
+    shapes only. The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
+    replicas of the whole model: one stage, one replica per device. Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
     entry = methods.get(method)
@@ -63,7 +65,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
                             catalog=catalog, corrections=corrections)
-    problem = with_sync(problem, sync, sync_period)
+    problem = with_sync(problem, sync, sync_period, sync_staleness)
     reason = infeasible_reason(problem)
     if reason is not None:
         raise InfeasibleError(reason)
@@ -77,6 +79,15 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     if sync != DEFAULT_SYNC and requested == 1:
         raise UsageError(f"--sync {sync} combines replicas, but --data-parallel 1 makes a pure pipeline with none; "
                          f"pass --data-parallel auto or N > 1, or drop --sync")
+    if sync in SERVER_SYNCS:
+        count = len(cluster.device_ids)
+        if requested not in (None, count):
+            raise UsageError(f"--sync {sync} serves replicas of the whole model, one per device: --data-parallel must "
+                             f"be {count} (the devices of {cluster.name!r}) or auto, found {requested}")
+        if count < 2:
+            raise UsageError(f"--sync {sync} needs at least 2 devices for its workers, {cluster.name!r} has {count}; "
+                             f"use a larger cluster or drop --sync")
+        requested = count
     extra: dict[str, Any] = {"granularity": granularity} if granularity else {}
     if estimate_precision is not None:
         extra["estimate_precision"] = estimate_precision

@@ -21,10 +21,12 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     """One row per stage: device and type, layers and op count, compute and transfer per micro-batch, memory,
     and the device's idle time per step (``device_table`` breaks the step down per device)."""
     types = device_types(plan)
-    hybrid = plan.shape().replicated
+    shape = plan.shape()
+    hybrid = shape.replicated
+    sync = ("; sync: every worker's exchange with the parameter server, per step" if shape.served else
+            "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
-    caption = "compute and transfer per micro-batch, idle per step" + (
-        "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
+    caption = "compute and transfer per micro-batch, idle per step" + sync
     table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold",
                   caption=caption, caption_justify="left")
     columns = [("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),

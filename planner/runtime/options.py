@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from planner.errors import UsageError
 from planner.formats.jsonio import check_writable
 from planner.partition.search.rebalance import RebalanceConfig
-from planner.runtime.slowdown import parse_slowdowns
+from planner.runtime.slowdown import parse_slowdown_patterns
 
 __all__ = ["OPTIONS", "run_options", "rebalance_config", "EmulatedLink", "parse_link", "Target", "parse_target",
            "METRICS"]
@@ -44,7 +44,7 @@ def run_options(**given: Any) -> dict[str, Any]:
     if unknown:
         raise UsageError(f"unknown run option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
     options = {**OPTIONS, **{k: v for k, v in given.items() if v is not None}}
-    parse_slowdowns(options["emulate_slowdown"])
+    parse_slowdown_patterns(options["emulate_slowdown"])  # syntax; a pipeline refuses time-varying ones later
     rebalance_config(options)
     if int(options["checkpoint_every"]) < 0:
         raise UsageError(f"--checkpoint-every must be >= 0 steps, found {options['checkpoint_every']}")

@@ -1,5 +1,9 @@
 """``--emulate-slowdown RANK=FACTOR``: make one rank compute FACTOR times slower, to test rebalancing.
 
+Time-varying patterns (the parameter-server modes, which exist to react to change): ``RANK=FACTOR@START`` slows
+the rank from its step ``START`` on (a node that slows down mid-run), and ``RANK=FACTOR@START/EVERY`` slows it
+in bursts: ``EVERY`` steps slow, ``EVERY`` steps at full speed, and so on from ``START`` (``SlowdownPattern``).
+
 A testing aid, off by default. Identical CPUs (or GPUs) cannot show heterogeneity, so the chosen
 rank sleeps ``(FACTOR - 1)`` times each compute interval it has just measured, right after it: its
 forward and backward passes take FACTOR times as long, and everything downstream waits for it as it
@@ -11,37 +15,80 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from planner.errors import UsageError
 
-__all__ = ["parse_slowdowns", "Slowdown"]
+__all__ = ["parse_slowdowns", "parse_slowdown_patterns", "SlowdownPattern", "Slowdown"]
 
 
-def parse_slowdowns(specs: Sequence[str] | str | None, world_size: int | None = None) -> dict[int, float]:
-    """``["1=2.0", "3=1.5"]`` or ``"1=2.0,3=1.5"`` -> ``{1: 2.0, 3: 1.5}``; a rank given twice is an error."""
+@dataclass(frozen=True)
+class SlowdownPattern:
+    """One rank's slowdown over its steps: ``factor`` from step ``start`` on; with ``every`` > 0 in bursts of
+    ``every`` slow steps and ``every`` full-speed ones."""
+
+    factor: float
+    start: int = 0
+    every: int = 0
+
+    @property
+    def constant(self) -> bool:
+        return self.start == 0 and self.every == 0
+
+    def factor_at(self, step: int) -> float:
+        if step < self.start:
+            return 1.0
+        if self.every and ((step - self.start) // self.every) % 2 == 1:
+            return 1.0
+        return self.factor
+
+    def text(self) -> str:
+        return f"{self.factor:g}" + (f"@{self.start}" if self.start or self.every else "") + \
+            (f"/{self.every}" if self.every else "")
+
+
+def parse_slowdown_patterns(specs: Sequence[str] | str | None, world_size: int | None = None) -> dict[int, SlowdownPattern]:
+    """``["1=2.0", "2=3@100/20"]`` or ``"1=2.0,2=3@100"`` -> rank -> pattern; a rank given twice is an error."""
     if not specs:
         return {}
     items = [specs] if isinstance(specs, str) else list(specs)
-    out: dict[int, float] = {}
+    out: dict[int, SlowdownPattern] = {}
     for item in (part.strip() for spec in items for part in spec.split(",")):
         if not item:
             continue
-        rank_text, sep, factor_text = item.partition("=")
+        rank_text, sep, rest = item.partition("=")
+        factor_text, at, when = rest.partition("@")
+        start_text, slash, every_text = when.partition("/")
         try:
             rank, factor = int(rank_text), float(factor_text)
+            start = int(start_text) if at else 0
+            every = int(every_text) if slash else 0
         except ValueError:
-            rank, factor = -1, math.nan
-        if not sep or rank < 0 or not (factor >= 1.0 and math.isfinite(factor)):
-            raise UsageError(f"--emulate-slowdown expects RANK=FACTOR with a rank >= 0 and a factor >= 1 "
-                             f"(e.g. 1=2.0), found {item!r}")
+            rank, factor, start, every = -1, math.nan, 0, 0
+        if not sep or rank < 0 or not (factor >= 1.0 and math.isfinite(factor)) or start < 0 or every < 0 \
+                or (slash and every < 1):
+            raise UsageError(f"--emulate-slowdown expects RANK=FACTOR[@START[/EVERY]] with a rank >= 0, a factor >= 1 "
+                             f"and steps >= 0 (e.g. 1=2.0, or 1=3@100 from step 100, or 1=3@0/20 in bursts of 20 "
+                             f"steps), found {item!r}")
         if world_size is not None and rank >= world_size:
             raise UsageError(f"--emulate-slowdown names rank {rank}, but the job has {world_size} ranks "
                              f"(0..{world_size - 1}); pick one of those")
         if rank in out:
             raise UsageError(f"--emulate-slowdown gives rank {rank} twice; give each rank once")
-        out[rank] = factor
+        out[rank] = SlowdownPattern(factor, start, every)
     return out
+
+
+def parse_slowdowns(specs: Sequence[str] | str | None, world_size: int | None = None) -> dict[int, float]:
+    """``["1=2.0", "3=1.5"]`` or ``"1=2.0,3=1.5"`` -> ``{1: 2.0, 3: 1.5}``: constant factors, what the pipeline
+    runtime emulates; a time-varying pattern is refused in one line (``parse_slowdown_patterns`` reads those)."""
+    patterns = parse_slowdown_patterns(specs, world_size)
+    varying = [f"{rank}={p.text()}" for rank, p in patterns.items() if not p.constant]
+    if varying:
+        raise UsageError(f"--emulate-slowdown {varying[0]} varies over the run, which the parameter-server sync modes "
+                         f"(bsp, asp, ssp, dasp) emulate; this plan runs a pipeline, so pass a constant RANK=FACTOR")
+    return {rank: p.factor for rank, p in patterns.items()}
 
 
 class Slowdown:

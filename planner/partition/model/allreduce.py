@@ -14,6 +14,11 @@
   bandwidth, but a host whose devices share ``k < g`` NICs (``links.inter_host.nics_per_host``) gives each
   stream ``k / g`` of it.
 
+- **Through a parameter server** (the ``bsp``, ``asp``, ``ssp`` and ``dasp`` modes): the server rank sits
+  beside the first replica's device; every worker pushes its gradients and pulls the parameters over its link
+  to that device (a worker on the server's device uses the link to the nearest other device), and the server
+  serves the workers one after another: ``t = sum_w 2 (latency_w + n / bandwidth_w)``.
+
 Gradients have the parameters' size (``n`` = the stage's parameter bytes). The runtime all-reduces after
 the replica's last backward (``planner.runtime.data_parallel``), so the simulator starts the sync when every
 replica of the stage has finished its backward passes; see docs/cost-model.md.
@@ -25,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 from planner.formats.cluster import Link
 
-__all__ = ["allreduce_s"]
+__all__ = ["allreduce_s", "server_exchange_s"]
 
 
 def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link],
@@ -64,3 +69,17 @@ def _slowest(ring: Sequence[str], link: Callable[[str, str], Link]) -> Link:
 
 def _chunk_s(link: Link, nbytes: float) -> float:
     return link.latency_s + nbytes / link.bandwidth_Bps
+
+
+def server_exchange_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link]) -> float:
+    """Seconds for a parameter server beside ``devices[0]`` to take every worker's gradients and hand back the
+    parameters, one worker after another (the module docstring)."""
+    if len(devices) < 2 or nbytes <= 0:
+        return 0.0
+    home = devices[0]
+    total = 0.0
+    for dev in devices:
+        via = link(home, dev) if dev != home else min((link(home, x) for x in devices[1:]),
+                                                       key=lambda k: (-k.bandwidth_Bps, k.latency_s))
+        total += 2 * (via.latency_s + nbytes / via.bandwidth_Bps)
+    return total

@@ -15,8 +15,8 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.formats.plan import DEFAULT_SYNC, ParallelShape
-from planner.partition.model.allreduce import allreduce_s
+from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, ParallelShape
+from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
@@ -126,6 +126,8 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
         return 0.0
     tables = problem.tables
     nbytes = tables.param_prefix[stage.stop] - tables.param_prefix[stage.start]
+    if problem.sync in SERVER_SYNCS:
+        return server_exchange_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)])
     hosts = {d.id: d.host for d in problem.cluster.devices}
     return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host)
 
@@ -266,7 +268,7 @@ def shape_of(problem: Problem, partition: Partition) -> ParallelShape:
     replicated = degree_of(partition) > 1
     return ParallelShape(tuple(tuple(st.devices) for st in partition), shares_of(partition, problem.microbatches),
                          problem.sync if replicated else DEFAULT_SYNC,
-                         sync_period(problem, partition) if replicated else 1)
+                         sync_period(problem, partition) if replicated else 1, problem.sync_staleness)
 
 
 def step_time_s(problem: Problem, partition: Partition) -> float:

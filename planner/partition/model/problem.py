@@ -21,7 +21,8 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
-from planner.formats.plan import DEFAULT_SYNC, PERIODIC_SYNCS, SCHEDULES, SYNC_MODES, even_shares
+from planner.formats.plan import (DEFAULT_STALENESS, DEFAULT_SYNC, PERIODIC_SYNCS, SCHEDULES, STALENESS_SYNCS,
+                                  SYNC_MODES, even_shares)
 from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
@@ -80,6 +81,9 @@ class Problem:
     sync_period: int | None = 1
     """Local steps between aggregations; ``None`` for ``adaptive``: the rule chooses it from the predicted times
     (``cost.sync_period``)."""
+    sync_staleness: int = DEFAULT_STALENESS
+    """``ssp``: how many steps the fastest worker may run ahead of the slowest (recorded in the plan;
+    the step's cost does not depend on it)."""
 
     def time_on(self, block: int, device_id: str) -> tuple[float, float]:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
@@ -130,11 +134,18 @@ def shares_of(partition: Partition, microbatches: int) -> tuple[int, ...]:
     return tuple(shares) if shares else even_shares(microbatches, degree_of(partition))
 
 
-def check_sync(sync: str, period: int | None) -> int | None:
+def check_sync(sync: str, period: int | None, staleness: int | None = None) -> int | None:
     """``period`` for ``sync`` as the problem keeps it (1 for ``ssgd``; ``None``: adaptive's rule chooses), or a
-    ``UsageError`` naming the option to fix (an unknown mode, ``--sync-period 0``, a period for ``ssgd``)."""
+    ``UsageError`` naming the option to fix (an unknown mode, ``--sync-period 0``, a period for ``ssgd``, a
+    negative ``--staleness`` or one for a mode without a bound)."""
     if sync not in SYNC_MODES:
         raise UsageError(f"unknown sync mode {sync!r}; expected one of {', '.join(SYNC_MODES)}")
+    if staleness is not None and (isinstance(staleness, bool) or staleness < 0):
+        raise UsageError(f"--staleness must be a whole number of steps, 0 or more, found {staleness}; pass for "
+                         f"example --staleness 3")
+    if staleness is not None and sync not in STALENESS_SYNCS:
+        raise UsageError(f"--staleness bounds {' and '.join(STALENESS_SYNCS)}, but --sync is {sync}; pass --sync ssp "
+                         f"or drop --staleness")
     if period is not None and (isinstance(period, bool) or period < 1):
         raise UsageError(f"--sync-period must be a whole number of local steps, 1 or more, found {period}; pass "
                          f"for example --sync-period 4")
@@ -147,13 +158,15 @@ def check_sync(sync: str, period: int | None) -> int | None:
     return 1 if sync == DEFAULT_SYNC else period
 
 
-def with_sync(problem: "Problem", sync: str, period: int | None) -> "Problem":
+def with_sync(problem: "Problem", sync: str, period: int | None, staleness: int | None = None) -> "Problem":
     """``problem`` whose replicas combine their updates by ``sync`` every ``period`` steps (``None``: adaptive's rule
-    chooses), sharing its cost tables; bad values are refused as usage errors (``check_sync``)."""
-    period = check_sync(sync, period)
-    if (sync, period) == (problem.sync, problem.sync_period):
+    chooses; ``staleness``: ssp's bound, default ``DEFAULT_STALENESS``), sharing its cost tables; bad
+    values are refused as usage errors (``check_sync``)."""
+    period = check_sync(sync, period, staleness)
+    bound = DEFAULT_STALENESS if staleness is None else staleness
+    if (sync, period, bound) == (problem.sync, problem.sync_period, problem.sync_staleness):
         return problem
-    other = replace(problem, sync=sync, sync_period=period)
+    other = replace(problem, sync=sync, sync_period=period, sync_staleness=bound)
     other.__dict__["tables"] = problem.tables
     return other
 

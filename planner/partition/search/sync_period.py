@@ -37,7 +37,9 @@ class AdaptiveRule:
 
     overhead: float = 0.1
     """Largest share of the step time the aggregations may take (the cost rule's target)."""
-    min_period: int = 1
+    min_period: int = 2
+    """Two by default: one local step in two then runs with no aggregation in flight, which is how the runtime
+    measures what a travelling aggregation adds to the compute (docs/sync.md)."""
     max_period: int = 32
     loss_power: float = 0.5
     """AdaComm's exponent: ``H`` shrinks as ``(F / F_0) ** loss_power``."""

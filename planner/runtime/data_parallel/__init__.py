@@ -14,7 +14,8 @@ re-plan, the end of the run), ``report()`` for the run summary.
 
 Modes: ``SingleReplica`` (degree 1: pure pipelines), ``Synchronous`` (``ssgd``: gradients averaged every
 step, weighted by each replica's samples), and in ``local.py`` ``LocalSGD`` (``local-sgd``) and ``Adaptive``
-(``adaptive``, docs/sync.md). ``sync_for`` refuses any other ``data_parallel.sync`` in one line.
+(``adaptive``, docs/sync.md). ``sync_for`` refuses any other ``data_parallel.sync`` in one line, the
+parameter-server modes included (``planner.runtime.parameter_server`` runs those, with a server rank).
 
 How ``ssgd`` averages: after the schedule, each replica's gradients are the *sum* over its own micro-batches
 (``scale_grads=False``); ``Synchronous.after_backward`` divides them by the step's global micro-batch count and
@@ -41,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PlanMismatchError
-from planner.formats.plan import SYNC_MODES, Plan
+from planner.formats.plan import SERVER_SYNCS, SYNC_MODES, Plan
 from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD, aggregation_report
 
 __all__ = ["UpdateSync", "SingleReplica", "Synchronous", "LocalSGD", "Adaptive", "AdaptiveOptions", "SYNC_MODES",
@@ -138,10 +139,16 @@ def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequen
     if not shape.replicated:
         return SingleReplica()
     mode = shape.sync
+    own = [m for m in SYNC_MODES if m not in SERVER_SYNCS]
     if mode not in SYNC_MODES:
         raise PlanMismatchError(f"the plan's data_parallel.sync is {mode!r}, but this version of plan run synchronises "
                                 f"replicas with {', '.join(SYNC_MODES)} only; set data_parallel.sync to ssgd or "
                                 f"re-partition")
+    if shape.served:
+        raise PlanMismatchError(f"the plan's data_parallel.sync is {mode!r}, which trains through a parameter server "
+                                f"rank that `plan run` starts (planner.runtime.parameter_server); the pipeline "
+                                f"runtime combines replicas with {', '.join(own)} only; run the plan with plan run, "
+                                f"or re-partition with --sync ssgd")
     if mode == "local-sgd":
         return LocalSGD(group, shape.shares[replica], plan.microbatches, shape.period, buffers)
     if mode == "adaptive":

@@ -37,6 +37,7 @@ What is averaged, and what is not:
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -55,7 +56,7 @@ class AdaptiveOptions:
     """``plan run --sync adaptive``'s knobs (docs/sync.md)."""
 
     rule: AdaptiveRule = AdaptiveRule()
-    elastic: float = 0.1
+    elastic: float = 0.02
     """Share of its drift a local model gives back every local step (0: no correction)."""
     chunk_bytes: int = 1 << 18
     """Size of the sub-tensors an aggregation is cut into (256 KiB)."""
@@ -188,6 +189,18 @@ class Adaptive(LocalSGD):
         self.copy_s = 0.0
         self.copy_total_s = 0.0
         """Seconds spent copying and combining the flat models (not waiting)."""
+        self.step_mark: float | None = None
+        """When the last local step's ``after_step`` ended (None at a round's start: its bookkeeping is no step)."""
+        self.landed_s = 0.0
+        """What landing took in the step under way (wait and copies), 0 when nothing landed in it."""
+        self.busy: list[float] = []
+        """This round's compute of the steps an aggregation travelled under (their wall time less the landing)."""
+        self.clean: list[float] = []
+        """This round's compute of the steps nothing travelled under."""
+        self.clean_s: float | None = None
+        self.interference_s = 0.0
+        """What a travelling aggregation adds to the compute of the step under it (the cores that run the
+        collective are the cores that compute, on CPU ranks): the busy steps' median less the clean ones'."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
         super().after_backward(params)
@@ -195,14 +208,22 @@ class Adaptive(LocalSGD):
             self._land(self.state(params))
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
+        now = time.perf_counter()
+        if self.step_mark is not None:
+            if self.landed_s > 0.0:
+                self.busy.append(now - self.step_mark - self.landed_s)
+            else:
+                self.clean.append(now - self.step_mark)
+        self.landed_s = 0.0
         tensors = self.state(params)
         if self.anchor is None:
             self.anchor = flat_of(tensors)
         self.since += 1
         if self.since < self.period:
             self._pull(tensors)
-            return
-        self._launch(tensors)
+        else:
+            self._launch(tensors)
+        self.step_mark = time.perf_counter()
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None:
         """Land an aggregation still in flight (before evaluating, re-planning or saving)."""
@@ -248,23 +269,30 @@ class Adaptive(LocalSGD):
         self.exposed_s += done - waited
         self.copy_total_s += copied
         self.last_exposed_s = done - waited + copied
+        self.landed_s = time.perf_counter() - waited
         self.cost_s += done - self.launched_at
         self.aggregations += 1
 
     def report(self) -> dict[str, Any]:
-        return {**super().report(), "copy_s": self.copy_total_s}
+        return {**super().report(), "copy_s": self.copy_total_s, "interference_s": self.interference_s}
 
     def after_round(self, losses: Sequence[float], compute_s: float) -> None:
         """Re-choose the interval from this round's measurements, the same on every rank (one all-reduce of the
-        world's largest step compute and aggregation cost: the wait once the overlap has hidden what it can, and
-        the copies that combine the models)."""
+        world's largest figures): the step compute without an aggregation in flight, and an aggregation's cost
+        to training: the wait once the overlap has hidden what it can, the copies that combine the models, and
+        what the travelling chunks added to the compute of the step under them."""
         loss = sum(losses) / len(losses) if losses else None
         if self.loss_start is None:
             self.loss_start = loss
-        figures = torch.tensor([compute_s, -1.0 if self.last_exposed_s is None else self.last_exposed_s],
-                               dtype=torch.float64)
+        if self.clean:
+            self.clean_s = statistics.median(self.clean)
+        if self.busy and self.clean_s is not None:
+            self.interference_s = max(statistics.median(self.busy) - self.clean_s, 0.0)
+        self.busy, self.clean, self.step_mark = [], [], None
+        cost = -1.0 if self.last_exposed_s is None else self.last_exposed_s + self.interference_s
+        figures = torch.tensor([compute_s if self.clean_s is None else self.clean_s, cost], dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.world)
-        step_s, exposed_s = figures.tolist()
-        if exposed_s < 0.0:
+        step_s, cost_s = figures.tolist()
+        if cost_s < 0.0:
             return  # nothing aggregated yet: keep the plan's first interval
-        self.period = next_period(step_s, exposed_s, self.loss_start, loss, self.options.rule)
+        self.period = next_period(step_s, cost_s, self.loss_start, loss, self.options.rule)

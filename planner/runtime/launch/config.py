@@ -63,7 +63,7 @@ class RunConfig:
     """``--sync``: how replicas combine their updates (default: the plan's ``data_parallel.sync``)."""
     sync_period: int | None = None
     """``--sync-period``: local steps between aggregations (default: the plan's)."""
-    sync_elastic: float = 0.1
+    sync_elastic: float = 0.02
     """``adaptive``: share of its drift a local model gives back every local step."""
     sync_chunk_bytes: int = 1 << 18
     """``adaptive``: size of the sub-tensors an aggregation is cut into."""
@@ -71,6 +71,14 @@ class RunConfig:
     """``adaptive``: largest share of the step time aggregations may take."""
     sync_max_period: int = 32
     """``adaptive``: the longest interval."""
+    staleness: int | None = None
+    """``--staleness``: ssp's bound (default: the plan's ``data_parallel.staleness``)."""
+    dasp_slow_factor: float = 1.5
+    """``dasp``: a synchronous worker this many times slower than the fastest leaves the group."""
+    dasp_rejoin_factor: float = 1.2
+    """``dasp``: an asynchronous worker within this many times the fastest rejoins."""
+    dasp_patience: int = 2
+    """``dasp``: rounds in a row before a worker changes state."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
     config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.

@@ -16,7 +16,7 @@ from torch import nn
 
 from planner.errors import DistributedError, InputFileError, PlanMismatchError, UsageError
 from planner.profile.device import detect_device_type
-from planner.formats.plan import Plan, load_plan
+from planner.formats.plan import SERVER_SYNCS, STALENESS_SYNCS, Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.profile.capture import Captured, capture
 from planner.profile.loader import batch_size, load_factory, select_output
@@ -70,7 +70,8 @@ def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, P
     where = f"profile {str(path)!r}"
     check_plan_nodes(plan, profile, where)
     rank_of_stages(plan)
-    sync_for(plan)  # a sync mode this runtime lacks is refused here, before any rank starts
+    if not plan.shape().served:  # a parameter-server plan runs without the pipeline's sync (run_rank)
+        sync_for(plan)  # a sync mode this runtime lacks is refused here, before any rank starts
     return plan, profile, where
 
 
@@ -78,7 +79,7 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
     """The plan under ``--sync MODE`` and ``--sync-period H``: its ``data_parallel`` rewritten and its step time
     re-simulated with one aggregation per period (``adaptive`` without ``--sync-period``: the rule's first
     interval on the plan's predicted times). A plan without replicas is refused: there is nothing to combine."""
-    if config.sync is None and config.sync_period is None:
+    if config.sync is None and config.sync_period is None and config.staleness is None:
         return plan
     shape = plan.shape()
     sync = config.sync or shape.sync
@@ -86,13 +87,19 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
         raise UsageError(f"--sync {sync} combines replicas, but the plan {config.plan!r} is a pure pipeline of "
                          f"{len(plan.stages)} stage(s) with none; re-partition with --data-parallel N (N > 1) "
                          f"or drop --sync")
+    if sync in SERVER_SYNCS and len(plan.stages) != 1:
+        raise UsageError(f"--sync {sync} serves replicas of the whole model through a parameter server rank, but the "
+                         f"plan {config.plan!r} has {len(plan.stages)} stages per replica (a server rank is not a "
+                         f"pipeline stage); re-partition with plan partition --sync {sync}, or use --sync ssgd")
     period = config.sync_period if config.sync_period is not None else (shape.period if sync == shape.sync else None)
+    staleness = config.staleness if config.staleness is not None else \
+        (shape.staleness if sync == shape.sync and sync in STALENESS_SYNCS else None)
     from planner.partition.model.cost import shape_of
     from planner.partition.model.convert import partition_of
     from planner.partition.model.problem import check_sync, with_sync
     from planner.runtime.rebalancing.replan import RoundModel
 
-    period = check_sync(sync, period)
+    period = check_sync(sync, period, staleness)
     if not isinstance(plan.extra.get("cluster"), Mapping):
         raise UsageError(f"--sync {sync} re-predicts the plan's step, and the plan {config.plan!r} embeds no "
                          f"cluster; make the plan with plan partition --sync {sync}, which embeds it")
@@ -100,7 +107,7 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
     from planner.formats.catalog import load_catalog
 
     model = RoundModel.build(profile, embedded_cluster(plan), plan, config.microbatch_size, load_catalog())
-    problem = with_sync(model.problem, sync, period)
+    problem = with_sync(model.problem, sync, period, staleness)
     synced = shape_of(problem, partition_of(problem, plan))
     resynced = replace(plan, extra={**plan.extra, "data_parallel": synced.data_parallel()})
     step = model.step_time_s(resynced, dict(plan.extra.get("speed_factors") or {}))
@@ -108,9 +115,10 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
 
 
 def world_size_of(plan: Plan) -> int:
-    """Ranks a plan needs: its distinct devices, replicas included."""
+    """Ranks a plan needs: its distinct devices, replicas included, and one more for a parameter server (the last
+    rank, ``planner.runtime.parameter_server``)."""
     layout, _ = replica_layout(plan)
-    return max(max(row) for row in layout) + 1
+    return max(max(row) for row in layout) + 1 + (1 if plan.shape().served else 0)
 
 
 def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -> Prepared:
@@ -149,6 +157,9 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
                          f"accuracy needs class labels or next-token ids); use --target loss=VALUE")
     split_batch(data.batch(0)[0], plan.microbatches)
     identity = run_identity(config, captured, module, settings, plan)
+    if plan.shape().served and config.options.get("checkpoint_dir"):
+        raise UsageError(f"--checkpoint-dir saves the ranks' stages, but --sync {plan.shape().sync} keeps the model on "
+                         f"a parameter server rank, which plan run does not checkpoint yet; drop --checkpoint-dir")
     resume = check_resume(config.options.get("checkpoint_dir"), config.steps, identity, plan, config.plan)
     return Prepared(plan, profile, module, captured, data.spec, settings, data.batch, val_batch=data.val_batch,
                     custom_loss=data.custom_loss, data_fingerprint=data.fingerprint, device_mismatch=mismatch,

@@ -190,7 +190,12 @@ def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any
     link = parse_link(config.emulate_link)
     try:
         with netem.instrument(netem.Traffic(), link) as traffic:
-            summary = _train(config, prepared, rank, device, hooks)
+            if prepared.plan.shape().served:
+                from planner.runtime.parameter_server.run import run_served
+
+                summary = run_served(config, prepared, rank, world)
+            else:
+                summary = _train(config, prepared, rank, device, hooks)
         sent = torch.tensor([traffic.bytes_sent, traffic.emulated_s], dtype=torch.float64, device=device)
         dist.all_reduce(sent)  # after the instrumented part: the totals do not count themselves
         summary.update(bytes_sent=int(sent[0]), emulated_link=link.to_dict() if link else None,

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from planner.errors import PlannerError
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import Plan
+from planner.formats.plan import STALENESS_SYNCS, Plan
 from planner.formats.profile import Profile
 from planner.partition import partition
 from planner.partition.placers import registry as methods
@@ -132,7 +132,7 @@ class RoundModel:
 def _synced(problem: Problem, plan: Plan) -> Problem:
     """``problem`` with ``plan``'s sync mode and period, so its step is simulated as the run aggregates."""
     shape = plan.shape()
-    return with_sync(problem, shape.sync, shape.period)
+    return with_sync(problem, shape.sync, shape.period, shape.staleness if shape.sync in STALENESS_SYNCS else None)
 
 
 def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
