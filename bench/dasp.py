@@ -159,7 +159,8 @@ def render(results: dict[str, Any]) -> str:
         modes = entry["modes"]
         best = min((modes[m]["time_to_target_s"] for m in ("bsp", "asp", "ssp") if modes[m]["time_to_target_s"]),
                    default=None)
-        slow = f"`--emulate-slowdown {entry['slowdown']}`" if entry["slowdown"] else "no slowdown"
+        half = DATA[entry["data"]]["steps"] // 2
+        slow = f"`--emulate-slowdown {entry['slowdown'].format(half=half)}`" if entry["slowdown"] else "no slowdown"
         lines += [f"## {entry['data']}, {entry['setting']} ({slow}): target {entry['target']}", "",
                   f"Measured {entry['date']}.", "",
                   "| mode | to target (s) | vs best baseline | reached | final " + entry["metric"] +
@@ -175,8 +176,8 @@ def render(results: dict[str, Any]) -> str:
                          f"{r['fast_wait_s'] * 1e3:.1f} ms | {changes} | {r['load'][0]:.2f} / {r['load'][1]:.2f} |")
         dasp = modes["dasp"]["time_to_target_s"]
         if dasp and best:
-            lines += ["", f"dasp's time to target over the best baseline's: {dasp / best:.2f} (the issue asks at most "
-                          f"0.83 on the straggler settings)."]
+            lines += ["", f"dasp's time to target over the best baseline's: {dasp / best:.2f} (the seed reports 16.9% "
+                          f"to 82.1% less time than the mainstream methods: at most 0.83)."]
         lines += ["", f"Command (dasp, seed 0): `{modes['dasp']['command']}`", "",
                   f"![{key}](img/dasp-{entry['data']}-{_slug(entry['setting'])}.png)", ""]
     return "\n".join(lines) + "\n"
