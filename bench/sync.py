@@ -48,7 +48,7 @@ DATA = {
 LINKS = {"slow": "1e8,0.005", "fast": "1e9,0.0005"}
 MODES = {"ssgd": ["--sync", "ssgd"], "local-sgd H=4": ["--sync", "local-sgd", "--sync-period", "4"],
          "local-sgd H=16": ["--sync", "local-sgd", "--sync-period", "16"], "adaptive": ["--sync", "adaptive"],
-         "adaptive, no correction": ["--sync", "adaptive", "--sync-elastic", "0"]}
+         "adaptive, elastic 0.02": ["--sync", "adaptive", "--sync-elastic", "0.02"]}
 ROUND_STEPS = 20
 """Rounds of 20 steps: the per-round bookkeeping (a barrier, the losses, the rebalancer's broadcast) costs each
 mode the same few link latencies per round."""

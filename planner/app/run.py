@@ -71,7 +71,7 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
     if period is not None and period < 1:
         raise UsageError(f"--sync-period must be a whole number of local steps, 1 or more, found {period}; pass for "
                          f"example --sync-period 4")
-    elastic = float(fields.get("sync_elastic", 0.02))
+    elastic = float(fields.get("sync_elastic", 0.0))
     if not 0.0 <= elastic < 1.0:
         raise UsageError(f"--sync-elastic must be at least 0 and below 1, found {elastic}; pass for example 0.1")
     if int(fields.get("sync_chunk_bytes", 1 << 18)) < 4:

@@ -54,7 +54,8 @@ def run_cmd(
                            "(local-sgd; adaptive: the first interval). Default: the plan's.",
                            show_default=False)] = None,
     sync_elastic: Annotated[float, typer.Option("--sync-elastic", help="adaptive: share of its drift from the "
-                            "expected global model a replica gives back every local step (0: no correction).")] = 0.02,
+                            "expected global model a replica gives back every local step (0, the default: no correction; "
+                            "docs/sync.md says why).")] = 0.0,
     sync_chunk_bytes: Annotated[int, typer.Option("--sync-chunk-bytes", help="adaptive: bytes per sub-tensor an "
                                 "aggregation is cut into, sent first layers first.")] = 1 << 18,
     sync_overhead: Annotated[float, typer.Option("--sync-overhead", help="adaptive: largest share of the step "

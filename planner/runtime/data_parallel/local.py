@@ -20,7 +20,7 @@ What is averaged, and what is not:
 1. **the interval** ``H`` is re-chosen every round from the measured step compute, the measured cost of an
    aggregation and the training loss (``planner.partition.search.sync_period``); every rank of the world
    agrees on it through one small all-reduce per round;
-2. **a parameter correction** between aggregations: an elastic pull (EASGD, Zhang, Choromanska and LeCun,
+2. **a parameter correction** between aggregations (off by default, ``elastic = 0``: docs/sync.md says why): an elastic pull (EASGD, Zhang, Choromanska and LeCun,
    NeurIPS 2015) of each local model towards where the global model is expected to be, the last global model
    moved on by the global progress per step of the last interval. Progress the replicas share is not pulled
    back; each replica's own drift ``e`` shrinks by ``(1 - elastic)`` every step, so it stays within
@@ -56,7 +56,7 @@ class AdaptiveOptions:
     """``plan run --sync adaptive``'s knobs (docs/sync.md)."""
 
     rule: AdaptiveRule = AdaptiveRule()
-    elastic: float = 0.02
+    elastic: float = 0.0
     """Share of its drift a local model gives back every local step (0: no correction)."""
     chunk_bytes: int = 1 << 18
     """Size of the sub-tensors an aggregation is cut into (256 KiB)."""

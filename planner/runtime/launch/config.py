@@ -63,7 +63,7 @@ class RunConfig:
     """``--sync``: how replicas combine their updates (default: the plan's ``data_parallel.sync``)."""
     sync_period: int | None = None
     """``--sync-period``: local steps between aggregations (default: the plan's)."""
-    sync_elastic: float = 0.02
+    sync_elastic: float = 0.0
     """``adaptive``: share of its drift a local model gives back every local step."""
     sync_chunk_bytes: int = 1 << 18
     """``adaptive``: size of the sub-tensors an aggregation is cut into."""
