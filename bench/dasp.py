@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
-from learning import make_plan, plan_cli, train
+from learning import make_plan, median_of_all, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "dasp"
 OUTPUT = REPO / "docs" / "bench-dasp.md"
@@ -79,15 +79,11 @@ def run_one(tag: str, plan: Path, spec: dict[str, Any], setting: str, mode: list
 
 def row(runs: list[dict[str, Any]], metric: str, slowed: set[int]) -> dict[str, Any]:
     """Medians over the seeds of one data set, setting and mode."""
-    def median(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if len(known) == len(values) and known else None
-
     def fast_wait(run: dict[str, Any]) -> float:
         fast = [w for w in run["sync"]["workers"] if w["rank"] not in slowed]
         return sum(w["waited_s"] for w in fast) / max(sum(w["iterations"] for w in fast), 1)
 
-    return {"time_to_target_s": median([r["time_to_target_s"] for r in runs]),
+    return {"time_to_target_s": median_of_all([r["time_to_target_s"] for r in runs]),
             "reached": sum(r["time_to_target_s"] is not None for r in runs), "seeds": len(runs),
             "final": statistics.median(r["eval"][-1][metric] for r in runs),
             "stale_applied": statistics.median(r["sync"]["stale_applied"] for r in runs),

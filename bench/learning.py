@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -57,6 +58,12 @@ def make_plan(name: str, spec: dict[str, Any], *partition_args: str, work: Path 
     plan_cli("partition", str(profile), "--cluster", cluster, "-n", str(spec["microbatches"]), "-o", str(plan), "--json",
              *partition_args, work=work)
     return plan
+
+
+def median_of_all(values: list[float | None]) -> float | None:
+    """The median of the seeds' values, or None when any seed has none (a target some seed missed)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if len(known) == len(values) and known else None
 
 
 def train(name: str, plan: Path, spec: dict[str, Any], *extra: str, work: Path = WORK,

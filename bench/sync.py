@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
-from learning import make_plan, plan_cli, train
+from learning import make_plan, median_of_all, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "sync"
 OUTPUT = REPO / "docs" / "bench-sync.md"
@@ -68,23 +68,19 @@ def _steps_to_target(run: dict[str, Any]) -> float | None:
 
 def row(runs: list[dict[str, Any]], metric: str, blocking_s: float | None) -> dict[str, Any]:
     """Medians over the seeds of one data set, link and mode."""
-    def median(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return statistics.median(known) if len(known) == len(values) and known else None
-
     final = [r["eval"][-1][metric] for r in runs]
     exposed = [r["sync"]["exposed_s"] / max(r["sync"]["aggregations"], 1) for r in runs]
     hidden = None
     if blocking_s and runs[0]["sync"]["mode"] == "adaptive":
         hidden = 1.0 - statistics.median(exposed) / blocking_s
-    return {"time_to_target_s": median([r["time_to_target_s"] for r in runs]),
+    return {"time_to_target_s": median_of_all([r["time_to_target_s"] for r in runs]),
             "reached": sum(r["time_to_target_s"] is not None for r in runs), "seeds": len(runs),
             "final": statistics.median(final), "bytes_sent": statistics.median(r["bytes_sent"] for r in runs),
             "wall_s": statistics.median(r["wall_s"] for r in runs),
             "exposed_per_step_s": statistics.median(r["sync"]["exposed_s"] / r["steps"] for r in runs),
             "exposed_per_aggregation_s": statistics.median(exposed), "hidden_fraction": hidden,
             "periods": runs[0]["sync"].get("periods", [])[:12],
-            "steps_to_target": median([_steps_to_target(r) for r in runs]),
+            "steps_to_target": median_of_all([_steps_to_target(r) for r in runs]),
             "compute_per_step_s": statistics.median(
                 (sum(x["wall_s"] for x in r["rounds"]) - r["sync"]["exposed_s"]) / r["steps"] for r in runs),
             "load": [min(r["load"][0] for r in runs), max(r["load"][1] for r in runs)],

@@ -126,19 +126,18 @@ class Server:
 
     def _on_push(self, source: int, push: Push, payload: torch.Tensor) -> None:
         mode = self.setup.mode
+        self._loss[0] += push.loss * self.share[source]
+        self._loss[1] += self.share[source]
         if mode == "asp" or (mode == "dasp" and source not in self.members):
-            scale = async_scale(self.version - push.version) if mode == "dasp" else 1.0
-            self._apply_one(source, push, payload, scale)
+            self._apply_alone(source, push.version, payload, scaled=mode == "dasp")
             self._reply(source)
         elif mode == "ssp":
-            self._apply_one(source, push, payload, 1.0)
+            self._apply_alone(source, push.version, payload, scaled=False)
             self.waiting[source] = None
             self._release_ssp()
         else:  # bsp, and dasp's synchronous group
             self.waiting[source] = payload.clone()
             self.versions[source] = push.version
-            self._loss[0] += push.loss * self.share[source]
-            self._loss[1] += self.share[source]
             self._combine_if_complete()
 
     def _release_ssp(self) -> None:
@@ -158,25 +157,26 @@ class Server:
         for w in group:  # rank order: the same sum whatever the arrival order
             combined.add_(self.waiting[w], alpha=self.share[w] / total)  # type: ignore[arg-type]
         for w in group:
-            staleness = self.version - self.versions[w]  # dasp: asynchronous updates may have come in between
-            self._tally[w].staleness.append(staleness)
-            self.stale_applied += staleness > 0
-            self.applied[w] += 1
+            self._count(w, self.versions[w])  # dasp: asynchronous updates may have come in between
         self._update(combined, 1.0, 1.0)
         self.applied_mb += total
         for w in group:
             del self.waiting[w]
             self._reply(w)
 
-    def _apply_one(self, source: int, push: Push, payload: torch.Tensor, scale: float) -> None:
-        staleness = self.version - push.version
-        self._tally[source].staleness.append(staleness)
+    def _count(self, worker: int, computed_on: int) -> int:
+        """Record one applied gradient of ``worker`` computed on model version ``computed_on``; its staleness."""
+        staleness = self.version - computed_on
+        self._tally[worker].staleness.append(staleness)
         self.stale_applied += staleness > 0
-        self.applied[source] += 1
-        self._update(payload, scale, self.share[source] / self.setup.microbatches)
-        self.applied_mb += self.share[source]
-        self._loss[0] += push.loss * self.share[source]
-        self._loss[1] += self.share[source]
+        self.applied[worker] += 1
+        return staleness
+
+    def _apply_alone(self, worker: int, computed_on: int, payload: torch.Tensor, *, scaled: bool) -> None:
+        """One worker's gradient as its own update (``scaled``: lr x ``async_scale`` of its staleness)."""
+        staleness = self._count(worker, computed_on)
+        self._update(payload, async_scale(staleness) if scaled else 1.0, self.share[worker] / self.setup.microbatches)
+        self.applied_mb += self.share[worker]
 
     def _update(self, flat: torch.Tensor, lr_scale: float, buffer_weight: float) -> None:
         """One optimizer step with the gradients in ``flat``; the buffers moved ``buffer_weight`` of the way to
@@ -256,19 +256,11 @@ class Server:
             if change["to"] == ASYNC and w in self.waiting:
                 payload = self.waiting.pop(w)
                 assert payload is not None
-                self._apply_group_leaver(w, payload, self.share[w])  # its loss is counted already
+                self._apply_alone(w, self.versions[w], payload, scaled=True)
+                self._reply(w)
         self._combine_if_complete()
         self.transitions.extend({**c, "step": self.step} for c in changes)
         return changes
-
-    def _apply_group_leaver(self, worker: int, payload: torch.Tensor, share: int) -> None:
-        staleness = self.version - self.versions[worker]
-        self._tally[worker].staleness.append(staleness)
-        self.stale_applied += staleness > 0
-        self.applied[worker] += 1
-        self._update(payload, async_scale(staleness), share / self.setup.microbatches)
-        self.applied_mb += share
-        self._reply(worker)
 
     def report(self) -> dict[str, Any]:
         """The sync part of the run summary."""
