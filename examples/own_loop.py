@@ -1,7 +1,7 @@
 """Train with a plan in your own loop: planner's API and torch only.
 
     plan profile planner.examples.digits:digits_mlp -o profile.json
-    plan partition profile.json --cluster cpu-2 -n 2 -d 1 -o plan.json
+    plan partition profile.json --cluster cpu-2 -m uniform -n 2 -d 1 -o plan.json
     torchrun --nproc-per-node 2 examples/own_loop.py plan.json --steps 20
 
 Rank 0 prints one JSON line: the loss of every step (as ``plan run ... --data planner.data.digits:batches
@@ -48,9 +48,10 @@ for step in range(args.steps):
     pipe.schedule.step(*((images,) if pipe.is_first else ()), target=labels if pipe.is_last else None, losses=mine)
     pipe.finish_backward()
     optimizer.step()
-    loss = torch.tensor([float(torch.stack(mine).mean()) if mine else 0.0], dtype=torch.float64)
+    loss = torch.tensor([float(torch.stack(mine).mean().detach()) if mine else 0.0], dtype=torch.float64)
     dist.broadcast(loss, src=pipe.last_rank)  # the last stage's rank holds the losses
     losses.append(float(loss))
 if rank == 0:
     print(json.dumps({"losses": losses}))
+dist.barrier()  # leave together: gloo aborts a rank whose peer tears its connections down mid-transfer
 dist.destroy_process_group()

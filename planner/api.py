@@ -84,7 +84,7 @@ def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str |
     import torch
 
     from planner.profile.capture import capture
-    from planner.runtime.pipeline.stages import build_rank_stages, build_schedule, sync_tied_params
+    from planner.runtime.pipeline.stages import build_rank_stages, build_schedule, rank_devices, sync_tied_params
 
     plan = load_plan(plan) if isinstance(plan, (str, Path)) else plan
     degree = plan.shape().degree
@@ -93,6 +93,14 @@ def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str |
                          f"replicas of each stage (data_parallel degree {degree}), which need the gradient all-reduce "
                          f"and per-replica batches of `plan run`: train it with `plan run`, or re-partition with "
                          f"--data-parallel 1")
+    import torch.distributed as dist
+
+    ranks = len(rank_devices(plan))
+    world = dist.get_world_size(group) if dist.is_initialized() else None
+    if world is not None and world != ranks:  # a rank with no stage would fail inside torch's schedule
+        raise UsageError(f"this plan runs on {ranks} rank(s) (devices {', '.join(rank_devices(plan))}), but the job "
+                         f"has {world}: start it with `torchrun --nproc-per-node {ranks}`, or re-partition so that the plan uses "
+                         f"{world} devices (`plan partition -m uniform` gives every device a stage)")
     device = torch.device(device) if device is not None else torch.device("cpu")
     model.to(device)
     inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)

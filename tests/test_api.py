@@ -73,3 +73,23 @@ def test_own_loop_refuses_a_hybrid_plan_in_one_line(tmp_path: Path) -> None:
     assert own.returncode != 0
     mine = [line for line in own.stderr.splitlines() if line.startswith("error: ")]
     assert len(mine) == 1 and "2 replicas of each stage" in mine[0] and "--data-parallel 1" in mine[0], own.stderr
+
+
+def test_build_pipeline_refuses_a_job_with_more_ranks_than_the_plan_has_devices(tmp_path: Path) -> None:
+    """The README's digits plan with the default placer keeps the MLP on one CPU; started on 2 ranks, the
+    rank with no stage used to fail with an IndexError inside torch's schedule (and the other to wait)."""
+    import torch.distributed as dist
+
+    import planner
+    from planner.examples.digits import digits_mlp
+    from planner.formats.plan import Plan, Stage
+
+    model, example = digits_mlp()
+    plan = Plan("dp", "1f1b", 2, (Stage(0, "cpu0", ("x",)), Stage(1, "cpu1", ("y",))), {"step_time_s": 1.0})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(planner.PlannerError, match=r"runs on 2 rank\(s\).*the job has 1: start it with "
+                                                       r"`torchrun --nproc-per-node 2`"):
+            planner.build_pipeline(model, example, plan, rank=0, loss_fn=lambda out, y: out.sum())
+    finally:
+        dist.destroy_process_group()
