@@ -102,6 +102,10 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
     shape = replica_violations(plan.schedule, plan.microbatches, plan.replicas(), plan.shares())
     if shape:  # e.g. an interleaved plan (several stages per device) under a single-stage schedule
         raise PlanMismatchError(f"{plan_path}: the plan cannot be exported as {plan.schedule}: {shape[0]}")
+    if plan.schedule not in TORCHTITAN_SCHEDULES and fmt != "pipelining":
+        raise PlanMismatchError(f"{plan_path}: the plan's schedule is {plan.schedule}, which has no flush between steps "
+                                f"and runs only under `plan run` (docs/async.md); {fmt} expects one of "
+                                f"{', '.join(TORCHTITAN_SCHEDULES)}: re-partition with --schedule 1f1b to export it")
     if fmt == "schedule-csv":
         data = _schedule_csv(plan)
         text = "".join(",".join(row) + "\n" for row in data["rows"])

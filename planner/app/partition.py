@@ -7,7 +7,9 @@ records the profile it was made from by path and SHA-256).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from types import MappingProxyType
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from planner.clusters import load_cluster_spec
 from planner.errors import UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import SCHEDULES, Plan, save_plan
+from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, SCHEDULES, Plan, save_plan
 from planner.formats.profile import load_profile
 
 
@@ -42,12 +44,13 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                    granularity: str | None = None, time_limit_s: float | None = None,
                    estimate_precision: str | None = None, data_parallel: str | int = "auto",
                    global_batch: int | None = None, sync: str = "ssgd", sync_period: int | None = None,
-                   staleness: int | None = None) -> Plan:
+                   staleness: int | None = None, async_correction: str = "predict") -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). ``schedule="auto"`` and ``microbatches="auto"`` (with
     ``global_batch`` samples) are chosen by simulated step time (``planner.partition.search.settings``). Raises
     ``PlannerError`` on bad input; on any error nothing is written. ``sync``, ``sync_period`` and ``staleness``: how
-    replicas combine their updates (``planner.partition.partition``)."""
+    replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
+    schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field."""
     from planner.partition import partition
     from planner.partition.search.settings import choose, parse_microbatches
 
@@ -56,6 +59,14 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     from planner.partition.search.hybrid import parse_degree
 
     degree = parse_degree(data_parallel)
+    if schedule in ASYNC_SCHEDULES:
+        if async_correction not in ASYNC_CORRECTIONS:
+            raise UsageError(f"--async-correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
+                             f"{async_correction!r}")
+        if degree not in (None, 1):
+            raise UsageError(f"--schedule {schedule} runs pure pipelines for now, found --data-parallel {degree}; "
+                             f"use --data-parallel 1, or --schedule 1f1b for replicas")
+        data_parallel = 1
     from planner.partition.model.problem import check_sync
 
     check_sync(sync, sync_period, staleness)
@@ -95,6 +106,9 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         plan = choose(profile, schedule, count, global_batch, plan_with)
     else:
         plan = plan_with(profile, count, schedule)
+    if plan.schedule in ASYNC_SCHEDULES:
+        plan = dataclasses.replace(plan, extra=MappingProxyType(
+            {**plan.extra, "async": {**plan.extra["async"], "correction": async_correction}}))
     if output is not None:
         save_plan(plan, output)
     return plan

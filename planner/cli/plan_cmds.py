@@ -22,8 +22,9 @@ def partition_cmd(
                                         "baseline: uniform, params, time-balance (see docs/commands.md).")] = "dp",
     microbatches: Annotated[str, typer.Option("--microbatches", "-n", help="Micro-batches per step (>= 1), or auto "
                             "(with --global-batch: the count the simulator finds fastest).")] = "8",
-    schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved-1f1b, or auto (the "
-                        "fastest that fits).")] = "1f1b",
+    schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved-1f1b, auto (the "
+                        "fastest of those that fits), or an asynchronous schedule with no flush between steps: "
+                        "async-1f1b or 2bw (seed 000, docs/async.md; one stage per device, no replicas).")] = "1f1b",
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per optimizer step, for "
                             "--microbatches auto.", show_default=False)] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam (optimizer state in the memory model).")] = "adam",
@@ -55,6 +56,8 @@ def partition_cmd(
                            "predicted compute and aggregation times).", show_default=False)] = None,
     staleness: Annotated[Optional[int], typer.Option("--staleness", help="ssp: how many steps the fastest "
                          "worker may be ahead of the slowest. Default: 3.", show_default=False)] = None,
+    async_correction: Annotated[str, typer.Option("--async-correction", help="async-1f1b and 2bw: predict (weight "
+                                "prediction on top of weight stashing) or none (stashing alone); docs/async.md.")] = "predict",
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -72,6 +75,8 @@ def partition_cmd(
 
       plan partition profile.json -c cpu-4 --sync dasp -o dasp.json
 
+      plan partition profile.json -c cpu-2 -s async-1f1b -n 4 -o async.json
+
       plan partition profile.json -c my-cluster.json -m greedy --refine --json -o plan.json
     """
     from planner.app.partition import partition_file
@@ -83,7 +88,7 @@ def partition_cmd(
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
                               data_parallel=data_parallel, global_batch=global_batch, sync=sync,
-                              sync_period=sync_period, staleness=staleness)
+                              sync_period=sync_period, staleness=staleness, async_correction=async_correction)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

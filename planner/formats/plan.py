@@ -17,7 +17,14 @@ from planner.formats._validate import Checker
 from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+FLUSHING_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+"""Schedules that finish every step's backwards before its optimizer step (torch.distributed.pipelining's)."""
+ASYNC_SCHEDULES = ("async-1f1b", "2bw")
+"""Seed 000's schedules (docs/async.md): 1F1B with no flush between steps, weight stashing; ``2bw`` pins each step's
+forwards to the weights one update old (PipeDream-2BW)."""
+SCHEDULES = FLUSHING_SCHEDULES + ASYNC_SCHEDULES
+ASYNC_CORRECTIONS = ("predict", "none")
+"""``async.correction``: weight prediction on top of weight stashing (the default), or stashing alone."""
 SYNC_MODES = ("ssgd", "local-sgd", "adaptive", "bsp", "asp", "ssp", "dasp")
 """``data_parallel.sync`` values the runtime runs (docs/sync.md): gradients averaged every step; parameters
 averaged every ``period`` local steps; the adaptive interval (docs/sync.md) with its correction and prioritised

@@ -10,12 +10,13 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import Plan, Stage
+from planner.formats.plan import ASYNC_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
-from planner.errors import PlanMismatchError
+from planner.errors import InfeasibleError, PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of)
+from planner.partition.sim.schedules import async_staleness, async_violation, stashed_versions
 from planner.partition.sim.simulate import SimResult, SimStage
 
 
@@ -46,6 +47,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     if profile_ref is not None:
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
+    if problem.schedule in ASYNC_SCHEDULES:
+        top["async"] = async_record(problem, partition, top.get("async"))
     if degree_of(partition) > 1:
         top["data_parallel"] = shape_of(problem, partition).data_parallel()
     return Plan(
@@ -56,6 +59,19 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         predicted=MappingProxyType(predicted(result)),
         extra=MappingProxyType(top),
     )
+
+
+def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The plan's ``async`` field (docs/formats.md): the correction (``given``'s, else ``predict``), and per stage
+    the staleness its gradients have in the steady state and the weight versions it keeps besides its live ones.
+    Raises ``InfeasibleError`` when the runtime cannot run the schedule on this shape."""
+    p, m = len(partition), problem.microbatches
+    found = async_violation(problem.schedule, p, len({st.device for st in partition}), m, degree_of(partition))
+    if found:
+        raise InfeasibleError(found)
+    return {"correction": "predict", **dict(given or {}),
+            "staleness": [async_staleness(problem.schedule, s, p, m) for s in range(p)],
+            "weight_versions": [stashed_versions(problem.schedule, s, p, m) for s in range(p)]}
 
 
 def predicted(result: SimResult) -> dict[str, Any]:

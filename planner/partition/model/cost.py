@@ -20,7 +20,8 @@ from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
-from planner.partition.sim.schedules import device_orders, inflight_counts, peak_activation_bytes, pipeline_layout
+from planner.partition.sim.schedules import (device_orders, inflight_counts, peak_activation_bytes, pipeline_layout,
+                                             version_copies)
 from planner.partition.sim.simulate import SimResult, SimStage
 from planner.partition.sim.step import compute_only_s, exposed_sync_s, simulate_step
 
@@ -41,6 +42,14 @@ def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> f
 def stage_static_bytes_t(tables: CostTables, start: int, stop: int) -> int:
     """Weights + gradients + optimizer state of blocks ``[start, stop)``."""
     return (tables.param_prefix[stop] - tables.param_prefix[start]) * tables.static_per_param_byte
+
+
+def stage_stash_bytes_t(tables: CostTables, schedule: str, start: int, stop: int, stages_to_end: int,
+                        microbatches: int) -> int:
+    """Weight versions an asynchronous schedule keeps for blocks ``[start, stop)`` (``version_copies``; 0 for the
+    flushing schedules), for a stage with ``stages_to_end`` stages from it to the last."""
+    copies = version_copies(schedule, stages_to_end, microbatches)
+    return (tables.param_prefix[stop] - tables.param_prefix[start]) * copies if copies else 0
 
 
 def stage_activation_bytes_t(tables: CostTables, start: int, stop: int) -> int:
@@ -95,7 +104,9 @@ def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
     stage = partition[i]
     inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
     return (stage_static_bytes(problem, stage.start, stage.stop)
-            + stage_activation_bytes(problem, stage.start, stage.stop) * inflight)
+            + stage_activation_bytes(problem, stage.start, stage.stop) * inflight
+            + stage_stash_bytes_t(problem.tables, problem.schedule, stage.start, stage.stop, len(partition) - i,
+                                  problem.microbatches))
 
 
 def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int]:
@@ -114,8 +125,11 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
     orders = device_orders(problem.schedule, len(ranks), chunks, problem.microbatches)
     activation = {i: stage_activation_bytes(problem, st.start, st.stop) for i, st in enumerate(partition)}
     out = {}
+    p = len(partition)
     for r, device in enumerate(ranks):
-        static = sum(stage_static_bytes(problem, st.start, st.stop) for st in partition if st.device == device)
+        static = sum(stage_static_bytes(problem, st.start, st.stop)
+                     + stage_stash_bytes_t(problem.tables, problem.schedule, st.start, st.stop, p - i, problem.microbatches)
+                     for i, st in enumerate(partition) if st.device == device)
         out[device] = static + peak_activation_bytes(orders[r], activation)
     return out
 
@@ -204,7 +218,9 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
             device=st.device, fwd_s=fwd, bwd_s=bwd,
             send_fwd_bytes=problem.cut_fwd_bytes[st.stop - 1] if i < last else 0,
             send_bwd_bytes=problem.cut_bwd_bytes[st.start - 1] if i > 0 else 0,
-            static_bytes=stage_static_bytes_t(tables, st.start, st.stop),
+            static_bytes=(stage_static_bytes_t(tables, st.start, st.stop)
+                          + stage_stash_bytes_t(tables, problem.schedule, st.start, st.stop, len(partition) - i,
+                                                problem.microbatches)),
             activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop),
             update_s=stage_update_s(problem, st.device, st.start, st.stop),
         ))

@@ -26,7 +26,8 @@ from typing import Sequence
 from planner.errors import InfeasibleError, PlannerError
 from planner.formats.plan import SCHEDULES, even_shares
 from planner.partition.model.cost import (device_memory_bytes, format_bytes, inflight_microbatches,
-                                          infeasible_reason, stage_activation_bytes, stage_static_bytes,
+                                          infeasible_reason, stage_activation_bytes, stage_stash_bytes_t,
+                                          stage_static_bytes,
                                           validate_partition)
 from planner.partition.model.problem import Partition, Problem, degree_of, shares_of
 from planner.partition.sim.schedules import interleaved_group_size, pipeline_layout
@@ -180,7 +181,8 @@ def _least_peak(problem: Problem) -> tuple[int, int, int, int, int]:
                 for i in range(s - 1, j):
                     if best[s - 1][i] == inf:
                         continue
-                    need = stage_static_bytes(problem, i, j) + stage_activation_bytes(problem, i, j) * inflight[s - 1]
+                    need = (stage_static_bytes(problem, i, j) + stage_activation_bytes(problem, i, j) * inflight[s - 1]
+                            + stage_stash_bytes_t(problem.tables, problem.schedule, i, j, k - s + 1, problem.microbatches))
                     value = max(best[s - 1][i], need)
                     if value < best[s][j]:
                         best[s][j], back[s][j] = value, i

@@ -31,6 +31,7 @@ from planner.partition.model.cost import (
     inflight_microbatches,
     stage_activation_bytes_t,
     stage_compute_s,
+    stage_stash_bytes_t,
     stage_static_bytes_t,
     transfer_s,
 )
@@ -144,7 +145,8 @@ def stage_fits(problem: Problem, start: int, stop: int, memory_bytes: int, stage
     tables = problem.tables
     need = (stage_static_bytes_t(tables, start, stop)
             + stage_activation_bytes_t(tables, start, stop) * slot_inflight(problem.schedule, stages_to_end,
-                                                                            problem.microbatches))
+                                                                            problem.microbatches)
+            + stage_stash_bytes_t(tables, problem.schedule, start, stop, stages_to_end, problem.microbatches))
     return need <= memory_bytes
 
 

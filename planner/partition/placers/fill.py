@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from planner.formats.cluster import Link
-from planner.partition.model.cost import inflight_microbatches, transfer_s
+from planner.partition.model.cost import inflight_microbatches, stage_stash_bytes_t, transfer_s
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
 
@@ -164,7 +164,7 @@ def _earliest_finish(ctx: FillContext, unused: Sequence[FillDevice], block: int,
     links = problem.tables.links
     fwd_bytes = problem.cut_fwd_bytes[block - 1] if previous is not None else 0
     bwd_bytes = problem.cut_bwd_bytes[block - 1] if previous is not None else 0
-    need_bytes = _memory_bytes(ctx, block, block + 1, inflight_at(ctx, stage_index))  # the same on every device
+    need_bytes = _memory_bytes(ctx, block, block + 1, stage_index)  # the same on every device
     best, best_finish = None, math.inf
     for device in unused:
         if need_bytes > device.memory_bytes or _blocked(device, block, block + 1):
@@ -230,13 +230,12 @@ def _cheapest_cut_nearby(ctx: FillContext, device: FillDevice, start: int, stop:
 
 def _memory_stop(ctx: FillContext, device: FillDevice, start: int, stop: int, stage_index: int) -> int:
     """Largest ``k`` in ``(start, stop]`` with blocks ``[start, k)`` in memory (bisection; memory grows with k)."""
-    inflight = inflight_at(ctx, stage_index)
     lo, hi = start + 1, stop
-    if _memory_bytes(ctx, start, hi, inflight) <= device.memory_bytes:
+    if _memory_bytes(ctx, start, hi, stage_index) <= device.memory_bytes:
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _memory_bytes(ctx, start, mid, inflight) <= device.memory_bytes:
+        if _memory_bytes(ctx, start, mid, stage_index) <= device.memory_bytes:
             lo = mid
         else:
             hi = mid
@@ -249,10 +248,14 @@ def inflight_at(ctx: FillContext, stage_index: int) -> int:
     return inflight_microbatches(problem.schedule, stage_index, ctx.assumed_stages, problem.microbatches)
 
 
-def _memory_bytes(ctx: FillContext, start: int, stop: int, inflight: int) -> int:
-    """Static bytes + saved activations x micro-batches in flight of blocks ``[start, stop)``."""
+def _memory_bytes(ctx: FillContext, start: int, stop: int, stage_index: int) -> int:
+    """Static bytes + saved activations x micro-batches in flight + an asynchronous schedule's weight versions
+    (``cost.stage_stash_bytes_t``) of blocks ``[start, stop)`` as the stage at ``stage_index``."""
+    problem = ctx.problem
     static = (ctx.param_prefix[stop] - ctx.param_prefix[start]) * ctx.static_per_param_byte
-    return static + (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight
+    return (static + (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight_at(ctx, stage_index)
+            + stage_stash_bytes_t(problem.tables, problem.schedule, start, stop,
+                                  max(ctx.assumed_stages - stage_index, 1), problem.microbatches))
 
 
 def work(device: FillDevice, start: int, stop: int) -> float:

@@ -12,6 +12,11 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
   chunk over rounds of ``g`` micro-batches (``g = p`` when ``m`` is a multiple of ``p``, ``g = m`` when
   ``m < p``); the warm-up is ``2 (p - 1 - r) + (v - 1) g`` forwards, then one forward / one backward, then
   the remaining backwards. With ``v = 1`` it is ``1f1b``.
+- ``async-1f1b`` and ``2bw`` (seed 000; PipeDream, Narayanan et al., 2019, and PipeDream-2BW, 2021): one step
+  of them is ``1f1b``'s order, but the device goes on into the next step's forwards instead of draining, so
+  over ``n`` steps a device runs ``1f1b``'s order over ``n * m`` micro-batches with its optimizer step
+  (``UPD``) after every ``m``-th backward (``async_orders``). Which weights each forward uses is
+  ``forward_version``; docs/async.md.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
-from planner.formats.plan import SCHEDULES
+from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES
 
 FWD = "F"
 BWD = "B"
+UPD = "U"
+"""An asynchronous schedule's optimizer step (``async_orders``): (UPD, stage, update index)."""
 Op = tuple[str, int, int]
 """(FWD or BWD, stage index, micro-batch index)."""
 
@@ -68,6 +75,8 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
     the same few layouts; the result is immutable.
     """
     p, v, m = num_devices, chunks, microbatches
+    if schedule in ASYNC_SCHEDULES:  # one step of them (what memory checks ask): 1f1b's order
+        schedule = "1f1b"
     if schedule == "gpipe":
         if v != 1:
             raise PlannerError("gpipe runs one stage per device")
@@ -141,3 +150,101 @@ def peak_activation_bytes(order: Sequence[Op], activation_bytes: Mapping[int, in
         else:
             live -= activation_bytes[stage]
     return peak
+
+
+@lru_cache(maxsize=64)
+def async_orders(num_devices: int, microbatches: int, steps: int,
+                 inflight: int | None = None) -> tuple[tuple[Op, ...], ...]:
+    """Each device's passes over ``steps`` steps of an asynchronous schedule, with no flush between them: 1F1B's
+    order over ``steps * microbatches`` micro-batches, and ``(UPD, stage, u)`` after the backward of micro-batch
+    ``(u + 1) * microbatches - 1``. Stage ``s`` keeps ``inflight`` micro-batches in flight (default ``p - s``,
+    1F1B's; 1 runs one micro-batch at a time through the whole pipeline, plain model parallelism)."""
+    total = steps * microbatches
+    orders = []
+    for r in range(num_devices):
+        depth = inflight_depth(r, num_devices, inflight)
+        ops: list[Op] = []
+        for kind, s, j in _one_f_one_b([(r, j) for j in range(total)], [(r, j) for j in range(total)],
+                                       min(depth - 1, total)):
+            ops.append((kind, s, j))
+            if kind == BWD and (j + 1) % microbatches == 0:
+                ops.append((UPD, s, j // microbatches))
+        orders.append(tuple(ops))
+    return tuple(orders)
+
+
+def inflight_depth(stage: int, num_stages: int, inflight: int | None = None) -> int:
+    """Micro-batches stage ``stage`` holds between forward and backward in an asynchronous schedule's steady state."""
+    return max(1, min(num_stages - stage, inflight if inflight is not None else num_stages))
+
+
+def forward_version(schedule: str, stage: int, num_stages: int, microbatches: int, k: int, *, round_start: int = 0,
+                    inflight: int | None = None) -> int:
+    """The weight version (optimizer steps taken before it) stage ``stage``'s forward of micro-batch ``k`` uses.
+
+    ``async-1f1b``: the newest weights when the forward runs. In ``async_orders`` the forward of ``k`` follows
+    the backward of ``k - d`` (``d = inflight_depth``), and a step's update follows its last backward, so the
+    version is ``floor((k - d + 1) / m)`` counted from the round's first micro-batch ``round_start`` (the
+    pipeline drains at round ends, where evaluation and rebalancing act). ``2bw``: every forward of step
+    ``u`` uses version ``max(0, u - 1)``, PipeDream-2BW's ``W(t+1) = W(t) - lr * grad f(W(t-1))``. The
+    backward of ``k`` uses the same version (weight stashing); the gradient is applied in update ``k // m``,
+    so its staleness is ``k // m - forward_version``."""
+    step = k // microbatches
+    if schedule == "2bw":
+        return max(0, step - 1)
+    if schedule != "async-1f1b":
+        return step
+    depth = inflight_depth(stage, num_stages, inflight)
+    return round_start // microbatches + max(0, (k - round_start - depth + 1) // microbatches)
+
+
+def async_staleness(schedule: str, stage: int, num_stages: int, microbatches: int) -> int:
+    """The most updates between the weights a stage's forward uses and the update its gradient joins, in the steady
+    state of ``schedule`` (0 for flushing schedules)."""
+    if schedule not in ASYNC_SCHEDULES:
+        return 0
+    m = microbatches
+    ks = range(2 * m * num_stages, 2 * m * num_stages + m)  # one step, well past the warm-up
+    return max(k // m - forward_version(schedule, stage, num_stages, m, k) for k in ks)
+
+
+def stashed_versions(schedule: str, stage: int, num_stages: int, microbatches: int) -> int:
+    """Weight versions a stage keeps besides its live parameters in the steady state (memory model): the
+    distinct versions its in-flight micro-batches use other than the newest, over one steady step (2bw: 1)."""
+    if schedule not in ASYNC_SCHEDULES:
+        return 0
+    m, depth = microbatches, inflight_depth(stage, num_stages)
+    most = 0
+    for k in range(2 * m * num_stages, 2 * m * num_stages + m):
+        live = {forward_version(schedule, stage, num_stages, m, j) for j in range(k - depth + 1, k + 1)}
+        newest = (k - depth + 1) // m  # updates done when the forward of k starts: the live parameters
+        most = max(most, len(live - {newest}))
+    return most
+
+
+def version_copies(schedule: str, stages_to_end: int, microbatches: int) -> int:
+    """Copies of a stage's weights an asynchronous schedule keeps besides its live parameters (memory model): every
+    version it holds (the stashed ones and a snapshot of the newest), each with the optimizer's last step beside it
+    and one predicted copy (``planner.runtime.pipeline.asynchronous``; counted with the correction on, which needs
+    the most). A stage with ``stages_to_end`` stages from it to the last keeps ``stages_to_end`` micro-batches in
+    flight. 0 for flushing schedules."""
+    if schedule not in ASYNC_SCHEDULES:
+        return 0
+    return 3 * (stashed_versions(schedule, 0, stages_to_end, microbatches) + 1)
+
+
+def async_violation(schedule: str, num_stages: int, num_devices: int, microbatches: int, degree: int = 1) -> str | None:
+    """Why the runtime cannot run ``schedule`` on this shape (None when it can, or for a flushing schedule)."""
+    if schedule not in ASYNC_SCHEDULES:
+        return None
+    if degree > 1:
+        return (f"{schedule} runs pure pipelines for now, but the plan has {degree} replicas of each stage; use "
+                f"--data-parallel 1, or a flushing schedule (1f1b) for replicas")
+    if num_devices != num_stages:
+        return (f"{schedule} runs one stage per device, but the plan puts {num_stages} stages on {num_devices} "
+                f"devices; re-partition with --schedule {schedule}")
+    if schedule == "2bw" and microbatches < num_stages - 1:
+        return (f"2bw needs at least {num_stages - 1} micro-batches per step on {num_stages} stages (each step's "
+                f"forwards use the weights one update old, which must exist when the step starts), found "
+                f"{microbatches}; use -n {num_stages - 1} or more")
+    return None

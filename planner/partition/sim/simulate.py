@@ -26,7 +26,8 @@ from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
-from planner.partition.sim.schedules import FWD, Op, device_orders, pipeline_layout
+from planner.formats.plan import ASYNC_SCHEDULES
+from planner.partition.sim.schedules import FWD, UPD, Op, async_orders, device_orders, pipeline_layout
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,52 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     for dev in ranks:
         cluster.device(dev)  # raises a clear error for an unknown device
     _check_stages(stages)
+    if schedule in ASYNC_SCHEDULES:
+        return _simulate_async(stages, cluster, schedule, microbatches, ranks, record_events)
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
+    _run(state, stages, cluster, ranks, schedule)
+    return _result(state, stages, ranks, updates)
+
+
+ASYNC_STEPS = (2, 6)
+"""Steps after the pipeline fills that an asynchronous schedule is simulated for, twice: its step time is the
+difference of the two makespans over the difference of the step counts (the steady state, warm-up excluded)."""
+
+
+def _simulate_async(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
+                    ranks: tuple[str, ...], record_events: bool) -> SimResult:
+    """Seed 000's schedules: ``async_orders`` over several steps with no flush, optimizer steps in the order.
+    Devices' figures are per step in the steady state; peak memory is the run's (stashed weight versions are in
+    ``static_bytes``, ``planner.partition.model.cost.stage_stash_bytes_t``)."""
+    p = len(ranks)
+    runs = []
+    for extra in ASYNC_STEPS:
+        steps = p + extra
+        state = _initial_state(stages, ranks, 1, "1f1b", steps * microbatches, record_events and not runs)
+        state.orders = async_orders(p, microbatches, steps)
+        _run(state, stages, cluster, ranks, schedule)
+        runs.append((steps, state))
+    (short, first), (long, second) = runs
+    step = (max(second.free_at) - max(first.free_at)) / (long - short)
+    per_step = [[(b - a) / (long - short) for a, b in zip(pa, pb)] for pa, pb in zip(first.parts, second.parts)]
+    static = [0] * p
+    for s, stage in enumerate(stages):
+        static[second.rank_of_stage[s]] += stage.static_bytes
+    devices = {}
+    for r, dev in enumerate(ranks):
+        busy = (second.busy_s[r] - first.busy_s[r]) / (long - short)
+        devices[dev] = DeviceStats(busy_s=busy, idle_s=max(step - busy, 0.0), peak_memory_bytes=static[r] + second.peak_bytes[r],
+                                   compute_s=per_step[r][0], copy_s=per_step[r][1], overhead_s=per_step[r][2],
+                                   update_s=per_step[r][3], end_s=step)
+    idle = sum(d.idle_s for d in devices.values())
+    events = tuple(sorted(first.events, key=lambda e: (e.start_s, e.end_s))) if first.events is not None else ()
+    return SimResult(step_time_s=step, devices=MappingProxyType(devices),
+                     bubble_fraction=idle / (p * step) if step > 0 else 0.0, events=events,
+                     stage_inflight=tuple(second.peak_mb))
+
+
+def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tuple[str, ...], schedule: str) -> None:
+    """Run the event loop of ``state`` to the end; raise when a device is left with passes it cannot start."""
     state.pass_overhead_s = cluster.pass_overhead_s
     _transfer_times(state, stages, cluster)
     for rank in range(len(ranks)):
@@ -153,10 +199,9 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
         _finish(state, stages, ranks, rank, now)
     stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < len(state.orders[r])]
     if stuck:
-        raise PlannerError(f"schedule {schedule!r} deadlocked with {microbatches} micro-batches on {len(ranks)} devices "
-                           f"(stuck: {', '.join(stuck)}); the schedule's order is wrong for this case: report it with the plan, "
-                           f"and meanwhile use another micro-batch count or schedule")
-    return _result(state, stages, ranks, updates)
+        raise PlannerError(f"schedule {schedule!r} deadlocked with {len(state.fwd_ready[0])} micro-batches on "
+                           f"{len(ranks)} devices (stuck: {', '.join(stuck)}); the schedule's order is wrong for this "
+                           f"case: report it with the plan, and meanwhile use another micro-batch count or schedule")
 
 
 def _check_stages(stages: Sequence[SimStage]) -> None:
@@ -215,6 +260,9 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
     if state.running[rank] or state.position[rank] == len(state.orders[rank]):
         return
     kind, s, j = state.orders[rank][state.position[rank]]
+    if kind == UPD:  # an asynchronous schedule's optimizer step, in the device's order
+        _start_update(state, stages[s], ranks[rank], rank, s, now)
+        return
     ready = state.fwd_ready[s][j] if kind == FWD else state.bwd_ready[s][j]
     if ready is None:
         return
@@ -240,13 +288,27 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
     heapq.heappush(state.heap, (start + duration, state.seq, rank))
 
 
+def _start_update(state: _State, stage: SimStage, device: str, rank: int, s: int, now: float) -> None:
+    start = max(now, state.free_at[rank])
+    state.running[rank] = True
+    state.free_at[rank] = start + stage.update_s
+    state.busy_s[rank] += stage.update_s
+    state.parts[rank][3] += stage.update_s
+    if state.events is not None and stage.update_s > 0:
+        state.events.append(Event(device, "update", s, -1, start, start + stage.update_s))
+    state.seq += 1
+    heapq.heappush(state.heap, (start + stage.update_s, state.seq, rank))
+
+
 def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
     """A pass on ``rank`` completed at ``now``: send its output, then start what became runnable."""
     kind, s, j = state.orders[rank][state.position[rank]]
     state.position[rank] += 1
     state.running[rank] = False
     last = len(stages) - 1
-    if kind == FWD:
+    if kind == UPD:
+        pass
+    elif kind == FWD:
         if s == last:
             state.bwd_ready[s][j] = now
         else:

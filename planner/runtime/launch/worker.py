@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from planner.profile.timer import steady_cpu_allocator
 from planner.errors import DistributedError
-from planner.formats.plan import Plan
+from planner.formats.plan import ASYNC_SCHEDULES, Plan
 from planner.data import factory as data_mod
 from planner.runtime import netem
 from planner.runtime.data_parallel import sync_for
@@ -45,6 +45,7 @@ from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
 from planner.runtime.pipeline.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
                                     sync_tied_params)
+from planner.runtime.pipeline.asynchronous import AsyncEngine, correction_of
 from planner.runtime.pipeline.training import make_optimizer
 
 __all__ = ["RankRun", "run_rank", "steady_step_time_s"]
@@ -91,6 +92,11 @@ class RankRun:
                              options=self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
+        self.engine: AsyncEngine | None = None
+        if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
+            self.engine = AsyncEngine(stages, self.optimizer,
+                                      data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss),
+                                      correction_of(stages.plan))
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's
@@ -160,8 +166,14 @@ class RankRun:
         """``steps`` steps, then the step losses summed over the replicas' last stages, on every rank."""
         first, local = self.step, []
         start, exposed = time.perf_counter(), self.sync.report().get("exposed_s", 0.0)
-        for _ in range(steps):
-            local.append(self.train_step())
+        if self.engine is not None:
+            before = self.engine.update_s
+            local = self.engine.run_round(self.step, steps, self.batch)
+            self.update_s += self.engine.update_s - before
+            self.step += steps
+        else:
+            for _ in range(steps):
+                local.append(self.train_step())
         wall_s = time.perf_counter() - start
         losses = torch.tensor([x if x is not None else 0.0 for x in local], dtype=torch.float64, device=self.device)
         dist.all_reduce(losses)
@@ -271,6 +283,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "device_mismatch": list(prepared.device_mismatch),
         "rounds": [dataclasses.asdict(r) for r in run.rounds],
         "stages": [s.stage_index for s in run.stages.stages],
+        "async": run.engine.report() if run.engine is not None else None,
         "plan": run.plan.to_dict(),
         **run.report,
     }

@@ -134,6 +134,8 @@ class DynamicHooks(RunHooks):
         for stage in run.stages.stages:  # new stages after a switch or resume get timed; the others already are
             instrument_stage(stage, self.timer)
         instrument_schedule(run.schedule, self.timer)
+        if run.engine is not None:  # the asynchronous pipeline times its own passes (docs/async.md)
+            run.engine.timer = self.timer
         self.timer.begin_round()
         self._update_mark = run.update_s
 

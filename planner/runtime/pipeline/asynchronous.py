@@ -1,0 +1,408 @@
+"""Seed 000's asynchronous pipeline (``async-1f1b``, ``2bw``): 1F1B with no flush between steps (docs/async.md).
+
+torch's schedules drain the pipeline at the end of every step, so ``(p - 1) / (m + p - 1)`` of it is idle.
+Here each rank runs its stage's passes in ``planner.partition.sim.schedules.async_orders``'s order over a
+whole round of steps: the next step's forwards fill the slots the drain would have left empty, and the
+stage's optimizer steps after every ``m``-th backward of its own, without waiting for the other stages.
+The pipeline drains only at round ends, where evaluation, rebalancing and checkpoints act.
+
+Delayed gradients are handled, never ignored:
+
+* **weight stashing** (PipeDream): a forward runs on a *version* of the stage's weights (``Version``: detached
+  tensors, kept while a micro-batch in flight uses them) and the micro-batch's backward differentiates the
+  same tensors, so every gradient is the true gradient of some version. Which version is
+  ``forward_version``'s rule (async-1f1b: the newest; 2bw: one update old for a whole step);
+* **weight prediction** (PipeOptim, Guan et al. 2023; XPipe, Guan et al. 2019), the correction for the
+  staleness that remains: a forward whose gradient will join an update ``tau`` updates after its version
+  runs on ``W_v + tau * (W_v - W_{v-1})``, the version extrapolated by its known delay along the optimizer's
+  last step (for SGD exactly ``-lr * tau * g_last``; for Adam ``tau`` times its last step). The backward
+  differentiates the predicted weights, and the gradient updates the live ones.
+
+Messages are point-to-point (``isend``/``irecv`` on the default group) between consecutive stages' ranks: a
+forward sends its outputs, a backward its inputs' gradients; shapes travel once, in a header, on the
+first message. Every wait is bounded by the process group's timeout (``plan run --timeout``). The
+optimizer and the live parameters are ``RankRun``'s, so evaluation, checkpoints and the summary see the
+weights as they are after the round's last update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.func import functional_call
+
+from planner.errors import UsageError
+from planner.formats.plan import ASYNC_CORRECTIONS, Plan
+from planner.partition.sim.schedules import FWD, UPD, async_orders, async_violation, forward_version, inflight_depth
+from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
+from planner.runtime.pipeline.stages import RankStages, sync_tied_grads
+
+__all__ = ["AsyncEngine", "check_async", "correction_of", "predict_weights", "train_async_reference",
+           "Version"]
+
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
+_HEADER = 16
+"""int64 slots of a tensor's header: dtype code, rank, then the shape."""
+
+Batch = Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
+
+
+def correction_of(plan: Plan) -> str:
+    """The plan's correction for delayed gradients (``async.correction``; ``predict`` when absent)."""
+    return str((plan.extra.get("async") or {}).get("correction", "predict"))
+
+
+def check_async(plan: Plan) -> None:
+    """Raise ``UsageError`` unless the runtime can run ``plan``'s asynchronous schedule as it is."""
+    found = async_violation(plan.schedule, len(plan.stages), len({s.device for s in plan.stages}), plan.microbatches,
+                            plan.shape().degree)
+    if found:
+        raise UsageError(f"the plan cannot run: {found}")
+
+
+@dataclass
+class Version:
+    """One version of a stage's weights: detached tensors (by canonical name) and the step that made it."""
+
+    index: int
+    weights: dict[str, torch.Tensor]
+    delta: dict[str, torch.Tensor] | None
+    """``weights - previous version``: the optimizer's last step (None for version 0)."""
+    users: int = 0
+    """Micro-batches in flight whose forward used this version."""
+    predicted: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """``tau -> W + tau * delta``, made once per staleness and kept as long as the version."""
+
+
+def predict_weights(version: Version, tau: int) -> dict[str, torch.Tensor]:
+    """The weights a forward of staleness ``tau`` runs on under weight prediction (module docstring)."""
+    if tau <= 0 or version.delta is None:
+        return version.weights
+    if tau not in version.predicted:
+        version.predicted[tau] = {n: (w + tau * version.delta[n]).detach().requires_grad_(w.requires_grad)
+                                  for n, w in version.weights.items()}
+    return version.predicted[tau]
+
+
+@dataclass
+class _InFlight:
+    """A micro-batch between its forward and its backward on this stage."""
+
+    version: Version
+    weights: dict[str, torch.Tensor]
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    loss: torch.Tensor | None
+
+
+class AsyncEngine:
+    """One rank's stage under an asynchronous schedule (module docstring); ``run_round`` trains some steps."""
+
+    def __init__(self, stages: RankStages, optimizer: torch.optim.Optimizer, criterion: Callable[..., torch.Tensor],
+                 correction: str = "predict", inflight: int | None = None, record_versions: bool = False) -> None:
+        plan = stages.plan
+        check_async(plan)
+        if correction not in ASYNC_CORRECTIONS:
+            raise UsageError(f"the plan's async.correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
+                             f"{correction!r}; re-partition with --async-correction")
+        self.stages = stages
+        self.schedule = plan.schedule
+        self.optimizer = optimizer
+        self.criterion = criterion
+        self.correction = correction
+        self.inflight = inflight
+        self.m = plan.microbatches
+        self.p = len(plan.stages)
+        self.stage = next(g.index for g in stages.graphs if stages.rank_of_stage[g.index] == stages.rank)
+        graph: StageGraph = stages.graphs[self.stage]
+        self.module = graph.module
+        self.names = _stage_names(graph)
+        self.params = {c: stages.params[c] for _, c in self.names}
+        self.prev = stages.rank_of_stage[self.stage - 1] if self.stage > 0 else None
+        self.next = stages.rank_of_stage[self.stage + 1] if self.stage + 1 < self.p else None
+        self.versions: dict[int, Version] = {}
+        self.newest = self._snapshot(0, None)
+        self.updates = 0
+        self.acc: dict[str, torch.Tensor] = {c: torch.zeros_like(p) for c, p in self.params.items()}
+        self.pending: dict[int, _InFlight] = {}
+        self.sends: list[Any] = []
+        self.in_meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
+        self.grad_meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
+        self.sent_header = False
+        self.sent_grad_header = False
+        self.log: list[tuple[int, int, int, int]] | None = [] if record_versions else None
+        """(micro-batch, forward's version, backward's version, staleness) when ``record_versions``."""
+        self.compute_s = 0.0
+        self.wait_s = 0.0
+        self.update_s = 0.0
+        self.stash_peak = 1
+        self.timer: Any = None
+        """A ``planner.runtime.timing.RankTimer`` the rebalancing hooks set: passes run under its ``compute()``
+        (which also stretches them by an emulated slowdown) and receives under its ``blocked()``."""
+
+    # -- versions ---------------------------------------------------------------------------------------------
+    def _snapshot(self, index: int, previous: Version | None) -> Version:
+        weights = {c: p.detach().clone().requires_grad_(True) for c, p in self.params.items()}
+        delta = ({c: (weights[c] - previous.weights[c]).detach() for c in weights} if previous is not None else None)
+        version = Version(index, weights, delta)
+        self.versions[index] = version
+        return version
+
+    def _release(self, version: Version) -> None:
+        version.users -= 1
+        self._drop_unused()
+
+    def _drop_unused(self) -> None:
+        keep = {self.newest.index, max(0, self.updates - 1)} if self.schedule == "2bw" else {self.newest.index}
+        for index in [i for i, v in self.versions.items() if v.users == 0 and i not in keep]:
+            del self.versions[index]
+
+    # -- the round ----------------------------------------------------------------------------------------------
+    def run_round(self, first_step: int, steps: int, batch: Batch) -> list[float | None]:
+        """Train steps ``first_step .. first_step + steps - 1`` without a flush between them; return per step the
+        mean micro-batch loss on the last stage's rank (None elsewhere)."""
+        m, base = self.m, first_step * self.m
+        losses = [0.0] * steps
+        cache: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
+        order = async_orders(self.p, m, steps, self.inflight)[self.stage]
+        for kind, _, j in order:
+            if kind == UPD:
+                self._update()
+                continue
+            k = base + j
+            step = k // m
+            if step not in cache:
+                cache.clear()  # a step's batch is drawn once, when its first micro-batch needs it
+                inputs, target = batch(step)
+                cache[step] = (tuple(x.chunk(m) for x in inputs), target.chunk(m))
+            chunks, targets = cache[step]
+            if kind == FWD:
+                self._forward(k, base, tuple(c[k % m] for c in chunks), targets[k % m])
+            else:
+                loss = self._backward(k)
+                if loss is not None:
+                    losses[step - first_step] += loss / m
+        self._drain_sends(wait=True)
+        return losses if self.next is None else [None] * steps
+
+    def _forward(self, k: int, round_start: int, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> None:
+        if self.prev is not None:
+            inputs = self._recv_activations()
+        inputs = tuple(x.requires_grad_(True) if self.prev is not None and x.is_floating_point() else x
+                       for x in inputs)
+        index = forward_version(self.schedule, self.stage, self.p, self.m, k, round_start=round_start,
+                                inflight=self.inflight)
+        if self.schedule == "async-1f1b" and index != self.newest.index:
+            raise AssertionError(f"stage {self.stage}: forward of micro-batch {k} expects version {index}, "
+                                 f"the newest is {self.newest.index}")  # the rule and the order disagree
+        version = self.versions[index]
+        tau = k // self.m - index
+        weights = predict_weights(version, tau) if self.correction == "predict" else version.weights
+        version.users += 1
+        self.stash_peak = max(self.stash_peak, len(self.versions))
+        start = time.perf_counter()
+        with self._computing(), torch.enable_grad():
+            out = functional_call(self.module, {name: weights[c] for name, c in self.names}, inputs)
+            outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            loss = self.criterion(outputs[0], target) if self.next is None else None
+        self.compute_s += time.perf_counter() - start
+        self.pending[k] = _InFlight(version, weights, inputs, outputs, loss)
+        if self.next is not None:
+            self._send_activations(outputs)
+        if self.log is not None:
+            self.log.append((k, version.index, -1, tau))
+
+    def _backward(self, k: int) -> float | None:
+        item = self.pending.pop(k)
+        if self.next is None:
+            assert item.loss is not None
+            roots: list[torch.Tensor] = [item.loss]
+            grads: list[torch.Tensor | None] = [None]
+        else:
+            received = self._recv_grads(item.outputs)
+            pairs = [(o, g) for o, g in zip(item.outputs, received) if o.requires_grad]
+            roots, grads = [o for o, _ in pairs], [g for _, g in pairs]
+        wanted = [item.weights[c] for c in self.params] + [x for x in item.inputs if x.requires_grad]
+        start = time.perf_counter()
+        with self._computing():
+            found = torch.autograd.grad(roots, wanted, grads, allow_unused=True) if roots else [None] * len(wanted)
+        self.compute_s += time.perf_counter() - start
+        for (c, acc), g in zip(self.acc.items(), found):
+            if g is not None:
+                acc.add_(g)
+        if self.prev is not None:
+            back = iter(found[len(self.params):])
+            self._send_grads(tuple((next(back) if x.requires_grad else None) for x in item.inputs), item.inputs)
+        if self.log is not None:
+            self.log.append((k, -1, item.version.index, -1))
+        self._release(item.version)
+        return float(item.loss.detach()) if item.loss is not None else None
+
+    def _update(self) -> None:
+        start = time.perf_counter()
+        for c, p in self.params.items():
+            p.grad = self.acc[c].div_(self.m)
+        sync_tied_grads(self.stages)  # a weight tied across ranks: its holders sum their gradients
+        self.optimizer.step()
+        self.updates += 1
+        self.newest = self._snapshot(self.updates, self.newest)
+        self.acc = {c: torch.zeros_like(p) for c, p in self.params.items()}
+        self._drop_unused()
+        self.update_s += time.perf_counter() - start
+
+    def _computing(self) -> contextlib.AbstractContextManager[None]:
+        return self.timer.compute() if self.timer is not None else contextlib.nullcontext()
+
+    # -- messages -----------------------------------------------------------------------------------------------
+    def _send(self, tensors: Sequence[torch.Tensor], dst: int, header: bool) -> None:
+        if header:
+            for x in tensors:
+                head = _header(x)
+                self.sends.append((dist.isend(head, dst), head))
+        for x in tensors:
+            payload = x.detach().contiguous()
+            self.sends.append((dist.isend(payload, dst), payload))
+        self._drain_sends(wait=False)
+
+    def _send_activations(self, outputs: Sequence[torch.Tensor]) -> None:
+        assert self.next is not None
+        self._send(outputs, self.next, header=not self.sent_header)
+        self.sent_header = True
+
+    def _send_grads(self, grads: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor]) -> None:
+        assert self.prev is not None
+        floats = [(g if g is not None else torch.zeros_like(x)) for g, x in zip(grads, inputs) if x.is_floating_point()]
+        self._send(floats, self.prev, header=not self.sent_grad_header)
+        self.sent_grad_header = True
+
+    def _recv(self, src: int, meta: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[torch.Tensor, ...]:
+        start = time.perf_counter()
+        out = []
+        with self.timer.blocked() if self.timer is not None else contextlib.nullcontext():
+            for dtype, shape in meta:
+                buf = torch.empty(shape, dtype=dtype)
+                dist.recv(buf, src)
+                out.append(buf)
+        self.wait_s += time.perf_counter() - start
+        return tuple(out)
+
+    def _recv_meta(self, src: int, count: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        meta = []
+        for _ in range(count):
+            head = torch.empty(_HEADER, dtype=torch.int64)
+            dist.recv(head, src)
+            meta.append(_unheader(head))
+        return meta
+
+    def _recv_activations(self) -> tuple[torch.Tensor, ...]:
+        assert self.prev is not None
+        if self.in_meta is None:
+            self.in_meta = self._recv_meta(self.prev, len(self.stages.graphs[self.stage].input_names))
+        return self._recv(self.prev, self.in_meta)
+
+    def _recv_grads(self, outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
+        """The gradients of ``outputs``' floating-point values, from the next stage (None for the others)."""
+        assert self.next is not None
+        if self.grad_meta is None:
+            self.grad_meta = self._recv_meta(self.next, sum(1 for o in outputs if o.is_floating_point()))
+        received = iter(self._recv(self.next, self.grad_meta))
+        return tuple(next(received) if o.is_floating_point() else None for o in outputs)
+
+    def _drain_sends(self, wait: bool) -> None:
+        kept = []
+        for item in self.sends:
+            work = item[0]
+            if wait:
+                work.wait()
+            elif not work.is_completed():
+                kept.append(item)
+        self.sends = [] if wait else kept
+
+    def report(self) -> dict[str, Any]:
+        return {"schedule": self.schedule, "correction": self.correction, "updates": self.updates,
+                "stage": self.stage, "inflight": inflight_depth(self.stage, self.p, self.inflight),
+                "versions_peak": self.stash_peak, "compute_s": self.compute_s, "wait_s": self.wait_s,
+                "update_s": self.update_s}
+
+
+def _header(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() > _HEADER - 2:
+        raise UsageError(f"a value sent between stages has {x.dim()} dimensions; the asynchronous pipeline sends at "
+                         f"most {_HEADER - 2}")
+    head = torch.zeros(_HEADER, dtype=torch.int64)
+    head[0] = _DTYPES.index(x.dtype)
+    head[1] = x.dim()
+    head[2:2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+    return head
+
+
+def _unheader(head: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...]]:
+    values = head.tolist()
+    return _DTYPES[values[0]], tuple(values[2:2 + values[1]])
+
+
+def _stage_names(graph: StageGraph) -> list[tuple[str, str]]:
+    """(name in the stage module, canonical name) of every parameter: ``functional_call`` needs every name the
+    module knows a parameter by (a tied one has several)."""
+    canonical = canonical_param_names(graph.module)
+    return [(name, canonical.get(id(p), name)) for name, p in graph.module.named_parameters(remove_duplicate=False)]
+
+
+def train_async_reference(graphs: Sequence[StageGraph], params: dict[str, torch.Tensor], criterion: Callable[..., Any],
+                          optimizer: str, lr: float, schedule: str, microbatches: int, batch: Batch, steps: int,
+                          round_steps: int, correction: str = "predict", inflight: int | None = None
+                          ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+    """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
+    stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
+    ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
+    stages updated with the sum of their gradients. Returns the step losses and each stage's weights at the end;
+    the distributed run must equal it (``tests/test_async.py``)."""
+    from planner.runtime.pipeline.training import make_optimizer
+
+    p, m = len(graphs), microbatches
+    names = [_stage_names(g) for g in graphs]
+    live = [{c: torch.nn.Parameter(params[c].detach().clone()) for _, c in n} for n in names]
+    optimizers = [make_optimizer(w, optimizer, lr) for w in live]
+    history = [{0: Version(0, {c: w.detach().clone().requires_grad_(True) for c, w in stage.items()}, None)}
+               for stage in live]
+    acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
+    losses: list[float] = []
+    for first in range(0, steps, round_steps):
+        start = first * m
+        for k in range(start, min(first + round_steps, steps) * m):
+            step, i = divmod(k, m)
+            inputs, target = batch(step)
+            values: tuple[torch.Tensor, ...] = tuple(x.chunk(m)[i] for x in inputs)
+            used = []
+            for s, graph in enumerate(graphs):
+                index = forward_version(schedule, s, p, m, k, round_start=start, inflight=inflight)
+                version = history[s][index]
+                weights = predict_weights(version, step - index) if correction == "predict" else version.weights
+                used.append(weights)
+                out = functional_call(graph.module, {name: weights[c] for name, c in names[s]}, values)
+                values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            loss = criterion(values[0], target.chunk(m)[i])
+            wanted = [(s, c, w) for s, weights in enumerate(used) for c, w in weights.items()]
+            for (s, c, _), g in zip(wanted, torch.autograd.grad(loss, [w for _, _, w in wanted], allow_unused=True)):
+                if g is not None:
+                    acc[s][c].add_(g)
+            if i == 0:
+                losses.append(0.0)
+            losses[-1] += float(loss.detach()) / m
+            if i == m - 1:
+                for s, stage in enumerate(live):
+                    for c, w in stage.items():
+                        w.grad = sum(acc[t][c] for t in range(p) if c in acc[t]) / m
+                for s, stage in enumerate(live):
+                    optimizers[s].step()
+                    history[s][step + 1] = Version(
+                        step + 1, {c: w.detach().clone().requires_grad_(True) for c, w in stage.items()},
+                        {c: (w.detach() - history[s][step].weights[c].detach()) for c, w in stage.items()})
+                acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
+    return losses, [{c: w.detach().clone() for c, w in stage.items()} for stage in live]

@@ -1,0 +1,244 @@
+"""Seed 000's asynchronous pipeline (issue 26): the order, the version rule, the correction, the simulator, the
+memory model, the runtime against its single-process references, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _partition_cases import FREE, chain, cluster
+from planner.formats.catalog import load_catalog
+from planner.partition import partition
+from planner.partition.sim.schedules import (BWD, FWD, UPD, async_orders, async_staleness, forward_version,
+                                             inflight_counts, stashed_versions)
+from planner.partition.sim.simulate import SimStage, simulate
+from tests._digits import digits_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+def test_async_orders_run_every_pass_once_and_step_after_every_mth_backward(p: int, m: int) -> None:
+    steps = 4
+    for r, order in enumerate(async_orders(p, m, steps)):
+        passes = [op for op in order if op[0] != UPD]
+        assert sorted(passes) == sorted([(FWD, r, k) for k in range(steps * m)] + [(BWD, r, k) for k in range(steps * m)])
+        assert all(order.index((FWD, r, k)) < order.index((BWD, r, k)) for k in range(steps * m))
+        updates = [i for i, op in enumerate(order) if op[0] == UPD]
+        assert [order[i] for i in updates] == [(UPD, r, u) for u in range(steps)]
+        assert all(order[i - 1] == (BWD, r, (u + 1) * m - 1) for u, i in enumerate(updates))
+        assert inflight_counts(passes)[r] == min(p - r, steps * m)  # 1F1B's depth, kept across steps
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (3, 2), (4, 3), (4, 8)])
+def test_async_1f1b_forwards_use_the_weights_the_order_has_made_by_then(p: int, m: int) -> None:
+    """The documented version rule, checked against the order itself: the updates a stage has run before the
+    forward of k. (The runtime asserts the same on every forward; the reference test below relies on it.)"""
+    for r, order in enumerate(async_orders(p, m, 5)):
+        done = 0
+        for kind, _, j in order:
+            if kind == UPD:
+                done += 1
+            elif kind == FWD:
+                assert forward_version("async-1f1b", r, p, m, j) == done, (r, j)
+
+
+def test_one_in_flight_is_synchronous_and_2bw_is_one_update_old() -> None:
+    for k in range(40):
+        assert forward_version("async-1f1b", 0, 4, 4, k, inflight=1) == k // 4
+        assert forward_version("2bw", 0, 4, 4, k) == max(0, k // 4 - 1)
+    assert [async_staleness("async-1f1b", s, 4, 1) for s in range(4)] == [3, 2, 1, 0]
+    assert [async_staleness("2bw", s, 4, 4) for s in range(4)] == [1, 1, 1, 1]
+    assert [stashed_versions("2bw", s, 4, 8) for s in range(4)] == [1, 1, 1, 1]  # PipeDream-2BW: 2 versions
+
+
+def test_weight_prediction_under_sgd_is_where_sgd_would_be_tau_steps_later() -> None:
+    torch = pytest.importorskip("torch")
+    from planner.runtime.pipeline.asynchronous import Version, predict_weights
+
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    grad = torch.tensor([0.5, 1.0, -2.0])
+    before = w.detach().clone()
+    w.grad = grad.clone()
+    optimizer.step()
+    version = Version(1, {"w": w.detach().clone()}, {"w": (w.detach() - before)})
+    for tau in (1, 2, 3):
+        expected = w.detach() - 0.1 * tau * grad
+        assert torch.allclose(predict_weights(version, tau)["w"], expected)
+    assert predict_weights(version, 0)["w"] is version.weights["w"]
+    assert predict_weights(Version(0, {"w": before}, None), 2)["w"] is before  # nothing to extrapolate from yet
+
+
+def test_the_simulator_has_no_bubble_in_the_steady_state_and_counts_the_updates() -> None:
+    stages = [SimStage(f"d{i}", 1.0, 2.0, 0, 0, 0, 0, update_s=0.5) for i in range(2)]
+    flush = simulate(stages, cluster(2, bandwidth_Bps=FREE), "1f1b", 4)
+    for schedule in ("async-1f1b", "2bw"):
+        result = simulate(stages, cluster(2, bandwidth_Bps=FREE), schedule, 4)
+        assert result.step_time_s == pytest.approx(4 * 3.0 + 0.5)  # m (f + b) + update, nothing idle
+        assert result.bubble_fraction == pytest.approx(0.0, abs=1e-9)
+        assert flush.step_time_s == pytest.approx((4 + 1) * 3.0 + 0.5)
+    slow = [SimStage("d0", 1.0, 2.0, 0, 0, 0, 0), SimStage("d1", 2.0, 4.0, 0, 0, 0, 0)]
+    assert simulate(slow, cluster(2, bandwidth_Bps=FREE), "async-1f1b", 4).step_time_s == pytest.approx(4 * 6.0)
+
+
+def test_the_memory_model_counts_the_stashed_versions_and_refuses_what_cannot_hold_them() -> None:
+    from planner.errors import InfeasibleError
+
+    profile = chain(8, params=1 << 20, saved=1 << 10)
+    kwargs = dict(method="uniform", microbatches=4, catalog=load_catalog())
+    roomy = cluster(2, bandwidth_Bps=FREE)
+    flushing = partition(profile, roomy, schedule="1f1b", **kwargs)
+    stashing = partition(profile, roomy, schedule="async-1f1b", **kwargs)
+    peak = {d: v["peak_memory_bytes"] for d, v in flushing.predicted["devices"].items()}
+    extra = {d: stashing.predicted["devices"][d]["peak_memory_bytes"] - peak[d] for d in peak}
+    four_layers = 4 << 20  # parameter bytes of each stage
+    # stage 0 keeps 1 stashed version + the newest snapshot, each with its last step and a predicted copy
+    assert extra == {"d0": 3 * 2 * four_layers, "d1": 3 * 1 * four_layers}
+    assert stashing.extra["async"] == {"correction": "predict", "staleness": [1, 0], "weight_versions": [1, 0]}
+    tight = cluster(2, bandwidth_Bps=FREE, memory_bytes=max(peak.values()) + four_layers)
+    partition(profile, tight, schedule="1f1b", **kwargs)
+    with pytest.raises(InfeasibleError):
+        partition(profile, tight, schedule="async-1f1b", **kwargs)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
+    digits_plan(tmp_path)
+    profile = str(tmp_path / "profile.json")
+    cases = [
+        (["-s", "async-gpipe"], "unknown schedule 'async-gpipe'"),
+        (["-s", "2bw", "-d", "2"], "runs pure pipelines for now"),
+        (["-s", "async-1f1b", "--async-correction", "pipemare"], "--async-correction must be one of predict, none"),
+        (["-s", "2bw", "-c", "cpu-4", "-n", "1"], "2bw needs at least 3 micro-batches per step on 4 stages"),
+    ]
+    for extra, message in cases:
+        args = ["partition", profile, "-m", "uniform", "-o", str(tmp_path / "bad.json"), *extra]
+        if "-c" not in extra:
+            args += ["-c", "cpu-2"]
+        done = _cli(*args)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode != 0 and len(lines) == 1 and message in lines[0], (extra, done.stderr)
+        assert not (tmp_path / "bad.json").exists()
+    made = _cli("partition", profile, "-c", "cpu-2", "-m", "uniform", "-n", "4", "-s", "async-1f1b",
+                "-o", str(tmp_path / "async.json"))
+    assert made.returncode == 0, made.stderr
+    exported = _cli("export", str(tmp_path / "async.json"), "--to", "torchtitan")
+    assert exported.returncode != 0 and "has no flush between steps" in exported.stderr
+
+
+def _engine_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
+    """On 2 gloo ranks: each configuration trains 7 steps in rounds of 3 and is compared with its reference."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from planner.data.digits import batches
+    from planner.examples.digits import digits_mlp
+    from planner.formats.plan import load_plan
+    from planner.profile.capture import capture
+    from planner.runtime.pipeline.asynchronous import AsyncEngine, train_async_reference
+    from planner.runtime.pipeline.stages import build_rank_stages
+    from planner.runtime.pipeline.training import TrainSettings, make_optimizer, train_reference
+
+    base = load_plan(plan_path)
+    results = {}
+    for schedule, correction, inflight, optimizer in [("async-1f1b", "predict", None, "sgd"),
+                                                      ("async-1f1b", "none", None, "adam"),
+                                                      ("2bw", "predict", None, "adam"),
+                                                      ("async-1f1b", "predict", 1, "sgd")]:
+        plan = dataclasses.replace(base, schedule=schedule)
+        torch.manual_seed(0)
+        model, example = digits_mlp()
+        init = {k: v.detach().clone() for k, v in model.named_parameters()}
+        stages = build_rank_stages(capture(model, example, "auto"), model, plan, rank, torch.device("cpu"))
+        lr = 0.05 if optimizer == "sgd" else 1e-3
+        rows = plan.microbatches * example[0].shape[0]
+
+        def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+            x, y = batches(seed=0, step=step, batch_size=rows)
+            return (x,), y
+
+        engine = AsyncEngine(stages, make_optimizer(stages.params, optimizer, lr), F.cross_entropy, correction,
+                             inflight=inflight, record_versions=True)
+        losses: list[float | None] = []
+        for first in range(0, 7, 3):
+            losses += engine.run_round(first, min(3, 7 - first), batch)
+        ref_losses, ref_params = train_async_reference(stages.graphs, init, F.cross_entropy, optimizer, lr, schedule,
+                                                       plan.microbatches, batch, 7, 3, correction, inflight)
+        mine = ref_params[engine.stage]
+        row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
+               "losses": losses, "ref_losses": ref_losses, "log": engine.log}
+        if inflight == 1:  # one micro-batch at a time: plain synchronous training, torch's arithmetic
+            torch.manual_seed(0)
+            whole, _ = digits_mlp()
+            settings = TrainSettings(optimizer, lr, plan.microbatches, example[0].shape[0], 0)
+            sync = train_reference(whole, _spec(), settings, batch, 7)  # type: ignore[arg-type]
+            row["sync_diff"] = max(float((p.detach() - sync.params[c]).abs().max()) for c, p in engine.params.items())
+            row["sync_losses"] = list(sync.losses)
+        results[f"{schedule}/{correction}/{inflight}/{optimizer}"] = row
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def _spec() -> object:
+    """What ``train_reference`` reads of a data spec: the loss (the digits' cross-entropy)."""
+    from types import SimpleNamespace
+
+    from planner.data.factory import CROSS_ENTROPY
+
+    return SimpleNamespace(loss=CROSS_ENTROPY)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    from tests._gloo import run_ranks
+
+    plan = digits_plan(tmp_path)
+    run_ranks(_engine_ranks, 2, str(plan), str(tmp_path), timeout_s=200)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for name in ranks[0]:
+        for rank in ranks:
+            row = rank[name]
+            assert row["max_diff"] < 1e-5, (name, row["max_diff"])
+            forwards = {k: v for k, v, _, _ in row["log"] if v >= 0}
+            backwards = {k: v for k, _, v, _ in row["log"] if v >= 0}
+            assert forwards == backwards and len(forwards) == 7 * 2, name  # weight stashing, every micro-batch
+        last = ranks[1][name]
+        assert last["losses"] == pytest.approx(last["ref_losses"], rel=1e-5)
+    stale = [tau for _, v, _, tau in ranks[0]["async-1f1b/predict/None/sgd"]["log"] if v >= 0]
+    assert max(stale) == 1 and min(stale) == 0  # stage 0's gradients are at most one update late
+    sync = ranks[1]["async-1f1b/predict/1/sgd"]
+    assert sync["sync_diff"] < 1e-5 and sync["losses"] == pytest.approx(sync["sync_losses"], rel=1e-5)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_plan_run_trains_an_async_plan_and_evaluates_it(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    digits_plan(tmp_path)
+    made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-2", "-m", "uniform", "-n", "4",
+                "-s", "2bw", "-o", str(tmp_path / "2bw.json"))
+    assert made.returncode == 0, made.stderr
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(tmp_path / "2bw.json"),
+                           "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches", "--steps", "12",
+                           "--eval-every", "6", "--round-steps", "6", "--optimizer", "sgd", "--lr", "0.05", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["schedule"] == "2bw" and len(summary["losses"]) == 12
+    assert summary["async"]["updates"] == 12 and summary["async"]["correction"] == "predict"
+    assert [e["step"] for e in summary["eval"]] == [0, 6, 12] and summary["eval"][-1]["accuracy"] > 0.1
