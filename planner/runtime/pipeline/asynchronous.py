@@ -154,6 +154,14 @@ class AsyncEngine:
         self.versions[index] = version
         return version
 
+    def _rebase(self, step: int) -> None:
+        """A new engine starting at ``step`` (a resume, or a re-plan mid-run): the live weights are version ``step``
+        and, for 2bw's first step, also the version one update old (its delay starts again, as at step 0)."""
+        self.newest.index = self.updates = step
+        self.versions = {step: self.newest}
+        if self.schedule == "2bw":
+            self.versions[step - 1] = self.newest
+
     def _release(self, version: Version) -> None:
         version.users -= 1
         self._drop_unused()
@@ -168,6 +176,8 @@ class AsyncEngine:
         """Train steps ``first_step .. first_step + steps - 1`` without a flush between them; return per step the
         mean micro-batch loss on the last stage's rank (None elsewhere)."""
         m, base = self.m, first_step * self.m
+        if self.updates == 0 and first_step > 0:
+            self._rebase(first_step)
         losses = [0.0] * steps
         cache: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         order = async_orders(self.p, m, steps, self.inflight)[self.stage]
