@@ -137,49 +137,59 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     assert exported.returncode != 0 and "has no flush between steps" in exported.stderr
 
 
-def _engine_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
-    """On 2 gloo ranks: each configuration trains 7 steps in rounds of 3 and is compared with its reference."""
+CASES = [("digits", "async-1f1b", "predict", None, "sgd"), ("digits", "async-1f1b", "none", None, "adam"),
+         ("digits", "2bw", "predict", None, "adam"), ("digits", "async-1f1b", "predict", 1, "sgd"),
+         ("gpt", "async-1f1b", "predict", None, "adam")]
+"""(model, schedule, correction, micro-batches in flight, optimizer); gpt_tiny's LM head is tied to its embedding
+across the two ranks."""
+
+
+def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) -> None:
+    """On 2 gloo ranks: each case trains 7 steps in rounds of 3 and is compared with its reference."""
     import dataclasses
 
     import torch
     import torch.nn.functional as F
 
     from planner.data.digits import batches
+    from planner.data.factory import _lm_cross_entropy
     from planner.examples.digits import digits_mlp
+    from planner.examples.gpt import gpt_tiny
     from planner.formats.plan import load_plan
     from planner.profile.capture import capture
     from planner.runtime.pipeline.asynchronous import AsyncEngine, train_async_reference
     from planner.runtime.pipeline.stages import build_rank_stages
     from planner.runtime.pipeline.training import TrainSettings, make_optimizer, train_reference
 
-    base = load_plan(plan_path)
     results = {}
-    for schedule, correction, inflight, optimizer in [("async-1f1b", "predict", None, "sgd"),
-                                                      ("async-1f1b", "none", None, "adam"),
-                                                      ("2bw", "predict", None, "adam"),
-                                                      ("async-1f1b", "predict", 1, "sgd")]:
-        plan = dataclasses.replace(base, schedule=schedule)
+    for name, schedule, correction, inflight, optimizer in CASES:
+        plan = dataclasses.replace(load_plan(plans[name]), schedule=schedule)
         torch.manual_seed(0)
-        model, example = digits_mlp()
+        model, example = digits_mlp() if name == "digits" else gpt_tiny()
+        criterion = F.cross_entropy if name == "digits" else _lm_cross_entropy
         init = {k: v.detach().clone() for k, v in model.named_parameters()}
         stages = build_rank_stages(capture(model, example, "auto"), model, plan, rank, torch.device("cpu"))
         lr = 0.05 if optimizer == "sgd" else 1e-3
         rows = plan.microbatches * example[0].shape[0]
 
         def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-            x, y = batches(seed=0, step=step, batch_size=rows)
-            return (x,), y
+            if name == "digits":
+                x, y = batches(seed=0, step=step, batch_size=rows)
+                return (x,), y
+            tokens = torch.randint(0, 128, (rows, 17), generator=torch.Generator().manual_seed(step))
+            return (tokens[:, :-1],), tokens[:, 1:]
 
-        engine = AsyncEngine(stages, make_optimizer(stages.params, optimizer, lr), F.cross_entropy, correction,
+        engine = AsyncEngine(stages, make_optimizer(stages.params, optimizer, lr), criterion, correction,
                              inflight=inflight, record_versions=True)
         losses: list[float | None] = []
         for first in range(0, 7, 3):
             losses += engine.run_round(first, min(3, 7 - first), batch)
-        ref_losses, ref_params = train_async_reference(stages.graphs, init, F.cross_entropy, optimizer, lr, schedule,
+        engine.close()
+        ref_losses, ref_params = train_async_reference(stages.graphs, model, init, criterion, optimizer, lr, schedule,
                                                        plan.microbatches, batch, 7, 3, correction, inflight)
         mine = ref_params[engine.stage]
         row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
-               "losses": losses, "ref_losses": ref_losses, "log": engine.log}
+               "losses": losses, "ref_losses": ref_losses, "log": engine.log, "tied": [t.name for t in stages.tied]}
         if inflight == 1:  # one micro-batch at a time: plain synchronous training, torch's arithmetic
             torch.manual_seed(0)
             whole, _ = digits_mlp()
@@ -187,7 +197,7 @@ def _engine_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
             sync = train_reference(whole, _spec(), settings, batch, 7)  # type: ignore[arg-type]
             row["sync_diff"] = max(float((p.detach() - sync.params[c]).abs().max()) for c, p in engine.params.items())
             row["sync_losses"] = list(sync.losses)
-        results[f"{schedule}/{correction}/{inflight}/{optimizer}"] = row
+        results["/".join(map(str, (name, schedule, correction, inflight, optimizer)))] = row
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -206,8 +216,17 @@ def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_
     pytest.importorskip("sklearn")
     from tests._gloo import run_ranks
 
-    plan = digits_plan(tmp_path)
-    run_ranks(_engine_ranks, 2, str(plan), str(tmp_path), timeout_s=200)
+    plans = {"digits": str(digits_plan(tmp_path))}
+    gpt = tmp_path / "gpt"
+    gpt.mkdir()
+    for args in (["profile", "planner.examples.gpt:gpt_tiny", "-o", str(gpt / "profile.json"), "--repeats", "1",
+                  "--warmup", "0"],
+                 ["partition", str(gpt / "profile.json"), "-c", "cpu-2", "-m", "uniform", "-n", "2", "-d", "1",
+                  "-o", str(gpt / "plan.json")]):
+        done = _cli(*args)
+        assert done.returncode == 0, done.stderr
+    plans["gpt"] = str(gpt / "plan.json")
+    run_ranks(_engine_ranks, 2, plans, str(tmp_path), timeout_s=200)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for name in ranks[0]:
         for rank in ranks:
@@ -218,9 +237,10 @@ def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_
             assert forwards == backwards and len(forwards) == 7 * 2, name  # weight stashing, every micro-batch
         last = ranks[1][name]
         assert last["losses"] == pytest.approx(last["ref_losses"], rel=1e-5)
-    stale = [tau for _, v, _, tau in ranks[0]["async-1f1b/predict/None/sgd"]["log"] if v >= 0]
+    assert ranks[0]["gpt/async-1f1b/predict/None/adam"]["tied"] == ["wte.weight"]  # the case tests a tie
+    stale = [tau for _, v, _, tau in ranks[0]["digits/async-1f1b/predict/None/sgd"]["log"] if v >= 0]
     assert max(stale) == 1 and min(stale) == 0  # stage 0's gradients are at most one update late
-    sync = ranks[1]["async-1f1b/predict/1/sgd"]
+    sync = ranks[1]["digits/async-1f1b/predict/1/sgd"]
     assert sync["sync_diff"] < 1e-5 and sync["losses"] == pytest.approx(sync["sync_losses"], rel=1e-5)
 
 

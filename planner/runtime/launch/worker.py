@@ -92,6 +92,8 @@ class RankRun:
                              options=self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()  # a re-plan or resume: the tied weights' last all-reduce lands first
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
             self.engine = AsyncEngine(stages, self.optimizer,
@@ -256,6 +258,8 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         if every and (run.step // every > stats.first_step // every or run.step >= config.steps):
             stop = evaluate()
     run.sync.finish(run.stages.params)
+    if run.engine is not None:
+        run.engine.close()
     wall_s = time.perf_counter() - start - eval_s
     for hook in hooks:
         hook.on_end(run)

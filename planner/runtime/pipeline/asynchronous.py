@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ from planner.errors import UsageError
 from planner.formats.plan import ASYNC_CORRECTIONS, Plan
 from planner.partition.sim.schedules import FWD, UPD, async_orders, async_violation, forward_version, inflight_depth
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
-from planner.runtime.pipeline.stages import RankStages, sync_tied_grads
+from planner.runtime.pipeline.stages import RankStages
 
 __all__ = ["AsyncEngine", "check_async", "correction_of", "predict_weights", "train_async_reference",
            "Version"]
@@ -122,7 +122,7 @@ class AsyncEngine:
         self.stage = next(g.index for g in stages.graphs if stages.rank_of_stage[g.index] == stages.rank)
         graph: StageGraph = stages.graphs[self.stage]
         self.module = graph.module
-        self.names = _stage_names(graph)
+        self.names = _stage_names(graph, {id(p): c for c, p in stages.params.items()})
         self.params = {c: stages.params[c] for _, c in self.names}
         self.prev = stages.rank_of_stage[self.stage - 1] if self.stage > 0 else None
         self.next = stages.rank_of_stage[self.stage + 1] if self.stage + 1 < self.p else None
@@ -132,8 +132,9 @@ class AsyncEngine:
         self.acc: dict[str, torch.Tensor] = {c: torch.zeros_like(p) for c, p in self.params.items()}
         self.pending: dict[int, _InFlight] = {}
         self.sends: list[Any] = []
-        self.in_meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
-        self.grad_meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
+        self.tied_pending: dict[str, tuple[Any, torch.Tensor]] = {}
+        self.activations = _Inbox(self.prev) if self.prev is not None else None
+        self.grads = _Inbox(self.next) if self.next is not None else None
         self.sent_header = False
         self.sent_grad_header = False
         self.log: list[tuple[int, int, int, int]] | None = [] if record_versions else None
@@ -181,6 +182,9 @@ class AsyncEngine:
         losses = [0.0] * steps
         cache: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         order = async_orders(self.p, m, steps, self.inflight)[self.stage]
+        for inbox in (self.activations, self.grads):
+            if inbox is not None:
+                inbox.expect(steps * m)
         for kind, _, j in order:
             if kind == UPD:
                 self._update()
@@ -199,6 +203,7 @@ class AsyncEngine:
                 if loss is not None:
                     losses[step - first_step] += loss / m
         self._drain_sends(wait=True)
+        self.wait_s = sum(inbox.wait_s for inbox in (self.activations, self.grads) if inbox is not None)
         return losses if self.next is None else [None] * steps
 
     def _forward(self, k: int, round_start: int, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> None:
@@ -254,11 +259,37 @@ class AsyncEngine:
         self._release(item.version)
         return float(item.loss.detach()) if item.loss is not None else None
 
+    def _exchange_tied(self) -> None:
+        """A weight tied across ranks (an LM head and its embedding) steps with its holders' summed gradient of the
+        *previous* update, whose all-reduce ran during this step, and starts this update's sum: both copies take
+        the same steps, and no stage waits at its update for the other to finish its step (a blocking all-reduce
+        there would put back a bubble of one backward per step). Its gradient is one update later than the rest."""
+        for tie in self.stages.tied:
+            if tie.group is None:
+                continue
+            param = self.params[tie.name]
+            mine = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
+            previous = self.tied_pending.pop(tie.name, None)
+            if previous is None:
+                param.grad = torch.zeros_like(param)
+            else:
+                work, summed = previous
+                work.wait()
+                param.grad = summed
+            self.tied_pending[tie.name] = (dist.all_reduce(mine, group=tie.group, async_op=True), mine)
+
+    def close(self) -> None:
+        """Wait for the tied weights' last all-reduce (collective with the other holders; the gradient it sums is
+        left unapplied: the run ends, or a new engine starts from the weights as they are)."""
+        for work, _ in self.tied_pending.values():
+            work.wait()
+        self.tied_pending.clear()
+
     def _update(self) -> None:
         start = time.perf_counter()
         for c, p in self.params.items():
             p.grad = self.acc[c].div_(self.m)
-        sync_tied_grads(self.stages)  # a weight tied across ranks: its holders sum their gradients
+        self._exchange_tied()
         self.optimizer.step()
         self.updates += 1
         self.newest = self._snapshot(self.updates, self.newest)
@@ -291,38 +322,18 @@ class AsyncEngine:
         self._send(floats, self.prev, header=not self.sent_grad_header)
         self.sent_grad_header = True
 
-    def _recv(self, src: int, meta: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[torch.Tensor, ...]:
-        start = time.perf_counter()
-        out = []
-        with self.timer.blocked() if self.timer is not None else contextlib.nullcontext():
-            for dtype, shape in meta:
-                buf = torch.empty(shape, dtype=dtype)
-                dist.recv(buf, src)
-                out.append(buf)
-        self.wait_s += time.perf_counter() - start
-        return tuple(out)
-
-    def _recv_meta(self, src: int, count: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
-        meta = []
-        for _ in range(count):
-            head = torch.empty(_HEADER, dtype=torch.int64)
-            dist.recv(head, src)
-            meta.append(_unheader(head))
-        return meta
-
     def _recv_activations(self) -> tuple[torch.Tensor, ...]:
-        assert self.prev is not None
-        if self.in_meta is None:
-            self.in_meta = self._recv_meta(self.prev, len(self.stages.graphs[self.stage].input_names))
-        return self._recv(self.prev, self.in_meta)
+        assert self.activations is not None
+        return self.activations.take(len(self.stages.graphs[self.stage].input_names), self._blocked())
 
     def _recv_grads(self, outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
         """The gradients of ``outputs``' floating-point values, from the next stage (None for the others)."""
-        assert self.next is not None
-        if self.grad_meta is None:
-            self.grad_meta = self._recv_meta(self.next, sum(1 for o in outputs if o.is_floating_point()))
-        received = iter(self._recv(self.next, self.grad_meta))
+        assert self.grads is not None
+        received = iter(self.grads.take(sum(1 for o in outputs if o.is_floating_point()), self._blocked()))
         return tuple(next(received) if o.is_floating_point() else None for o in outputs)
+
+    def _blocked(self) -> contextlib.AbstractContextManager[None]:
+        return self.timer.blocked() if self.timer is not None else contextlib.nullcontext()
 
     def _drain_sends(self, wait: bool) -> None:
         kept = []
@@ -341,6 +352,50 @@ class AsyncEngine:
                 "update_s": self.update_s}
 
 
+class _Inbox:
+    """Messages from one peer, in order, received one ahead: as soon as a message is taken the next one's buffers
+    are posted (``irecv``), so its transfer overlaps this rank's compute. The first message is preceded by one
+    header per tensor (``_header``); the shapes hold for the whole run."""
+
+    def __init__(self, src: int) -> None:
+        self.src = src
+        self.meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
+        self.posted: tuple[list[Any], tuple[torch.Tensor, ...]] | None = None
+        self.left = 0
+        self.wait_s = 0.0
+
+    def expect(self, messages: int) -> None:
+        """The round will bring ``messages`` messages (none is posted beyond them, so a round ends with none open)."""
+        self.left = messages
+
+    def take(self, count: int, blocked: contextlib.AbstractContextManager[None]) -> tuple[torch.Tensor, ...]:
+        start = time.perf_counter()
+        with blocked:
+            if self.meta is None:
+                self.meta = []
+                for _ in range(count):
+                    head = torch.empty(_HEADER, dtype=torch.int64)
+                    dist.recv(head, self.src)
+                    self.meta.append(_unheader(head))
+            if self.posted is None:
+                self._post()
+            assert self.posted is not None
+            works, buffers = self.posted
+            for work in works:
+                work.wait()
+        self.wait_s += time.perf_counter() - start
+        self.posted = None
+        self.left -= 1
+        if self.left > 0:
+            self._post()
+        return buffers
+
+    def _post(self) -> None:
+        assert self.meta is not None
+        buffers = tuple(torch.empty(shape, dtype=dtype) for dtype, shape in self.meta)
+        self.posted = ([dist.irecv(b, self.src) for b in buffers], buffers)
+
+
 def _header(x: torch.Tensor) -> torch.Tensor:
     if x.dim() > _HEADER - 2:
         raise UsageError(f"a value sent between stages has {x.dim()} dimensions; the asynchronous pipeline sends at "
@@ -357,32 +412,35 @@ def _unheader(head: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...]]:
     return _DTYPES[values[0]], tuple(values[2:2 + values[1]])
 
 
-def _stage_names(graph: StageGraph) -> list[tuple[str, str]]:
-    """(name in the stage module, canonical name) of every parameter: ``functional_call`` needs every name the
-    module knows a parameter by (a tied one has several)."""
-    canonical = canonical_param_names(graph.module)
-    return [(name, canonical.get(id(p), name)) for name, p in graph.module.named_parameters(remove_duplicate=False)]
+def _stage_names(graph: StageGraph, canonical: Mapping[int, str]) -> list[tuple[str, str]]:
+    """(name in the stage module, the model's canonical name) of every parameter the stage reads:
+    ``functional_call`` needs every name the module knows a parameter by (a tied one has several)."""
+    return [(name, canonical[id(p)]) for name, p in graph.module.named_parameters(remove_duplicate=False)]
 
 
-def train_async_reference(graphs: Sequence[StageGraph], params: dict[str, torch.Tensor], criterion: Callable[..., Any],
+def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, params: Mapping[str, torch.Tensor],
+                          criterion: Callable[..., Any],
                           optimizer: str, lr: float, schedule: str, microbatches: int, batch: Batch, steps: int,
                           round_steps: int, correction: str = "predict", inflight: int | None = None
                           ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
     stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
-    stages updated with the sum of their gradients. Returns the step losses and each stage's weights at the end;
-    the distributed run must equal it (``tests/test_async.py``)."""
+    stages updated with the sum of their gradients one update late (as the runtime does). ``model`` names the parameters (``canonical_param_names``; the
+    graphs read its tensors) and ``params`` gives their starting values by those names. Returns the step losses
+    and each stage's weights at the end; the distributed run must equal it (``tests/test_async.py``)."""
     from planner.runtime.pipeline.training import make_optimizer
 
     p, m = len(graphs), microbatches
-    names = [_stage_names(g) for g in graphs]
+    canonical = canonical_param_names(model)
+    names = [_stage_names(g, canonical) for g in graphs]
     live = [{c: torch.nn.Parameter(params[c].detach().clone()) for _, c in n} for n in names]
     optimizers = [make_optimizer(w, optimizer, lr) for w in live]
     history = [{0: Version(0, {c: w.detach().clone().requires_grad_(True) for c, w in stage.items()}, None)}
                for stage in live]
     acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
     losses: list[float] = []
+    tied: dict[str, torch.Tensor] = {}
     for first in range(0, steps, round_steps):
         start = first * m
         for k in range(start, min(first + round_steps, steps) * m):
@@ -408,7 +466,13 @@ def train_async_reference(graphs: Sequence[StageGraph], params: dict[str, torch.
             if i == m - 1:
                 for s, stage in enumerate(live):
                     for c, w in stage.items():
-                        w.grad = sum(acc[t][c] for t in range(p) if c in acc[t]) / m
+                        holders = [t for t in range(p) if c in acc[t]]
+                        if len(holders) == 1:
+                            w.grad = acc[s][c] / m
+                        else:  # tied across stages: the holders' sum of the previous update (AsyncEngine._exchange_tied)
+                            w.grad = tied.get(c, torch.zeros_like(w))
+                tied = {c: sum(acc[t][c] for t in range(p) if c in acc[t]) / m
+                        for c in {c for stage in acc for c in stage} if sum(c in a for a in acc) > 1}
                 for s, stage in enumerate(live):
                     optimizers[s].step()
                     history[s][step + 1] = Version(

@@ -1,0 +1,233 @@
+"""Benchmark of the asynchronous pipeline (docs/async.md) the way its paper judges it: throughput against model
+parallelism and a flushing pipeline, and time to a target at equal final accuracy.
+
+2 CPU ranks, a 2-stage pipeline (``plan partition -d 1``, each schedule planned by the default placer):
+
+- throughput: ``gpt_small`` (synthetic tokens) and ``digits_cnn`` (scikit-learn's digits) at 4 and 8
+  micro-batches; plain model parallelism (one micro-batch of all the step's rows: ``-n 1`` run with
+  ``--microbatch-size``), torch's ``Schedule1F1B`` (flushes every step), ``async-1f1b`` and ``2bw``, each with
+  and without the correction. Samples per second from the steady step time, against the plan's prediction;
+- convergence: ``digits_cnn`` (Adam lr 1e-3, target 95% validation accuracy, 300 steps) and ``gpt_bytes`` on
+  the standard library's bytes (Adam lr 3e-3, target validation loss 3.0, 200 steps) at 4 micro-batches,
+  1f1b against the asynchronous schedules with and without the correction, 3 seeds, schedules interleaved.
+
+Writes docs/bench-async.md, docs/bench-async.json and docs/img/async-*.png (``plan curves``); the 1-minute load
+average is recorded around every run.
+
+    python3 bench/async.py                           # everything (about 30 minutes)
+    python3 bench/async.py --only throughput
+    python3 bench/async.py --render                  # the page again from docs/bench-async.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _paths import REPO  # first: the repository on sys.path
+from learning import median_of_all, plan_cli, train
+
+WORK = REPO / "bench" / ".cache" / "async"
+OUTPUT = REPO / "docs" / "bench-async.md"
+RESULTS = REPO / "docs" / "bench-async.json"
+IMAGES = REPO / "docs" / "img"
+
+SPEED = {
+    "gpt_small": {"model": "planner.examples.gpt:gpt_small", "data": None, "steps": 20, "lr": 0.001, "rows": 4},
+    "digits_cnn": {"model": "planner.examples.digits:digits_cnn", "data": "planner.data.digits:batches", "steps": 100,
+                   "lr": 0.001, "rows": 16},
+}
+LEARN = {
+    "digits": {"model": "planner.examples.digits:digits_cnn", "data": "planner.data.digits:batches", "steps": 300,
+               "lr": 0.001, "target": "accuracy=0.95", "metric": "accuracy", "eval_every": 10},
+    "text": {"model": "planner.examples.gpt:gpt_bytes", "data": "planner.data.text:batches", "steps": 200,
+             "lr": 0.003, "target": "loss=3.0", "metric": "loss", "eval_every": 10},
+}
+VARIANTS = {  # name -> (schedule, correction, plain model parallelism)
+    "model parallel": ("1f1b", "predict", True),
+    "1f1b": ("1f1b", "predict", False),
+    "async-1f1b": ("async-1f1b", "predict", False),
+    "async-1f1b, no correction": ("async-1f1b", "none", False),
+    "2bw": ("2bw", "predict", False),
+    "2bw, no correction": ("2bw", "none", False),
+}
+LEARN_VARIANTS = [v for v in VARIANTS if v != "model parallel"]
+ROUND_STEPS = 5
+MICROBATCHES = (4, 8)
+
+
+def _tag(*parts: Any) -> str:
+    return "-".join(str(p).replace(" ", "").replace(",", "") for p in parts)
+
+
+def make_plan(profile: Path, name: str, microbatches: int, variant: str) -> Path:
+    schedule, correction, plain = VARIANTS[variant]
+    out = WORK / f"{_tag(name, 1 if plain else microbatches, variant)}-plan.json"
+    if not out.exists():
+        plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "1", "-n", "1" if plain else str(microbatches),
+                 "-s", schedule, "--async-correction", correction, "-o", str(out), "--json", work=WORK)
+    return out
+
+
+def profile_of(name: str, model: str) -> Path:
+    out = WORK / f"{name}-profile.json"
+    if not out.exists():
+        plan_cli("profile", model, "-o", str(out), "--json", work=WORK)
+    return out
+
+
+def throughput(results: dict[str, Any]) -> None:
+    for name, spec in SPEED.items():
+        profile = profile_of(name, spec["model"])
+        for m in MICROBATCHES:
+            rows = {}
+            for variant in VARIANTS:
+                plain = VARIANTS[variant][2]
+                plan = make_plan(profile, name, m, variant)
+                extra = ["--microbatch-size", str(spec["rows"] * m)] if plain else []
+                tag = _tag("speed", name, m, variant)
+                print(f"{tag} ...", file=sys.stderr, flush=True)
+                run = _run(tag, plan, spec, extra)
+                samples = spec["rows"] * m
+                predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
+                rows[variant] = {"step_time_s": run["step_time_s"], "samples_per_s": samples / run["step_time_s"],
+                                 "predicted_samples_per_s": None if plain else samples / predicted,
+                                 "load": run["load"], "command": run["command"],
+                                 "async": run.get("async")}
+            results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
+                                                 "date": time.strftime("%Y-%m-%d")}
+
+
+def _run(tag: str, plan: Path, spec: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+    """``plan run`` for throughput, on the spec's data or the model's synthetic batches (``learning.train`` needs
+    ``--data``); the summary with the load around it and the command."""
+    log = WORK / f"{tag}.jsonl"
+    log.unlink(missing_ok=True)
+    before = os.getloadavg()[0]
+    data = ["--data", spec["data"]] if spec["data"] else []
+    args = ["run", str(plan), spec["model"], *data, "--steps", str(spec["steps"]), "--round-steps", str(ROUND_STEPS),
+            "--lr", str(spec["lr"]), "--no-rebalance", "--log", str(log), "--json", *extra]
+    summary = json.loads(plan_cli(*args, work=WORK))
+    summary.pop("plan", None)
+    summary["load"] = [before, os.getloadavg()[0]]
+    summary["command"] = "plan " + " ".join(plan.name if a == str(plan) else log.name if a == str(log) else a
+                                            for a in args if a != "--json")
+    return summary
+
+
+def convergence(results: dict[str, Any], seeds: int) -> None:
+    for name, spec in LEARN.items():
+        profile = profile_of(name, spec["model"])
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in LEARN_VARIANTS}
+        for seed in range(seeds):
+            for variant in LEARN_VARIANTS:  # interleaved, so load drift hits them alike
+                plan = make_plan(profile, name, 4, variant)
+                tag = _tag("learn", name, variant, f"s{seed}")
+                print(f"{tag} ...", file=sys.stderr, flush=True)
+                runs[variant].append(train(tag, plan, spec, "--seed", str(seed), "--eval-every", str(spec["eval_every"]),
+                                           "--target", spec["target"], work=WORK, round_steps=10))
+        metric = spec["metric"]
+        results[f"convergence/{name}"] = {
+            "data": name, "target": spec["target"], "metric": metric, "date": time.strftime("%Y-%m-%d"),
+            "variants": {v: {"time_to_target_s": median_of_all([r["time_to_target_s"] for r in rs]),
+                             "reached": sum(r["time_to_target_s"] is not None for r in rs), "seeds": len(rs),
+                             "final": statistics.median(r["eval"][-1][metric] for r in rs),
+                             "step_time_s": statistics.median(r["step_time_s"] for r in rs),
+                             "wall_s": statistics.median(r["wall_s"] for r in rs),
+                             "load": [min(r["load"][0] for r in rs), max(r["load"][1] for r in rs)],
+                             "command": rs[0]["command"]} for v, rs in runs.items()}}
+        logs = [str(WORK / f"{_tag('learn', name, v, 's0')}.json") for v in LEARN_VARIANTS]
+        plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["throughput", "convergence"])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--render", action="store_true", help="re-render the page from docs/bench-async.json only")
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not args.render:
+        began = time.time()
+        if args.only in (None, "throughput"):
+            throughput(results)
+        if args.only in (None, "convergence"):
+            convergence(results, args.seeds)
+        results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
+                               "minutes": round((time.time() - began) / 60, 1)}
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    OUTPUT.write_text(render(results))
+    print(f"wrote {OUTPUT.relative_to(REPO)}", file=sys.stderr)
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = ["# The asynchronous pipeline on 2 CPU ranks", "",
+             "<!-- generated by bench/async.py; do not edit by hand -->", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; 2 gloo ranks, "
+             "one intra-op thread each, loopback links. Load: the 1-minute load average before / after each run (2.0 = "
+             "both cores busy). Each schedule is planned by the default placer for 2 stages (`plan partition "
+             "--cluster cpu-2 -d 1 -s SCHEDULE`). Reproduce: `python3 bench/async.py` ([async.md](async.md)).", ""]
+    speed = sorted(k for k in results if k.startswith("throughput/"))
+    if speed:
+        lines += ["## Throughput", "",
+                  "Samples per second from the steady step time (rounds after the first), beside the plan's predicted "
+                  "step (the simulator's steady state for the asynchronous schedules). *vs 1f1b*: its samples/s over "
+                  "1f1b's; *vs MP*: over plain model parallelism's (the step's rows as one micro-batch, no pipelining). "
+                  f"Rounds of {ROUND_STEPS} steps: the asynchronous schedules drain the pipeline once per round.", ""]
+        for key in speed:
+            entry = results[key]
+            rows = entry["rows"]
+            base, plain = rows["1f1b"]["samples_per_s"], rows["model parallel"]["samples_per_s"]
+            lines += [f"### {entry['model']}, {entry['microbatches']} micro-batches", "",
+                      f"Measured {entry['date']}; the bubble bound of 1f1b on 2 stages is "
+                      f"{(entry['microbatches'] + 1) / entry['microbatches']:.2f}x.", "",
+                      "| schedule | samples/s | predicted | measured / predicted | vs 1f1b | vs MP | load |",
+                      "|---|---|---|---|---|---|---|"]
+            for variant in VARIANTS:
+                r = rows.get(variant)
+                if r is None:
+                    continue
+                pred = r["predicted_samples_per_s"]
+                shown, against = (f"{pred:.1f}", f"{r['samples_per_s'] / pred:.2f}") if pred else ("-", "-")
+                lines.append(f"| {variant} | {r['samples_per_s']:.1f} | {shown} | {against} | "
+                             f"{r['samples_per_s'] / base:.2f}x | {r['samples_per_s'] / plain:.2f}x | "
+                             f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
+            lines += ["", f"Command (async-1f1b): `{rows['async-1f1b']['command']}`", ""]
+    for key in sorted(k for k in results if k.startswith("convergence/")):
+        entry = results[key]
+        variants, metric = entry["variants"], entry["metric"]
+        base = variants["1f1b"]
+        lines += [f"## Convergence: {entry['data']}, target {entry['target']}", "",
+                  f"Measured {entry['date']}; medians of {base['seeds']} seeds. *to target*: training seconds "
+                  "(evaluation excluded) to the first evaluation (every 10 steps, at round ends) that reaches the "
+                  "target; *vs 1f1b*: 1f1b's time over the schedule's; *final*: the last evaluation's metric, and its "
+                  "difference from 1f1b's.", "",
+                  f"| schedule | to target (s) | vs 1f1b | reached | final {metric} | vs 1f1b | step (ms) | load |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for variant in LEARN_VARIANTS:
+            r = variants[variant]
+            t = r["time_to_target_s"]
+            ratio = f"{base['time_to_target_s'] / t:.2f}x" if t and base["time_to_target_s"] else "-"
+            if metric == "accuracy":
+                final, diff = f"{r['final']:.2%}", f"{(r['final'] - base['final']) * 100:+.2f} pp"
+            else:
+                final, diff = f"{r['final']:.3f}", f"{(r['final'] / base['final'] - 1):+.1%}"
+            lines.append(f"| {variant} | {'not reached' if t is None else f'{t:.2f}'} | {ratio} | "
+                         f"{r['reached']}/{r['seeds']} | {final} | {diff} | {r['step_time_s'] * 1e3:.1f} | "
+                         f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
+        lines += ["", f"Command (1f1b, seed 0): `{base['command']}`", "",
+                  f"![{entry['data']}](img/async-{entry['data']}.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
