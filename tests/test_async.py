@@ -135,6 +135,18 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     exported = _cli("export", str(tmp_path / "async.json"), "--to", "torchtitan")
     assert exported.returncode != 0 and "has no flush between steps" in exported.stderr
+    # a cluster that holds the 1F1B plan with 1 KiB to spare cannot hold the asynchronous plan's weight versions
+    flushing = json.loads((tmp_path / "plan.json").read_text())
+    cluster = flushing["cluster"]
+    room = max(d["peak_memory_bytes"] for d in flushing["predicted"]["devices"].values()) + 1024
+    cluster["devices"] = [{**d, "memory_bytes": room} for d in cluster["devices"]]
+    (tmp_path / "tight.json").write_text(json.dumps(cluster))
+    args = ["partition", profile, "-c", str(tmp_path / "tight.json"), "-m", "uniform", "-n", "2", "-d", "1"]
+    assert _cli(*args, "-s", "1f1b").returncode == 0
+    done = _cli(*args, "-s", "async-1f1b", "-o", str(tmp_path / "bad.json"))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and "memory" in lines[0], done.stderr
+    assert not (tmp_path / "bad.json").exists()
 
 
 CASES = [("digits", "async-1f1b", "predict", None, "sgd"), ("digits", "async-1f1b", "none", None, "adam"),

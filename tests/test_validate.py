@@ -100,7 +100,7 @@ def test_memory_is_recomputed_from_the_profile_not_the_plan() -> None:
 
     violations = validate_plan(broken(lie), PROFILE)
     # Stage 0 (op0, op1): 2 x 10 params x 4 (Adam) + 2 x 5 saved x 3 in flight = 110 bytes > 100.
-    assert violations == ["stage 0 on 'd0' needs 110 B (110 bytes) at peak under 1f1b with 4 micro-batches, but the "
+    assert violations == ["stage 0 on 'd0' needs 110 B (110 bytes) of memory at peak under 1f1b with 4 micro-batches, but the "
                           "device has 100 B (100 bytes); move blocks off it, use more stages, or a schedule with fewer "
                           "micro-batches in flight"]
 

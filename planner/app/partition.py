@@ -59,14 +59,13 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     from planner.partition.search.hybrid import parse_degree
 
     degree = parse_degree(data_parallel)
-    if schedule in ASYNC_SCHEDULES:
+    if schedule in ASYNC_SCHEDULES or schedule == "auto":
         if async_correction not in ASYNC_CORRECTIONS:
             raise UsageError(f"--async-correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
                              f"{async_correction!r}")
-        if degree not in (None, 1):
+        if schedule != "auto" and degree not in (None, 1):
             raise UsageError(f"--schedule {schedule} runs pure pipelines for now, found --data-parallel {degree}; "
                              f"use --data-parallel 1, or --schedule 1f1b for replicas")
-        data_parallel = 1
     from planner.partition.model.problem import check_sync
 
     check_sync(sync, sync_period, staleness)
@@ -97,9 +96,13 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     catalog, ref = load_catalog(), profile_ref(profile_path, profile.model.get("name"))
 
     def plan_with(source: Any, count: int, schedule_name: str) -> Plan:
+        asynchronous = schedule_name in ASYNC_SCHEDULES  # pure pipelines only: a requested degree > 1 refuses them
+        if asynchronous and degree not in (None, 1):
+            raise UsageError(f"{schedule_name} runs pure pipelines for now, not --data-parallel {degree}")
         return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
                          optimizer=optimizer, refine=refine, granularity=granularity,
-                         estimate_precision=estimate_precision, catalog=catalog, data_parallel=data_parallel,
+                         estimate_precision=estimate_precision, catalog=catalog,
+                         data_parallel=1 if asynchronous else data_parallel,
                          profile_ref=ref, sync=sync, sync_period=sync_period, sync_staleness=staleness, **options)
 
     if schedule == "auto" or count is None:

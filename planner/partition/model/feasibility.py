@@ -111,10 +111,14 @@ def memory_violations(problem: Problem, partition: Partition) -> list[str]:
             stages = [i for i, st in enumerate(partition) if device in st.devices]
             which = f"stage {stages[0]} on {device!r} needs" if len(stages) == 1 else \
                 f"stages {', '.join(map(str, stages))} on {device!r} need"
-            out.append(f"{which} {format_bytes(need)} ({need} bytes) at peak under {problem.schedule} with "
-                       f"{problem.microbatches} micro-batches, but the device has {format_bytes(capacity)} "
-                       f"({capacity} bytes); move blocks off it, use more stages, or a schedule with fewer "
-                       f"micro-batches in flight")
+            stash = sum(stage_stash_bytes_t(problem.tables, problem.schedule, st.start, st.stop, len(partition) - i,
+                                            problem.microbatches) for i, st in enumerate(partition) if device in st.devices)
+            versions = (f" ({format_bytes(stash)} of it the weight versions {problem.schedule} keeps)" if stash else "")
+            remedy = "a flushing schedule (1f1b), which keeps no weight versions" if stash else \
+                "a schedule with fewer micro-batches in flight"
+            out.append(f"{which} {format_bytes(need)} ({need} bytes) of memory at peak{versions} under "
+                       f"{problem.schedule} with {problem.microbatches} micro-batches, but the device has "
+                       f"{format_bytes(capacity)} ({capacity} bytes); move blocks off it, use more stages, or {remedy}")
     return out
 
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
-from planner.formats.plan import FLUSHING_SCHEDULES, Plan
+from planner.formats.plan import SCHEDULES, Plan
 from planner.formats.profile import OpTime, Profile
 
 __all__ = ["MAX_MICROBATCHES", "parse_microbatches", "microbatch_counts", "rescaled", "choose"]
@@ -69,7 +69,7 @@ def rescaled(profile: Profile, microbatch_size: int) -> Profile:
 def choose(profile: Profile, schedule: str, microbatches: int | None, global_batch: int | None, plan: PlanFn) -> Plan:
     """The fastest plan over the schedules (``schedule == "auto"``) and micro-batch counts (``microbatches is
     None``) asked to be chosen; raises the last ``InfeasibleError`` when no candidate fits."""
-    schedules = list(FLUSHING_SCHEDULES) if schedule == "auto" else [schedule]
+    schedules = list(SCHEDULES) if schedule == "auto" else [schedule]
     if microbatches is None:
         assert global_batch is not None
         counts = microbatch_counts(global_batch)
