@@ -336,14 +336,16 @@ class AsyncEngine:
         return self.timer.blocked() if self.timer is not None else contextlib.nullcontext()
 
     def _drain_sends(self, wait: bool) -> None:
-        kept = []
-        for item in self.sends:
-            work = item[0]
-            if wait:
+        """Forget sends that completed (oldest first: they complete in order), or wait for all of them."""
+        if wait:
+            for work, _ in self.sends:
                 work.wait()
-            elif not work.is_completed():
-                kept.append(item)
-        self.sends = [] if wait else kept
+            self.sends = []
+            return
+        done = 0
+        while done < len(self.sends) and self.sends[done][0].is_completed():
+            done += 1
+        del self.sends[:done]
 
     def report(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "correction": self.correction, "updates": self.updates,
