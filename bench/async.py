@@ -4,8 +4,8 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
 2 CPU ranks, a 2-stage pipeline (``plan partition -d 1``, each schedule planned by the default placer):
 
 - throughput: ``gpt_small`` (synthetic tokens) and ``digits_cnn`` (scikit-learn's digits) at 4 and 8
-  micro-batches; plain model parallelism (1f1b's two stages with one micro-batch of all the step's rows, run
-  with ``--microbatch-size``), torch's ``Schedule1F1B`` (flushes every step), ``async-1f1b`` and ``2bw``, each with
+  micro-batches; plain model parallelism (1f1b's two stages with one micro-batch of all the step's rows, GPipe
+  order, run with ``--microbatch-size``), torch's ``Schedule1F1B`` (flushes every step), ``async-1f1b`` and ``2bw``, each with
   and without the correction. Samples per second from the steady step time, against the plan's prediction;
 - convergence: ``digits_cnn`` (Adam lr 1e-3, target 95% validation accuracy, 300 steps) and ``gpt_bytes`` on
   the standard library's bytes (Adam lr 3e-3, target validation loss 3.0, 200 steps) at 4 micro-batches,
@@ -68,13 +68,14 @@ def _tag(*parts: Any) -> str:
 
 
 def make_plan(profile: Path, name: str, microbatches: int, variant: str) -> Path:
-    """The variant's plan; plain model parallelism is 1f1b's plan (the same two stages) with one micro-batch (the
-    placer, asked for one micro-batch, keeps small models on one device)."""
+    """The variant's plan; plain model parallelism is 1f1b's two stages with one micro-batch under GPipe (forward
+    through both stages, then backward; the placer, asked for one micro-batch, keeps small models on one
+    device, and torch's 1F1B needs a micro-batch per stage)."""
     schedule, correction, plain = VARIANTS[variant]
     out = WORK / f"{_tag(name, microbatches, variant)}-plan.json"
     if plain:
         flushing = json.loads(make_plan(profile, name, microbatches, "1f1b").read_text())
-        out.write_text(json.dumps({**flushing, "microbatches": 1}))
+        out.write_text(json.dumps({**flushing, "schedule": "gpipe", "microbatches": 1}))  # 1F1B needs m >= p
     elif not out.exists():
         plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "1", "-n", str(microbatches),
                  "-s", schedule, "--async-correction", correction, "-o", str(out), "--json", work=WORK)
