@@ -100,7 +100,7 @@ def throughput(results: dict[str, Any]) -> None:
                 extra = ["--microbatch-size", str(spec["rows"] * m)] if plain else []
                 tag = _tag("speed", name, m, variant)
                 print(f"{tag} ...", file=sys.stderr, flush=True)
-                run = _run(tag, plan, spec, extra)
+                run = train(tag, plan, spec, *extra, work=WORK, round_steps=ROUND_STEPS)
                 samples = spec["rows"] * m
                 predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
                 rows[variant] = {"step_time_s": run["step_time_s"], "samples_per_s": samples / run["step_time_s"],
@@ -109,23 +109,6 @@ def throughput(results: dict[str, Any]) -> None:
                                  "async": run.get("async")}
             results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
                                                  "date": time.strftime("%Y-%m-%d")}
-
-
-def _run(tag: str, plan: Path, spec: dict[str, Any], extra: list[str]) -> dict[str, Any]:
-    """``plan run`` for throughput, on the spec's data or the model's synthetic batches (``learning.train`` needs
-    ``--data``); the summary with the load around it and the command."""
-    log = WORK / f"{tag}.jsonl"
-    log.unlink(missing_ok=True)
-    before = os.getloadavg()[0]
-    data = ["--data", spec["data"]] if spec["data"] else []
-    args = ["run", str(plan), spec["model"], *data, "--steps", str(spec["steps"]), "--round-steps", str(ROUND_STEPS),
-            "--lr", str(spec["lr"]), "--no-rebalance", "--log", str(log), "--json", *extra]
-    summary = json.loads(plan_cli(*args, work=WORK))
-    summary.pop("plan", None)
-    summary["load"] = [before, os.getloadavg()[0]]
-    summary["command"] = "plan " + " ".join(plan.name if a == str(plan) else log.name if a == str(log) else a
-                                            for a in args if a != "--json")
-    return summary
 
 
 def convergence(results: dict[str, Any], seeds: int) -> None:

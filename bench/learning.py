@@ -73,7 +73,8 @@ def train(name: str, plan: Path, spec: dict[str, Any], *extra: str, work: Path =
     log = work / f"{name}.jsonl"
     log.unlink(missing_ok=True)
     before = os.getloadavg()[0]
-    args = ["run", str(plan), spec["model"], "--data", spec["data"], "--steps", str(spec["steps"]), "--round-steps",
+    data = ["--data", spec["data"]] if spec.get("data") else []  # none: the model's synthetic batches
+    args = ["run", str(plan), spec["model"], *data, "--steps", str(spec["steps"]), "--round-steps",
             str(round_steps), "--lr", str(spec["lr"]), "--no-rebalance", "--log", str(log), "--json", *extra]
     summary = json.loads(plan_cli(*args, work=work))
     summary.pop("plan", None)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from planner.formats.cluster import Link
-from planner.partition.model.cost import inflight_microbatches, stage_stash_bytes_t, transfer_s
+from planner.partition.model.cost import inflight_microbatches, transfer_s
+from planner.partition.sim.schedules import version_copies
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
 
@@ -164,7 +165,7 @@ def _earliest_finish(ctx: FillContext, unused: Sequence[FillDevice], block: int,
     links = problem.tables.links
     fwd_bytes = problem.cut_fwd_bytes[block - 1] if previous is not None else 0
     bwd_bytes = problem.cut_bwd_bytes[block - 1] if previous is not None else 0
-    need_bytes = _memory_bytes(ctx, block, block + 1, stage_index)  # the same on every device
+    need_bytes = _memory_bytes(ctx, block, block + 1, _memory_terms(ctx, stage_index))  # the same on every device
     best, best_finish = None, math.inf
     for device in unused:
         if need_bytes > device.memory_bytes or _blocked(device, block, block + 1):
@@ -230,12 +231,13 @@ def _cheapest_cut_nearby(ctx: FillContext, device: FillDevice, start: int, stop:
 
 def _memory_stop(ctx: FillContext, device: FillDevice, start: int, stop: int, stage_index: int) -> int:
     """Largest ``k`` in ``(start, stop]`` with blocks ``[start, k)`` in memory (bisection; memory grows with k)."""
+    terms = _memory_terms(ctx, stage_index)
     lo, hi = start + 1, stop
-    if _memory_bytes(ctx, start, hi, stage_index) <= device.memory_bytes:
+    if _memory_bytes(ctx, start, hi, terms) <= device.memory_bytes:
         return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _memory_bytes(ctx, start, mid, stage_index) <= device.memory_bytes:
+        if _memory_bytes(ctx, start, mid, terms) <= device.memory_bytes:
             lo = mid
         else:
             hi = mid
@@ -248,14 +250,21 @@ def inflight_at(ctx: FillContext, stage_index: int) -> int:
     return inflight_microbatches(problem.schedule, stage_index, ctx.assumed_stages, problem.microbatches)
 
 
-def _memory_bytes(ctx: FillContext, start: int, stop: int, stage_index: int) -> int:
-    """Static bytes + saved activations x micro-batches in flight + an asynchronous schedule's weight versions
-    (``cost.stage_stash_bytes_t``) of blocks ``[start, stop)`` as the stage at ``stage_index``."""
+def _memory_terms(ctx: FillContext, stage_index: int) -> tuple[int, int]:
+    """What a stage at ``stage_index`` keeps per byte of its blocks, besides their static bytes: micro-batches in
+    flight (per saved byte) and an asynchronous schedule's weight copies (per parameter byte,
+    ``cost.stage_stash_bytes_t``'s ``version_copies``)."""
     problem = ctx.problem
-    static = (ctx.param_prefix[stop] - ctx.param_prefix[start]) * ctx.static_per_param_byte
-    return (static + (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight_at(ctx, stage_index)
-            + stage_stash_bytes_t(problem.tables, problem.schedule, start, stop,
-                                  max(ctx.assumed_stages - stage_index, 1), problem.microbatches))
+    stages_to_end = max(ctx.assumed_stages - stage_index, 1)
+    return inflight_at(ctx, stage_index), version_copies(problem.schedule, stages_to_end, problem.microbatches)
+
+
+def _memory_bytes(ctx: FillContext, start: int, stop: int, terms: tuple[int, int]) -> int:
+    """Static bytes + saved activations x micro-batches in flight + weight versions of blocks ``[start, stop)``
+    (``terms`` from ``_memory_terms``)."""
+    inflight, copies = terms
+    params = ctx.param_prefix[stop] - ctx.param_prefix[start]
+    return params * (ctx.static_per_param_byte + copies) + (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight
 
 
 def work(device: FillDevice, start: int, stop: int) -> float:

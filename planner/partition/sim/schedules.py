@@ -198,6 +198,7 @@ def forward_version(schedule: str, stage: int, num_stages: int, microbatches: in
     return round_start // microbatches + max(0, (k - round_start - depth + 1) // microbatches)
 
 
+@lru_cache(maxsize=1024)
 def async_staleness(schedule: str, stage: int, num_stages: int, microbatches: int) -> int:
     """The most updates between the weights a stage's forward uses and the update its gradient joins, in the steady
     state of ``schedule`` (0 for flushing schedules)."""
@@ -208,6 +209,7 @@ def async_staleness(schedule: str, stage: int, num_stages: int, microbatches: in
     return max(k // m - forward_version(schedule, stage, num_stages, m, k) for k in ks)
 
 
+@lru_cache(maxsize=1024)
 def stashed_versions(schedule: str, stage: int, num_stages: int, microbatches: int) -> int:
     """Weight versions a stage keeps besides its live parameters in the steady state (memory model): the
     distinct versions its in-flight micro-batches use other than the newest, over one steady step (2bw: 1)."""

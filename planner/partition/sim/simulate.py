@@ -132,6 +132,8 @@ class _State:
     """Added to every pass: the runtime's own cost per pass (``Cluster.pass_overhead_s``)."""
     events: list[Event] | None
     seq: int = 0
+    marks: list[list[tuple[float, float, list[float]]]] | None = None
+    """Asynchronous schedules: per rank, (time, busy seconds, parts) at the end of each of its updates."""
 
 
 def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
@@ -151,41 +153,45 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     return _result(state, stages, ranks, updates)
 
 
-ASYNC_STEPS = (2, 6)
-"""Steps after the pipeline fills that an asynchronous schedule is simulated for, twice: its step time is the
-difference of the two makespans over the difference of the step counts (the steady state, warm-up excluded)."""
+ASYNC_WARMUP_STEPS = 1
+"""Updates an asynchronous simulation leaves out at each end (the fill, and the drain after its last step)."""
+ASYNC_MEASURED_STEPS = 4
+"""Steps of the steady state an asynchronous simulation measures between them."""
 
 
 def _simulate_async(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
                     ranks: tuple[str, ...], record_events: bool) -> SimResult:
-    """Seed 000's schedules: ``async_orders`` over several steps with no flush, optimizer steps in the order.
-    Devices' figures are per step in the steady state; peak memory is the run's (stashed weight versions are in
-    ``static_bytes``, ``planner.partition.model.cost.stage_stash_bytes_t``)."""
+    """Seed 000's schedules: ``async_orders`` over several steps with no flush, optimizer steps in the order. Each
+    device's figures are taken between the end of its update ``a = p + ASYNC_WARMUP_STEPS - 1`` and of update
+    ``a + ASYNC_MEASURED_STEPS`` and divided by the step count: the steady state, fill and drain left out; the step
+    time is the slowest device's. Peak memory is the run's (stashed weight versions are in ``static_bytes``,
+    ``planner.partition.model.cost.stage_stash_bytes_t``)."""
     p = len(ranks)
-    runs = []
-    for extra in ASYNC_STEPS:
-        steps = p + extra
-        state = _initial_state(stages, ranks, 1, "1f1b", steps * microbatches, record_events and not runs)
-        state.orders = async_orders(p, microbatches, steps)
-        _run(state, stages, cluster, ranks, schedule)
-        runs.append((steps, state))
-    (short, first), (long, second) = runs
-    step = (max(second.free_at) - max(first.free_at)) / (long - short)
-    per_step = [[(b - a) / (long - short) for a, b in zip(pa, pb)] for pa, pb in zip(first.parts, second.parts)]
+    first = p + ASYNC_WARMUP_STEPS - 1
+    steps = first + ASYNC_MEASURED_STEPS + 1 + ASYNC_WARMUP_STEPS
+    state = _initial_state(stages, ranks, 1, "1f1b", steps * microbatches, record_events)
+    state.orders = async_orders(p, microbatches, steps)
+    state.marks = [[] for _ in ranks]
+    _run(state, stages, cluster, ranks, schedule)
+    n = ASYNC_MEASURED_STEPS
+    spans = [(marks[first], marks[first + n]) for marks in state.marks]
+    step = max((b[0] - a[0]) / n for a, b in spans)
     static = [0] * p
     for s, stage in enumerate(stages):
-        static[second.rank_of_stage[s]] += stage.static_bytes
+        static[state.rank_of_stage[s]] += stage.static_bytes
     devices = {}
     for r, dev in enumerate(ranks):
-        busy = (second.busy_s[r] - first.busy_s[r]) / (long - short)
-        devices[dev] = DeviceStats(busy_s=busy, idle_s=max(step - busy, 0.0), peak_memory_bytes=static[r] + second.peak_bytes[r],
-                                   compute_s=per_step[r][0], copy_s=per_step[r][1], overhead_s=per_step[r][2],
-                                   update_s=per_step[r][3], end_s=step)
+        (_, busy_a, parts_a), (_, busy_b, parts_b) = spans[r]
+        busy = (busy_b - busy_a) / n
+        parts = [(b - a) / n for a, b in zip(parts_a, parts_b)]
+        devices[dev] = DeviceStats(busy_s=busy, idle_s=max(step - busy, 0.0), peak_memory_bytes=static[r] + state.peak_bytes[r],
+                                   compute_s=parts[0], copy_s=parts[1], overhead_s=parts[2], update_s=parts[3],
+                                   end_s=step)
     idle = sum(d.idle_s for d in devices.values())
-    events = tuple(sorted(first.events, key=lambda e: (e.start_s, e.end_s))) if first.events is not None else ()
+    events = tuple(sorted(state.events, key=lambda e: (e.start_s, e.end_s))) if state.events is not None else ()
     return SimResult(step_time_s=step, devices=MappingProxyType(devices),
                      bubble_fraction=idle / (p * step) if step > 0 else 0.0, events=events,
-                     stage_inflight=tuple(second.peak_mb))
+                     stage_inflight=tuple(state.peak_mb))
 
 
 def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tuple[str, ...], schedule: str) -> None:
@@ -307,7 +313,8 @@ def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], r
     state.running[rank] = False
     last = len(stages) - 1
     if kind == UPD:
-        pass
+        if state.marks is not None:  # the device's clock, busy time and its parts after each update
+            state.marks[rank].append((now, state.busy_s[rank], list(state.parts[rank])))
     elif kind == FWD:
         if s == last:
             state.bwd_ready[s][j] = now

@@ -84,7 +84,8 @@ class RankRun:
     def install(self, stages: RankStages, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
         self.stages = stages
-        self.schedule = build_schedule(stages, data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss))
+        criterion = data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss)
+        self.schedule = build_schedule(stages, criterion)
         if getattr(self, "sync", None) is not None:
             self.sync.finish(self.stages.params)  # an aggregation in flight lands on the old stages
         self.sync = sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None,
@@ -96,9 +97,7 @@ class RankRun:
             self.engine.close()  # a re-plan or resume: the tied weights' last all-reduce lands first
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
-            self.engine = AsyncEngine(stages, self.optimizer,
-                                      data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss),
-                                      correction_of(stages.plan))
+            self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan))
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's

@@ -79,6 +79,13 @@ class Version:
     predicted: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     """``tau -> W + tau * delta``, made once per staleness and kept as long as the version."""
 
+    @classmethod
+    def of(cls, index: int, params: Mapping[str, torch.Tensor], previous: Version | None) -> Version:
+        """A snapshot of ``params`` as version ``index``, its delta taken against ``previous``."""
+        weights = {c: p.detach().clone().requires_grad_(True) for c, p in params.items()}
+        delta = {c: (weights[c] - previous.weights[c]).detach() for c in weights} if previous is not None else None
+        return cls(index, weights, delta)
+
 
 def predict_weights(version: Version, tau: int) -> dict[str, torch.Tensor]:
     """The weights a forward of staleness ``tau`` runs on under weight prediction (module docstring)."""
@@ -135,12 +142,11 @@ class AsyncEngine:
         self.tied_pending: dict[str, tuple[Any, torch.Tensor]] = {}
         self.activations = _Inbox(self.prev) if self.prev is not None else None
         self.grads = _Inbox(self.next) if self.next is not None else None
-        self.sent_header = False
-        self.sent_grad_header = False
+        self.headed: set[int] = set()
+        """Ranks this rank has sent its shapes to (once, before the first message)."""
         self.log: list[tuple[int, int, int, int]] | None = [] if record_versions else None
         """(micro-batch, forward's version, backward's version, staleness) when ``record_versions``."""
         self.compute_s = 0.0
-        self.wait_s = 0.0
         self.update_s = 0.0
         self.stash_peak = 1
         self.timer: Any = None
@@ -149,10 +155,7 @@ class AsyncEngine:
 
     # -- versions ---------------------------------------------------------------------------------------------
     def _snapshot(self, index: int, previous: Version | None) -> Version:
-        weights = {c: p.detach().clone().requires_grad_(True) for c, p in self.params.items()}
-        delta = ({c: (weights[c] - previous.weights[c]).detach() for c in weights} if previous is not None else None)
-        version = Version(index, weights, delta)
-        self.versions[index] = version
+        version = self.versions[index] = Version.of(index, self.params, previous)
         return version
 
     def _rebase(self, step: int) -> None:
@@ -203,7 +206,6 @@ class AsyncEngine:
                 if loss is not None:
                     losses[step - first_step] += loss / m
         self._drain_sends(wait=True)
-        self.wait_s = sum(inbox.wait_s for inbox in (self.activations, self.grads) if inbox is not None)
         return losses if self.next is None else [None] * steps
 
     def _forward(self, k: int, round_start: int, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> None:
@@ -229,7 +231,7 @@ class AsyncEngine:
         self.compute_s += time.perf_counter() - start
         self.pending[k] = _InFlight(version, weights, inputs, outputs, loss)
         if self.next is not None:
-            self._send_activations(outputs)
+            self._send(outputs, self.next)
         if self.log is not None:
             self.log.append((k, version.index, -1, tau))
 
@@ -268,7 +270,7 @@ class AsyncEngine:
             if tie.group is None:
                 continue
             param = self.params[tie.name]
-            mine = param.grad.clone() if param.grad is not None else torch.zeros_like(param)
+            mine = param.grad  # this update's accumulator: _update starts a fresh one
             previous = self.tied_pending.pop(tie.name, None)
             if previous is None:
                 param.grad = torch.zeros_like(param)
@@ -301,8 +303,9 @@ class AsyncEngine:
         return self.timer.compute() if self.timer is not None else contextlib.nullcontext()
 
     # -- messages -----------------------------------------------------------------------------------------------
-    def _send(self, tensors: Sequence[torch.Tensor], dst: int, header: bool) -> None:
-        if header:
+    def _send(self, tensors: Sequence[torch.Tensor], dst: int) -> None:
+        if dst not in self.headed:
+            self.headed.add(dst)
             for x in tensors:
                 head = _header(x)
                 self.sends.append((dist.isend(head, dst), head))
@@ -311,16 +314,10 @@ class AsyncEngine:
             self.sends.append((dist.isend(payload, dst), payload))
         self._drain_sends(wait=False)
 
-    def _send_activations(self, outputs: Sequence[torch.Tensor]) -> None:
-        assert self.next is not None
-        self._send(outputs, self.next, header=not self.sent_header)
-        self.sent_header = True
-
     def _send_grads(self, grads: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor]) -> None:
         assert self.prev is not None
         floats = [(g if g is not None else torch.zeros_like(x)) for g, x in zip(grads, inputs) if x.is_floating_point()]
-        self._send(floats, self.prev, header=not self.sent_grad_header)
-        self.sent_grad_header = True
+        self._send(floats, self.prev)
 
     def _recv_activations(self) -> tuple[torch.Tensor, ...]:
         assert self.activations is not None
@@ -346,6 +343,11 @@ class AsyncEngine:
         while done < len(self.sends) and self.sends[done][0].is_completed():
             done += 1
         del self.sends[:done]
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds this rank has waited for activations and gradients."""
+        return sum(inbox.wait_s for inbox in (self.activations, self.grads) if inbox is not None)
 
     def report(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "correction": self.correction, "updates": self.updates,
@@ -438,17 +440,20 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     names = [_stage_names(g, canonical) for g in graphs]
     live = [{c: torch.nn.Parameter(params[c].detach().clone()) for _, c in n} for n in names]
     optimizers = [make_optimizer(w, optimizer, lr) for w in live]
-    history = [{0: Version(0, {c: w.detach().clone().requires_grad_(True) for c, w in stage.items()}, None)}
-               for stage in live]
+    history = [{0: Version.of(0, stage, None)} for stage in live]
     acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
+    shared = {c for stage in live for c in stage if sum(c in other for other in live) > 1}
     losses: list[float] = []
     tied: dict[str, torch.Tensor] = {}
     for first in range(0, steps, round_steps):
         start = first * m
         for k in range(start, min(first + round_steps, steps) * m):
             step, i = divmod(k, m)
-            inputs, target = batch(step)
-            values: tuple[torch.Tensor, ...] = tuple(x.chunk(m)[i] for x in inputs)
+            if i == 0:
+                inputs, target = batch(step)
+                chunks, targets = [x.chunk(m) for x in inputs], target.chunk(m)
+                losses.append(0.0)
+            values: tuple[torch.Tensor, ...] = tuple(c[i] for c in chunks)
             used = []
             for s, graph in enumerate(graphs):
                 index = forward_version(schedule, s, p, m, k, round_start=start, inflight=inflight)
@@ -457,28 +462,19 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                 used.append(weights)
                 out = functional_call(graph.module, {name: weights[c] for name, c in names[s]}, values)
                 values = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            loss = criterion(values[0], target.chunk(m)[i])
+            loss = criterion(values[0], targets[i])
             wanted = [(s, c, w) for s, weights in enumerate(used) for c, w in weights.items()]
             for (s, c, _), g in zip(wanted, torch.autograd.grad(loss, [w for _, _, w in wanted], allow_unused=True)):
                 if g is not None:
                     acc[s][c].add_(g)
-            if i == 0:
-                losses.append(0.0)
             losses[-1] += float(loss.detach()) / m
             if i == m - 1:
                 for s, stage in enumerate(live):
-                    for c, w in stage.items():
-                        holders = [t for t in range(p) if c in acc[t]]
-                        if len(holders) == 1:
-                            w.grad = acc[s][c] / m
-                        else:  # tied across stages: the holders' sum of the previous update (AsyncEngine._exchange_tied)
-                            w.grad = tied.get(c, torch.zeros_like(w))
-                tied = {c: sum(acc[t][c] for t in range(p) if c in acc[t]) / m
-                        for c in {c for stage in acc for c in stage} if sum(c in a for a in acc) > 1}
+                    for c, w in stage.items():  # tied across stages: the holders' sum of the previous update
+                        w.grad = tied.get(c, torch.zeros_like(w)) if c in shared else acc[s][c] / m
+                tied = {c: sum(a[c] for a in acc if c in a) / m for c in shared}
                 for s, stage in enumerate(live):
                     optimizers[s].step()
-                    history[s][step + 1] = Version(
-                        step + 1, {c: w.detach().clone().requires_grad_(True) for c, w in stage.items()},
-                        {c: (w.detach() - history[s][step].weights[c].detach()) for c, w in stage.items()})
+                    history[s][step + 1] = Version.of(step + 1, stage, history[s][step])
                 acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
     return losses, [{c: w.detach().clone() for c, w in stage.items()} for stage in live]
