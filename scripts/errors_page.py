@@ -28,7 +28,7 @@ SECTIONS = (  # (module prefix, command); the first match wins
     ("planner/partition/", "plan partition (and plan run's re-plans, plan check's validation)"),
     ("planner/graph", "plan partition"), ("planner/roofline", "plan profile --estimate, plan partition"),
     ("planner/app/check", "plan check, plan diff"), ("planner/app/curves", "plan curves"), ("planner/app/export", "plan export"), ("planner/app/show", "plan show"),
-    ("planner/app/run", "plan run"), ("planner/runtime/options", "plan run (checked before any rank starts)"), ("planner/cli/run", "plan run"), ("planner/runtime/", "plan run"),
+    ("planner/app/train", "plan train"), ("planner/cli/train", "plan train"), ("planner/app/run", "plan run"), ("planner/runtime/options", "plan run (checked before any rank starts)"), ("planner/cli/run", "plan run"), ("planner/runtime/", "plan run"),
     ("planner/data/", "plan run"), ("planner/formats/", "every command that reads a file"),
     ("planner/clusters", "every command that takes --cluster"), ("planner/cli/", "every command"),
     ("planner/examples/", "plan profile and plan run of the bundled examples"),

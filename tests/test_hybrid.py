@@ -407,6 +407,53 @@ def test_a_rescaled_profile_scales_times_and_activations_but_not_parameters() ->
             assert b.time_s[t].fwd == pytest.approx(2 * a.time_s[t].fwd)
 
 
+def test_rescaling_keeps_the_calibration_and_colocation_factors_of_the_measurement() -> None:
+    """The whole-model measurement scales with the rows too: the calibration factor (training over the sum of the
+    ops) stays what was measured. Before, only the ops scaled, so a plan for twice the rows predicted its compute
+    at about half (plan train's first run: 0.82 s predicted, 1.67 s measured)."""
+    from planner.clusters import load_cluster_spec
+    from planner.formats.profile import load_profile
+    from planner.partition.model.times import calibration_factors
+    from planner.partition.search.settings import rescaled
+
+    from dataclasses import replace
+
+    profile = load_profile(Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json")
+    ops = sum(t.fwd + t.bwd for n in profile.nodes for t in n.time_s.values() if t.source == "measured")
+    whole = {**profile.extra["whole_model"], "train_s": 1.1 * ops,
+             "colocation": {"ranks": 2, "train_s": 1.3 * ops, "factor": 1.3 / 1.1}}
+    profile = replace(profile, extra={**profile.extra, "whole_model": whole})
+    cluster = load_cluster_spec("cpu-2")
+    assert calibration_factors(profile, cluster)["cpu"] == pytest.approx(1.3)
+    for rows in (1, 4, 16):
+        assert calibration_factors(rescaled(profile, rows), cluster) == pytest.approx(
+            calibration_factors(profile, cluster))
+
+
+def test_the_run_time_model_predicts_a_plan_made_for_other_rows_as_the_planner_did(tmp_path: Path) -> None:
+    """plan run's cost model (rebalancing, calibration, --sync and --emulate-link re-predictions) prices the rows
+    the plan was made for (--microbatches auto), not the profile's."""
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    path = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
+    profile, cluster = load_profile(path), load_cluster_spec("cpu-2")
+    plan = plan_auto(path, cluster, tmp_path)
+    rows = plan.extra["microbatch_size"]
+    assert rows != profile.model["microbatch_size"]
+    model = RoundModel.build(profile, cluster, plan, rows, load_catalog())
+    assert model.step_time_s(plan, {}) == pytest.approx(plan.step_time_s, rel=1e-6)
+
+
+def plan_auto(path: Path, cluster: Cluster, tmp_path: Path):  # noqa: ANN201
+    from planner.app.partition import partition_file
+
+    return partition_file(path, "cpu-2", tmp_path / "plan.json", method="greedy", microbatches="auto",
+                          schedule="1f1b", global_batch=32, data_parallel=1)
+
+
 def replace_model(profile, **model):
     from dataclasses import replace
 

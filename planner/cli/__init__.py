@@ -10,6 +10,7 @@ from planner.cli import plan_cmds  # noqa: E402,F401
 from planner.cli import profile_cmd  # noqa: E402,F401
 from planner.cli import run_cmd  # noqa: E402,F401
 from planner.cli import curves_cmd  # noqa: E402,F401
+from planner.cli import train_cmd  # noqa: E402,F401
 
 __all__ = ["app", "main"]
 

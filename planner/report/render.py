@@ -18,7 +18,7 @@ from planner.report.table import device_table, fmt_bytes, fmt_time, stage_table,
 if TYPE_CHECKING:
     from planner.app.check import CheckResult, PlanDiff
 
-__all__ = ["render_plan", "render_check", "render_diff", "render_run", "render_links"]
+__all__ = ["render_plan", "render_check", "render_diff", "render_run", "render_links", "render_strategy", "render_train"]
 
 
 def render_plan(console: Console, plan: Plan, *, title: str | None = None, simulated_step_time_s: float | None = None,
@@ -179,3 +179,38 @@ def describe_resume(resumed: Mapping[str, Any]) -> str:
         return f"{text}, under the plan in force there (rebalanced from the plan given)"
     return text
 
+
+
+def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) -> None:
+    """``plan train``: the chosen strategy and the next best candidates, with why each lost (one table)."""
+    rows = list(strategy["candidates"])
+    fits = [r for r in rows if r.get("step_time_s") is not None]
+    failed = [r for r in rows if r.get("step_time_s") is None]
+    table = Table(title=f"strategy: {len(fits)} candidates fit, {len(failed)} do not "
+                        f"(searched in {strategy['search_s']:.1f} s)", title_justify="left")
+    for name, justify in (("", "left"), ("schedule", "left"), ("m x rows", "right"), ("shape", "left"),
+                          ("sync", "left"), ("step", "right"), ("peak mem", "right"), ("verdict", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "verdict")  # type: ignore[arg-type]
+    for index, row in enumerate([*fits[:show + 1], *failed[:1]]):
+        degree = int(row.get("degree") or 1)
+        shape = f"{row.get('stages')} st" + (f" x {degree} rep" if degree > 1 else "")
+        memory = (f"{fmt_bytes(row['peak_memory_bytes'])} {row['memory_fraction']:.0%}"
+                  if row.get("peak_memory_bytes") and row.get("memory_fraction") is not None else "")
+        size = f" x {row['microbatch_size']}" if row.get("microbatch_size") else ""
+        table.add_row("*" if index == 0 else "", row["schedule"], f"{row['microbatches']}{size}", shape,
+                      row.get("sync") or "", fmt_time(row["step_time_s"]) if row.get("step_time_s") else "-", memory,
+                      Text(str(row["verdict"])))
+    console.print(table)
+    sync = strategy.get("sync")
+    if sync:
+        console.print(Text(f"sync: {sync['chosen']} (ssgd's all-reduce is {sync['ssgd_sync_share']:.1%} of the step); "
+                           f"rule: {sync['rule']}"), soft_wrap=True)
+
+
+def render_train(console: Console, summary: Mapping[str, Any]) -> None:
+    """``plan train``'s closing summary: the run (as ``plan run`` prints it), time to target, the artefacts."""
+    run = summary.get("run")
+    if run:
+        render_run(console, run)
+    for name, path in (summary.get("artifacts") or {}).items():
+        console.print(Text(f"  {name.replace('_', ' '):<13} {path}"), soft_wrap=True)

@@ -4,11 +4,12 @@
   that fits wins, ties to the earlier in that order.
 - **Micro-batch count** (needs ``--global-batch``, in samples): every count ``m`` that splits the global batch
   into equal micro-batches (``B / m`` rows each, up to ``MAX_MICROBATCHES``) is planned on the profile rescaled
-  to ``B / m`` rows (``rescaled``: per-op times and activation bytes in proportion to the rows, parameters
-  unchanged -- the same linear model ``plan run`` uses for a ``--microbatch-size`` other than the profile's);
+  to ``B / m`` rows (``rescaled``: per-op times, activation bytes and the whole-model measurement in proportion to the rows,
+  parameters and the optimizer step unchanged -- the same linear model ``plan run`` uses for a ``--microbatch-size`` other than the profile's);
   the fastest wins, ties to fewer micro-batches. The plan records ``microbatch_size`` for ``plan run``.
 
-Every candidate's simulated step time (``null``: nothing fit) is recorded under ``choices``; all candidates
+Every candidate's simulated step time (``null``: nothing fit, with ``why``), its shape (``stages``, ``degree``) and
+its peak memory (``peak_memory_bytes``, ``memory_fraction``: of the fullest device) are recorded under ``choices``; all candidates
 process the same global batch per step, so their step times compare directly. What the linear model leaves
 out: fixed per-kernel costs, which make small micro-batches relatively slower on GPUs (docs/placers.md).
 """
@@ -22,7 +23,7 @@ from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.formats.plan import SCHEDULES, Plan
 from planner.formats.profile import OpTime, Profile
 
-__all__ = ["MAX_MICROBATCHES", "parse_microbatches", "microbatch_counts", "rescaled", "choose"]
+__all__ = ["MAX_MICROBATCHES", "parse_microbatches", "microbatch_counts", "rescaled", "candidate_facts", "choose"]
 
 MAX_MICROBATCHES = 64
 
@@ -63,7 +64,39 @@ def rescaled(profile: Profile, microbatch_size: int) -> Profile:
                           flops=round(n.flops * k), bwd_flops=round(n.bwd_flops * k),
                           time_s={t: OpTime(v.fwd * k, v.bwd * k, v.source) for t, v in n.time_s.items()})
                   for n in profile.nodes)
-    return replace(profile, nodes=nodes, model={**profile.model, "microbatch_size": microbatch_size})
+    return replace(profile, nodes=nodes, model={**profile.model, "microbatch_size": microbatch_size},
+                   extra={**profile.extra, "whole_model": _rescaled_whole(profile.extra.get("whole_model"), k)})
+
+
+def _rescaled_whole(whole: Any, k: float) -> Any:
+    """The whole-model measurement at ``k`` times the rows: its training, forward, backward and loss times and the
+    loss's output bytes scale as the ops do, so the calibration factor (training over the sum of the ops) and the
+    co-location factor are those measured; the optimizer step does not depend on the rows."""
+    if not whole:
+        return whole
+    scaled = dict(whole)
+    for key in ("fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s"):
+        if isinstance(whole.get(key), (int, float)):
+            scaled[key] = whole[key] * k
+    loss = whole.get("loss")
+    if loss:
+        scaled["loss"] = {**loss, **{key: loss[key] * k for key in ("fwd_s", "bwd_s") if key in loss},
+                          **({"output_bytes": round(loss["output_bytes"] * k)} if "output_bytes" in loss else {})}
+    colocation = whole.get("colocation")
+    if colocation and isinstance(colocation.get("train_s"), (int, float)):
+        scaled["colocation"] = {**colocation, "train_s": colocation["train_s"] * k}
+    return scaled
+
+
+def candidate_facts(plan: Plan) -> dict[str, Any]:
+    """What a candidate table shows beside a plan's step time: its shape and its fullest device's memory."""
+    shape = plan.shape()
+    devices = plan.extra.get("cluster", {}).get("devices", ())
+    capacity = {d["id"]: int(d["memory_bytes"]) for d in devices}
+    peaks = {d: int(v.get("peak_memory_bytes") or 0) for d, v in plan.predicted.get("devices", {}).items()}
+    fraction = max((peak / capacity[d] for d, peak in peaks.items() if capacity.get(d)), default=None)
+    return {"stages": len(plan.stages), "degree": shape.degree, "peak_memory_bytes": plan.peak_memory_bytes,
+            "memory_fraction": fraction}
 
 
 def choose(profile: Profile, schedule: str, microbatches: int | None, global_batch: int | None, plan: PlanFn) -> Plan:
@@ -87,7 +120,8 @@ def choose(profile: Profile, schedule: str, microbatches: int | None, global_bat
                 error = exc
                 tried.append({"schedule": name, "microbatches": m, "step_time_s": None, "why": str(exc)[:200]})
                 continue
-            tried.append({"schedule": name, "microbatches": m, "step_time_s": candidate.step_time_s})
+            tried.append({"schedule": name, "microbatches": m, "step_time_s": candidate.step_time_s,
+                          **candidate_facts(candidate)})
             if best is None or candidate.step_time_s < best[0] * (1 - 1e-9):
                 best = (candidate.step_time_s, len(tried) - 1, candidate)
     if best is None:

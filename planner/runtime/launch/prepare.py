@@ -106,7 +106,7 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
     from planner.clusters import embedded_cluster
     from planner.formats.catalog import load_catalog
 
-    model = RoundModel.build(profile, embedded_cluster(plan), plan, config.microbatch_size, load_catalog())
+    model = RoundModel.build(profile, embedded_cluster(plan), plan, planned_rows(config, plan), load_catalog())
     problem = with_sync(model.problem, sync, period, staleness)
     synced = shape_of(problem, partition_of(problem, plan))
     resynced = replace(plan, extra={**plan.extra, "data_parallel": synced.data_parallel()})
@@ -135,8 +135,7 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
         raise DistributedError(f"the plan places {what} on {need} devices but {world_size} ranks were started; "
                                f"start {need} ranks (--nproc-per-node {need}) or re-partition for {world_size}")
     # --microbatch-size, else the rows the plan was made for (--microbatches auto), else the profile's
-    mbs = config.microbatch_size or int(plan.extra.get("microbatch_size") or 0) or \
-        int(profile.model.get("microbatch_size", 0)) or None
+    mbs = planned_rows(config, plan) or int(profile.model.get("microbatch_size", 0)) or None
     torch.manual_seed(config.seed)  # factories that do not seed themselves still build the same model on every rank
     module, example = load_factory(config.model, microbatch_size=mbs)
     mbs = mbs or batch_size(example)
@@ -200,10 +199,15 @@ def with_emulated_link(plan: Plan, profile: Profile, config: "RunConfig") -> Pla
     cluster = cluster_from_dict(dict(raw), "the plan's cluster").slowed(link.bandwidth_Bps, link.latency_s)
     extra = {**plan.extra, "cluster": cluster.to_dict(), "emulated_link": link.to_dict()}
     slowed = replace(plan, extra=extra)
-    model = RoundModel.build(profile, cluster, slowed, config.microbatch_size, load_catalog())
+    model = RoundModel.build(profile, cluster, slowed, planned_rows(config, plan), load_catalog())
     step = model.step_time_s(slowed, dict(plan.extra.get("speed_factors") or {}))
     return replace(slowed, predicted={**plan.predicted, "step_time_s": step,
                                       "step_time_s_without_emulated_link": plan.step_time_s})
+
+
+def planned_rows(config: "RunConfig", plan: Plan) -> int | None:
+    """The run's rows per micro-batch as far as the config and the plan say (``None``: the profile's)."""
+    return config.microbatch_size or int(plan.extra.get("microbatch_size") or 0) or None
 
 
 def plan_device_types(plan: Plan) -> dict[str, str]:

@@ -24,6 +24,7 @@ from planner.partition.model.cost import evaluate, step_time_s
 from planner.partition.model.convert import partition_of
 from planner.partition.model.problem import Problem, build_problem, with_sync
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
+from planner.partition.search.settings import rescaled
 from planner.partition.search.speed import Held
 
 __all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "stage_keys", "DEVICE_RANKS"]
@@ -63,23 +64,21 @@ class RoundModel:
     problem: Problem
     """Op-granularity problem without speed factors (one block per profile node, in order)."""
     index: Mapping[str, int]
-    rows_scale: float = 1.0
-    """Run micro-batch rows / the profile's: per-op times are taken to scale linearly with them."""
     catalog: Mapping[str, DeviceSpec] | None = None
     """The device catalog, for device types the profile did not time."""
 
     @staticmethod
     def build(profile: Profile, cluster: Cluster, plan: Plan, microbatch_size: int | None = None,
               catalog: Mapping[str, DeviceSpec] | None = None) -> "RoundModel":
+        if microbatch_size and microbatch_size != int(profile.model.get("microbatch_size", 0) or 0):
+            profile = rescaled(profile, microbatch_size)  # the run's rows, as --microbatches auto planned them
         problem = _synced(build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                         optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog), plan)
-        profiled = int(profile.model.get("microbatch_size", 0) or 0)
-        scale = microbatch_size / profiled if microbatch_size and profiled else 1.0
-        return RoundModel(profile, cluster, problem, profile.node_index(), scale, catalog)
+        return RoundModel(profile, cluster, problem, profile.node_index(), catalog)
 
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
         """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
-        (scaled by ``rows_scale`` when the run's micro-batches are larger or smaller than the profile's); each
+        (the profile rescaled to the run's micro-batch rows when they differ from the profile's); each
         replica's devices for that replica's share of the micro-batches; on ranks that share their host's cores,
         stretched as the simulator stretches them (``core_stretch``), since a rank's wall clock sees that."""
         replicas = plan.replicas()
@@ -92,7 +91,7 @@ class RoundModel:
                 for name in stage.nodes:
                     fwd, bwd = self.problem.time_on(self.index[name], device)
                     total += fwd + bwd
-                out[device] = out.get(device, 0.0) + total * share * steps * self.rows_scale * stretch.get(device, 1.0)
+                out[device] = out.get(device, 0.0) + total * share * steps * stretch.get(device, 1.0)
         return out
 
     def core_stretch(self, plan: Plan) -> Mapping[str, float]:
@@ -104,14 +103,14 @@ class RoundModel:
 
     def held(self, plan: Plan, steps: int, measured_s: Mapping[str, float]) -> list[Held]:
         """Per device that computed: its measured seconds and the profile node ranges behind them, each run
-        (its replica's share x ``steps`` x ``rows_scale``) times: the speed fit's observation of one round."""
+        (its replica's share x ``steps``) times: the speed fit's observation of one round."""
         shares = plan.replica_shares()
         stretch = self.core_stretch(plan)  # the fit sees each device's own speed, not its share of the cores
         ranges: dict[str, list[tuple[int, int, float]]] = {}
         for stage, devices in zip(plan.stages, plan.replicas()):
             for run_start, run_stop in _runs(sorted(self.index[name] for name in stage.nodes)):
                 for device, share in zip(devices, shares):
-                    ranges.setdefault(device, []).append((run_start, run_stop, share * steps * self.rows_scale))
+                    ranges.setdefault(device, []).append((run_start, run_stop, share * steps))
         return [Held(d, float(measured_s[d]) / stretch.get(d, 1.0), tuple(r)) for d, r in sorted(ranges.items())
                 if measured_s.get(d, 0.0) > 0]
 

@@ -1,0 +1,492 @@
+"""``plan train``: profile (once per model and machine), choose the whole strategy, train with it, summarise.
+
+One command for what ``plan profile``, ``plan partition``, ``plan show``, ``plan run`` and ``plan curves`` do step
+by step, with their options chosen (docs/train.md):
+
+1. **Check** every option, the cluster and the output directory, before anything is measured.
+2. **Profile** the model as the run will see it: on this machine's device, beside as many co-located training
+   processes as the cluster puts CPU ranks on one host, with roofline estimates for the cluster's other device
+   types. The profile is cached by what it measured (``planner.profile.cache``); a second call reuses it.
+3. **Plan**: ``plan partition``'s search with everything left to choose set to ``auto`` -- shape (stages x
+   replicas, shares), schedule (the asynchronous ones too), micro-batch count under ``--global-batch`` -- and the
+   sync mode by ``SYNC_RULE``. Every candidate is recorded with its predicted step time, peak memory and why it
+   lost.
+4. **Train** with rebalancing and held-out evaluation until ``--steps`` or ``--target``; write the timeline, the
+   trace, the round log, the curves and one summary under ``-o DIR``.
+
+Under ``torchrun`` (the same command on every host), rank 0 profiles and plans and hands the files to the other
+ranks through the launcher's store; every rank then trains in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from planner.errors import PlannerError, UsageError
+from planner.formats.plan import SCHEDULES, Plan
+
+__all__ = ["TrainRequest", "Strategy", "SYNC_RULE", "artifact_paths", "check_request", "choose_strategy",
+           "train_command"]
+
+DEFAULT_MICROBATCHES = 8
+"""Without ``--global-batch``, the step's batch is this many of the model's example micro-batches."""
+TARGET_STEP_CAP = 1000
+"""``--target`` without ``--steps`` trains until the target or this many steps."""
+SYNC_SHARE = 0.1
+"""The sync rule's threshold: adaptive's default overhead budget (``--sync-overhead``)."""
+SYNC_RULE = (f"replicas combine by ssgd unless its predicted all-reduce takes more than {SYNC_SHARE:.0%} of the step "
+             f"(adaptive's overhead budget); then by adaptive (adaptive local SGD). The parameter-server modes (dasp) "
+             f"answer stragglers that appear while training, which no prediction shows: pass --sync dasp")
+
+Announce = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """``plan train``'s options (see its ``--help``)."""
+
+    model: str
+    cluster: str
+    output_dir: Path = Path("out")
+    data: str | None = None
+    steps: int | None = None
+    target: str | None = None
+    global_batch: int | None = None
+    microbatches: str = "auto"
+    schedule: str = "auto"
+    data_parallel: str = "auto"
+    sync: str = "auto"
+    sync_period: int | None = None
+    method: str = "greedy"
+    optimizer: str | None = None
+    lr: float | None = None
+    seed: int = 0
+    round_steps: int = 5
+    eval_every: int | None = None
+    eval_batches: int = 4
+    dry_run: bool = False
+    reprofile: bool = False
+    cache_dir: Path | None = None
+    input_spec: str | None = None
+    tracer: str = "auto"
+    repeats: int = 5
+    warmup: int = 2
+    emulate_link: str | None = None
+    emulate_slowdown: tuple[str, ...] = ()
+    rebalance: bool = True
+    timeout_s: float = 120.0
+    show: int = 6
+    """Candidates listed beside the chosen strategy."""
+
+    @property
+    def step_count(self) -> int:
+        return self.steps if self.steps is not None else (TARGET_STEP_CAP if self.target else 40)
+
+    @property
+    def eval_interval(self) -> int:
+        """``--eval-every``, by default every round when there is held-out data or a target to judge."""
+        if self.eval_every is not None:
+            return self.eval_every
+        return self.round_steps if (self.data or self.target) else 0
+
+
+def artifact_paths(directory: Path) -> dict[str, Path]:
+    """Every file ``plan train`` writes under ``-o DIR``, by name."""
+    return {"profile": directory / "profile.json", "plan": directory / "plan.json",
+            "timeline_png": directory / "plan.timeline.png", "timeline_svg": directory / "plan.timeline.svg",
+            "trace": directory / "plan.trace.json", "rounds": directory / "rounds.jsonl",
+            "final_plan": directory / "final-plan.json", "curves_png": directory / "curves.png",
+            "curves_svg": directory / "curves.svg", "summary": directory / "summary.json"}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``check_request`` resolved: the cluster, the device types to estimate and the co-located ranks."""
+
+    cluster: Any
+    local_type: str
+    estimate: tuple[str, ...]
+    colocate: int
+
+
+def check_request(request: TrainRequest) -> Checked:
+    """Refuse every bad option in one line, before anything is profiled or written."""
+    from planner.app.partition import check_settings
+    from planner.app.run import check_learning_options
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import device_spec, load_catalog
+    from planner.partition.model.problem import check_sync
+    from planner.partition.search.hybrid import parse_degree
+    from planner.partition.search.settings import parse_microbatches
+    from planner.runtime.options import run_options
+
+    target, sep, attr = request.model.rpartition(":")
+    if not sep or not target or not attr:
+        raise UsageError(f"MODEL must look like pkg.mod:factory or file.py:factory, found {request.model!r}")
+    for name, value, low in (("--steps", request.steps, 1), ("--round-steps", request.round_steps, 1),
+                             ("--global-batch", request.global_batch, 1), ("--repeats", request.repeats, 1),
+                             ("--warmup", request.warmup, 0), ("--sync-period", request.sync_period, 1),
+                             ("--eval-every", request.eval_every, 0), ("--eval-batches", request.eval_batches, 1),
+                             ("--show", request.show, 0)):
+        if value is not None and value < low:
+            raise UsageError(f"{name} must be a whole number >= {low}, found {value}")
+    if not request.timeout_s > 0:
+        raise UsageError(f"--timeout-s must be positive, found {request.timeout_s}")
+    if request.schedule != "auto" and request.schedule not in SCHEDULES:
+        raise UsageError(f"unknown --schedule {request.schedule!r}; expected auto or one of {', '.join(SCHEDULES)}")
+    if request.microbatches != "auto" and request.global_batch is not None:
+        raise UsageError("--global-batch goes with --microbatches auto (the default); drop one of them")
+    parse_microbatches(request.microbatches, request.global_batch or 1)
+    check_settings(request.method, None, request.schedule, "adam")
+    parse_degree(request.data_parallel)
+    if request.sync != "auto":
+        check_sync(request.sync, request.sync_period)
+    elif request.sync_period is not None:
+        raise UsageError("--sync-period goes with --sync local-sgd or adaptive; pass one, or drop --sync-period")
+    if request.optimizer is not None and request.optimizer not in ("sgd", "adam"):
+        raise UsageError(f"--optimizer must be sgd or adam, found {request.optimizer!r}")
+    if request.tracer not in ("auto", "export", "fx"):
+        raise UsageError(f"--tracer must be auto, export or fx, found {request.tracer!r}")
+    check_learning_options({"eval_every": request.eval_interval, "eval_batches": request.eval_batches,
+                            "target": request.target, "stop_at_target": bool(request.target),
+                            "emulate_link": request.emulate_link})
+    run_options(emulate_slowdown=list(request.emulate_slowdown) or None)
+    if request.data is not None:
+        from planner.data.factory import load_data_factory
+
+        load_data_factory(request.data)
+    _check_directory(request.output_dir)
+    cluster = load_cluster_spec(request.cluster)
+    catalog = load_catalog()
+    types = list(dict.fromkeys(d.type for d in cluster.devices))
+    for dev_type in types:
+        device_spec(dev_type, catalog)
+    from planner.profile.device import detect_device_type
+
+    local = detect_device_type()
+    if not request.dry_run and types != [local]:
+        raise UsageError(f"plan train trains on this machine's {local} devices, but cluster {request.cluster!r} has "
+                         f"{', '.join(types)}; pass --dry-run to plan only, or a cluster of {local} devices "
+                         f"(for CPU ranks: --cluster cpu-2)")
+    per_host: dict[str, int] = {}
+    for device in cluster.devices:
+        per_host[device.host] = per_host.get(device.host, 0) + 1
+    colocate = max(per_host.values()) if local == "cpu" else 1  # CPU ranks share their host's cores
+    return Checked(cluster, local, tuple(t for t in types if t != local), colocate)
+
+
+def _check_directory(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"-o {str(directory)!r} is a file; expected a directory for the plan, logs and pictures")
+    parent = next((p for p in (directory, *directory.parents) if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"cannot write under {str(directory)!r}: {str(parent)!r} is not writable; choose another -o")
+
+
+@dataclass(frozen=True)
+class ProfileUse:
+    path: Path
+    cached: bool
+    cache_file: Path
+    seconds: float
+
+
+def cached_profile(request: TrainRequest, checked: Checked, destination: Path,
+                   announce: Announce | None = None) -> ProfileUse:
+    """The model's profile at ``destination``: copied from the cache when it holds one for this model, inputs,
+    tracer and device (``planner.profile.cache``), else measured and kept there."""
+    from planner.formats.jsonio import write_bytes_atomic
+    from planner.formats.profile import load_profile, save_profile
+    from planner.profile.cache import cache_dir, cached_profile_path, profile_key
+
+    key, _ = profile_key(request.model, input_spec=request.input_spec, microbatch_size=None, tracer=request.tracer,
+                         colocate=checked.colocate, repeats=request.repeats, warmup=request.warmup,
+                         estimate=checked.estimate, model_output=None)
+    kept = cached_profile_path(key, cache_dir(request.cache_dir))
+    if kept.is_file() and not request.reprofile:
+        try:
+            load_profile(kept)
+        except PlannerError:
+            pass  # a damaged cache entry is measured again
+        else:
+            write_bytes_atomic(destination, kept.read_bytes())
+            if announce:
+                announce(f"profile: from the cache ({kept}; same model, inputs, tracer and device), "
+                         f"--reprofile measures again")
+            return ProfileUse(destination, True, kept, 0.0)
+    from planner.profile import profile_model
+
+    if announce:
+        colocated = f", beside {checked.colocate - 1} co-located rank(s)" if checked.colocate > 1 else ""
+        announce(f"profile: measuring {request.model} on {checked.local_type}{colocated} ...")
+    started = time.perf_counter()
+    profile = profile_model(request.model, input_spec=request.input_spec, tracer=request.tracer,
+                            repeats=request.repeats, warmup=request.warmup, estimate=checked.estimate,
+                            colocate=checked.colocate)
+    seconds = time.perf_counter() - started
+    save_profile(profile, destination)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(kept, destination.read_bytes())
+    if announce:
+        announce(f"profile: measured in {seconds:.1f} s, kept in {kept}")
+    return ProfileUse(destination, False, kept, seconds)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The chosen plan, every candidate the search weighed, and the sync decision."""
+
+    plan: Plan
+    candidates: tuple[dict[str, Any], ...]
+    sync: Mapping[str, Any] | None = None
+    global_batch: int | None = None
+    search_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chosen": describe(self.plan), "candidates": list(self.candidates), "sync": self.sync,
+                "global_batch": self.global_batch, "search_s": self.search_s}
+
+
+def describe(plan: Plan) -> dict[str, Any]:
+    """The strategy of ``plan`` as the candidate table names it."""
+    from planner.partition.search.settings import candidate_facts
+
+    shape = plan.shape()
+    return {"schedule": plan.schedule, "microbatches": plan.microbatches,
+            "microbatch_size": plan.extra.get("microbatch_size"), **candidate_facts(plan),
+            "shares": list(shape.shares) if shape.replicated else None,
+            "sync": shape.sync if shape.replicated else None, "step_time_s": plan.step_time_s}
+
+
+def choose_strategy(profile_path: Path, request: TrainRequest) -> Strategy:
+    """Plan the whole strategy (``plan partition`` with everything left to choose on ``auto``), then the sync mode
+    by ``SYNC_RULE``; every candidate weighed is returned, best first, with why it lost."""
+    from planner.app.partition import partition_file
+    from planner.formats.profile import load_profile
+
+    started = time.perf_counter()
+    global_batch = request.global_batch
+    if request.microbatches == "auto" and global_batch is None:
+        rows = int(load_profile(profile_path).model.get("microbatch_size") or 1)
+        global_batch = rows * DEFAULT_MICROBATCHES
+
+    def plan_with(sync: str, period: int | None) -> Plan:
+        return partition_file(profile_path, request.cluster, None, method=request.method,
+                              microbatches=request.microbatches, schedule=request.schedule, refine=True,
+                              data_parallel=request.data_parallel, global_batch=global_batch, sync=sync,
+                              sync_period=period)
+
+    chosen = plan_with("ssgd" if request.sync == "auto" else request.sync, request.sync_period)
+    sync = None
+    if request.sync == "auto" and chosen.shape().replicated:
+        chosen, sync = _choose_sync(chosen, lambda: plan_with("adaptive", None))
+    rows = candidate_rows(chosen, sync, "ssgd" if request.sync == "auto" else request.sync)
+    return Strategy(chosen, rows, sync, global_batch if request.microbatches == "auto" else None,
+                    time.perf_counter() - started)
+
+
+def sync_share(plan: Plan) -> float:
+    """The predicted share of the step the replicas' all-reduce takes (on the device where it is largest)."""
+    devices = plan.predicted.get("devices") or {}
+    return max((float(d.get("sync_s") or 0.0) for d in devices.values()), default=0.0) / plan.step_time_s
+
+
+def _choose_sync(ssgd: Plan, adaptive: Callable[[], Plan]) -> tuple[Plan, dict[str, Any]]:
+    """``SYNC_RULE`` on a replicated plan: keep ssgd, or take adaptive when ssgd's sync share is above budget."""
+    share = sync_share(ssgd)
+    alternatives = [{"sync": "ssgd", "step_time_s": ssgd.step_time_s, "sync_share": share}]
+    try:
+        other = adaptive()
+    except PlannerError as exc:
+        other = None
+        alternatives.append({"sync": "adaptive", "step_time_s": None, "why": " ".join(str(exc).split())[:200]})
+    else:
+        alternatives.append({"sync": "adaptive", "step_time_s": other.step_time_s, "sync_share": sync_share(other)})
+    pick = other if other is not None and share > SYNC_SHARE else ssgd
+    record = {"rule": SYNC_RULE, "ssgd_sync_share": share, "chosen": pick.shape().sync, "alternatives": alternatives}
+    return pick, record
+
+
+def candidate_rows(chosen: Plan, sync: Mapping[str, Any] | None, searched: str) -> tuple[dict[str, Any], ...]:
+    """One row per strategy weighed: the schedule x micro-batch candidates (each with its best shape), the chosen
+    setting's other shapes, and the sync alternative; best first, each with ``verdict`` (why it lost). ``searched``:
+    the sync mode the search planned replicated candidates with."""
+    best = describe(chosen)
+    rows: list[dict[str, Any]] = []
+    choices = chosen.extra.get("choices") or {}
+    for c in choices.get("candidates") or ():
+        rows.append({**dict(c), "sync": searched if (c.get("degree") or 1) > 1 else None})
+    for c in (chosen.extra.get("shape") or {}).get("candidates") or ():
+        rows.append({"schedule": chosen.schedule, "microbatches": chosen.microbatches, "stages": c.get("stages"),
+                     "degree": c.get("degree"), "step_time_s": c.get("step_time_s"), "peak_memory_bytes": None,
+                     "memory_fraction": None, "grouping": c.get("grouping"),
+                     "sync": searched if (c.get("degree") or 1) > 1 else None})
+    for alt in (sync or {}).get("alternatives") or ():
+        if alt["sync"] != best["sync"]:
+            rows.append({**{k: best[k] for k in ("schedule", "microbatches", "stages", "degree")}, "sync": alt["sync"],
+                         "step_time_s": alt.get("step_time_s"), "peak_memory_bytes": None, "memory_fraction": None,
+                         "why": alt.get("why"), "rule": True})
+    seen = {_key(best)}
+    unique = []
+    for row in rows:
+        key = _key(row)
+        if key in seen:
+            continue
+        seen.add(key)
+        unique.append(row)
+    fits = sorted((r for r in unique if r.get("step_time_s") is not None), key=lambda r: r["step_time_s"])
+    for row in fits:
+        gap = row["step_time_s"] / best["step_time_s"] - 1
+        if row.get("rule"):
+            row["verdict"] = f"{gap:+.1%}; the sync rule keeps {best['sync']}"
+        elif gap > 5e-4:
+            row["verdict"] = f"{gap:+.1%} step time"
+        else:
+            row["verdict"] = "tie: the earlier schedule, fewer micro-batches or replicas win"
+        row.pop("rule", None)
+    failed = [r for r in unique if r.get("step_time_s") is None]
+    for row in failed:
+        row["verdict"] = "does not fit: " + str(row.get("why") or "infeasible")
+        row.pop("rule", None)
+    return ({**best, "verdict": "chosen"}, *fits, *failed)
+
+
+def _key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (row.get("schedule"), row.get("microbatches"), row.get("stages"), row.get("degree"), row.get("sync"))
+
+
+def train_command(request: TrainRequest, announce: Announce | None = None,
+                  show_strategy: Callable[[Strategy], None] | None = None) -> dict[str, Any]:
+    """Check, profile (cached), plan and, unless ``dry_run``, train; return the summary (``summary.json``)."""
+    checked = check_request(request)
+    paths = artifact_paths(request.output_dir)
+    shared = _Shared.open()
+    if shared is not None and shared.rank != 0:
+        return _follow(request, paths, shared)
+    created, had_profile = not request.output_dir.exists(), paths["profile"].exists()
+    try:
+        request.output_dir.mkdir(parents=True, exist_ok=True)
+        profile = cached_profile(request, checked, paths["profile"], announce)
+        strategy = choose_strategy(paths["profile"], request)
+    except PlannerError as exc:
+        if shared is not None:
+            shared.refuse(str(exc))
+        if created:  # no partial output: what this call made goes
+            shutil.rmtree(request.output_dir, ignore_errors=True)
+        elif not had_profile:
+            paths["profile"].unlink(missing_ok=True)
+        raise
+    from planner.formats.plan import save_plan
+
+    save_plan(strategy.plan, paths["plan"])
+    summary: dict[str, Any] = {
+        "profile": {"path": str(paths["profile"]), "cached": profile.cached, "cache_file": str(profile.cache_file),
+                    "seconds": profile.seconds},
+        "strategy": strategy.to_dict(), "dry_run": request.dry_run}
+    if show_strategy is not None:
+        show_strategy(strategy)
+    from planner.app.show import show_plan
+
+    show_plan(paths["plan"], {"png": paths["timeline_png"], "svg": paths["timeline_svg"], "trace": paths["trace"]})
+    written = ["profile", "plan", "timeline_png", "timeline_svg", "trace"]
+    if request.dry_run:
+        return _finish(summary, paths, written)
+    if shared is not None:
+        shared.publish(paths)
+    for name in ("rounds", "final_plan", "curves_png", "curves_svg"):
+        paths[name].unlink(missing_ok=True)  # this run's log and results, not an earlier run's
+    result = _run(request, paths, announce)
+    if result is None:
+        return summary
+    written += ["rounds", "final_plan"]
+    if paths["rounds"].is_file() and paths["rounds"].stat().st_size:
+        from planner.app.curves import curves_command
+
+        curves = curves_command([paths["rounds"]], paths["curves_png"], request.target)
+        written += ["curves_png", "curves_svg"]
+        summary["time_to_target_s"] = curves.runs[0].time_to_target_s
+    summary["run"] = {k: v for k, v in result.items() if k != "plan"}
+    return _finish(summary, paths, written)
+
+
+def _finish(summary: dict[str, Any], paths: Mapping[str, Path], written: Sequence[str]) -> dict[str, Any]:
+    from planner.formats.jsonio import write_json_atomic
+
+    summary["artifacts"] = {name: str(paths[name]) for name in [*written, "summary"] if paths[name].is_file() or
+                            name == "summary"}
+    write_json_atomic(paths["summary"], summary)
+    return summary
+
+
+def _run(request: TrainRequest, paths: Mapping[str, Path], announce: Announce | None) -> dict[str, Any] | None:
+    from planner.app.run import Launch, run_config, run_plan
+
+    config = run_config(
+        plan=str(paths["plan"]), model=request.model, steps=request.step_count, round_steps=request.round_steps,
+        timeout_s=request.timeout_s, optimizer=request.optimizer, lr=request.lr, seed=request.seed, data=request.data,
+        profile=str(paths["profile"]), eval_every=request.eval_interval, eval_batches=request.eval_batches,
+        target=request.target, stop_at_target=bool(request.target), emulate_link=request.emulate_link,
+        options=dict(rebalance=request.rebalance, emulate_slowdown=list(request.emulate_slowdown) or None,
+                     log=str(paths["rounds"]), output=paths["final_plan"]))
+    return run_plan(config, Launch(), announce=announce)
+
+
+@dataclass
+class _Shared:
+    """Under torchrun: the launcher's store, through which rank 0 hands the profile and the plan to the others."""
+
+    store: Any
+    rank: int
+    timeout_s: float = 3600.0
+    keys: tuple[str, ...] = field(default=("profile", "plan"))
+
+    @classmethod
+    def open(cls) -> "_Shared | None":
+        if not os.environ.get("TORCHELASTIC_RUN_ID"):
+            return None
+        import datetime
+
+        import torch.distributed as dist
+
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+            raise UsageError("plan train under torchrun needs the launcher's store (TORCHELASTIC_USE_AGENT_STORE); "
+                             "start it with torchrun's default c10d rendezvous, or run plan profile, partition and run")
+        timeout = datetime.timedelta(seconds=cls.timeout_s)
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return cls(dist.PrefixStore(f"/planner-train/attempt_{attempt}", store), int(os.environ["RANK"]))
+
+    def publish(self, paths: Mapping[str, Path]) -> None:
+        for key in self.keys:
+            self.store.set(key, paths[key].read_bytes())
+        self.store.set("status", b"ok")
+
+    def refuse(self, message: str) -> None:
+        """Rank 0 failed before training: the other ranks stop with its message instead of waiting."""
+        self.store.set("status", message.encode("utf-8"))
+
+    def fetch(self, paths: Mapping[str, Path]) -> None:
+        from planner.formats.jsonio import write_bytes_atomic
+
+        self.store.wait(["status"])
+        status = self.store.get("status").decode("utf-8")
+        if status != "ok":
+            raise PlannerError(f"rank 0 could not plan: {status}")
+        for key in self.keys:
+            write_bytes_atomic(paths[key], self.store.get(key))
+
+
+def _follow(request: TrainRequest, paths: Mapping[str, Path], shared: _Shared) -> dict[str, Any]:
+    """A rank other than 0 under torchrun: take rank 0's profile and plan, then train as its rank."""
+    if request.dry_run:
+        return {"dry_run": True, "rank": shared.rank}
+    request.output_dir.mkdir(parents=True, exist_ok=True)
+    shared.fetch(paths)
+    result = _run(request, paths, None)
+    return {"rank": shared.rank, "run": result}

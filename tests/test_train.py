@@ -1,0 +1,168 @@
+"""``plan train``: the strategy it picks, the profile cache, bad input before anything is profiled, and one run
+end to end on 2 ranks with the digits data.
+
+The dry runs read committed profiles through the cache (seeded under the key ``plan train`` computes), so they
+plan without measuring; the cache tests and the end-to-end run measure for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden" / "profiles"
+runner = CliRunner()
+
+
+def invoke(*args: str | Path, cache: Path) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["train", *map(str, args)], env={"PLANNER_CACHE_DIR": str(cache), "COLUMNS": "160"})
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def seed_cache(cache: Path, model: str, cluster: str, golden: str) -> None:
+    """Put a committed profile where ``plan train`` will look for ``model`` on ``cluster`` (its cache key)."""
+    from planner.app.train import TrainRequest, check_request
+    from planner.profile.cache import cached_profile_path, profile_key
+
+    request = TrainRequest(model=model, cluster=cluster, dry_run=True)
+    checked = check_request(request)
+    key, _ = profile_key(model, input_spec=None, microbatch_size=None, tracer="auto", colocate=checked.colocate,
+                         repeats=request.repeats, warmup=request.warmup, estimate=checked.estimate, model_output=None)
+    path = cached_profile_path(key, cache)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(GOLDEN / f"{golden}.json", path)
+
+
+@pytest.mark.parametrize("model, golden, cluster", [
+    ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "cpu-2"),
+    ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "a100-4"),
+    ("planner.examples.resnet:resnet_small", "resnet_small", "t4-4-pcie"),
+    ("planner.examples.unet:unet_small", "unet_small", "cpu-2"),
+])
+def test_dry_run_picks_the_fastest_recorded_candidate_and_the_plan_passes_check(
+        tmp_path: Path, model: str, golden: str, cluster: str) -> None:
+    from planner.app.check import check_files
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    seed_cache(cache, model, cluster, golden)
+    code, stdout, stderr = invoke(model, "--cluster", cluster, "-o", out, "--dry-run", "--json", cache=cache)
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["profile"]["cached"] is True and summary["dry_run"] is True
+    assert "run" not in summary and not (out / "rounds.jsonl").exists()
+    for name in ("profile", "plan", "timeline_png", "timeline_svg", "trace", "summary"):
+        assert Path(summary["artifacts"][name]).is_file(), name
+    result = check_files(out / "plan.json")
+    assert result.passed, result
+    chosen, *others = summary["strategy"]["candidates"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert chosen["verdict"] == "chosen" and chosen["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"])
+    planned_alike = [c for c in others if c["step_time_s"] is not None and c.get("sync") in (None, "ssgd")]
+    assert planned_alike, "the search recorded no alternative"
+    assert all(c["step_time_s"] >= chosen["step_time_s"] * (1 - 1e-9) for c in planned_alike)
+    sync = summary["strategy"]["sync"]
+    if chosen["degree"] > 1:  # the sync rule ran and recorded both modes' predictions
+        assert {a["sync"] for a in sync["alternatives"]} == {"ssgd", "adaptive"}
+        assert chosen["sync"] == ("adaptive" if sync["ssgd_sync_share"] > 0.1 else "ssgd")
+
+
+MODEL_SOURCE = '''
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 16))
+    return model, (torch.randn(8, 16),)
+'''
+
+
+def test_the_profile_cache_is_used_on_the_second_call_and_refreshed_when_the_model_changes(tmp_path: Path) -> None:
+    cache, source = tmp_path / "cache", tmp_path / "tiny_model.py"
+    source.write_text(MODEL_SOURCE.replace("WIDTH", "32"))
+    args = (f"{source}:build", "--cluster", "cpu-2", "--dry-run", "--repeats", "1", "--warmup", "0")
+    first = invoke(*args, "-o", tmp_path / "a", cache=cache)
+    assert first[0] == 0, first[2]
+    assert "profile: measuring" in first[1]
+    second = invoke(*args, "-o", tmp_path / "b", cache=cache)
+    assert second[0] == 0 and "profile: from the cache" in second[1], second
+    assert (tmp_path / "a" / "profile.json").read_bytes() == (tmp_path / "b" / "profile.json").read_bytes()
+    source.write_text(MODEL_SOURCE.replace("WIDTH", "48"))  # a changed layer: another graph, another profile
+    third = invoke(*args, "-o", tmp_path / "c", cache=cache)
+    assert third[0] == 0 and "profile: measuring" in third[1], third
+    assert len(list((cache / "profiles").iterdir())) == 2
+    fourth = invoke(*args, "--reprofile", "-o", tmp_path / "d", cache=cache)
+    assert "profile: measuring" in fourth[1]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["no_colon_here", "--cluster", "cpu-2"], "MODEL must look like"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "no-such-cluster"], "no-such-cluster"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "dgx-h100-8"], "pass --dry-run to plan only"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--steps", "0"], "--steps must be"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--schedule", "zigzag"], "unknown --schedule"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--target", "speed=3"], "target"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--sync", "gossip"], "sync"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--sync-period", "4"], "--sync-period goes with"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "-n", "4", "--global-batch", "32"], "--global-batch"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--data-parallel", "many"], "--data-parallel"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--method", "magic"], "magic"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--data", "nowhere.mod:batches"], "--data"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--emulate-link", "fast"], "link"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--optimizer", "lion"], "--optimizer"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--eval-every", "0", "--target", "loss=1"], "--target"),
+])
+def test_bad_options_get_one_line_before_anything_is_profiled(tmp_path: Path, args: list[str], expected: str) -> None:
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    code, stdout, stderr = invoke(*args, "-o", out, cache=cache)
+    lines = stderr.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: "), (code, stdout, stderr)
+    assert expected in lines[0]
+    assert not cache.exists() and not out.exists()
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "taken"
+    out.write_text("x")
+    code, _, stderr = invoke("planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "-o", out, cache=tmp_path / "c")
+    assert code != 0 and "is a file" in stderr and out.read_text() == "x"
+
+
+def test_a_model_that_fails_leaves_no_output_directory(tmp_path: Path) -> None:
+    source = tmp_path / "broken.py"
+    source.write_text("def build():\n    raise RuntimeError('no model today')\n")
+    out = tmp_path / "out"
+    code, _, stderr = invoke(f"{source}:build", "--cluster", "cpu-2", "-o", out, "--dry-run", cache=tmp_path / "c")
+    assert code != 0 and len(stderr.strip().splitlines()) == 1 and not out.exists(), stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(420)
+def test_train_end_to_end_on_two_ranks_reaches_the_digits_target(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "planner.train", "planner.examples.digits:digits_mlp", "--cluster",
+                           "cpu-2", "--data", "planner.data.digits:batches", "--target", "accuracy=0.95",
+                           "--repeats", "2", "--timeout-s", "60", "-o", str(out), "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    run = summary["run"]
+    assert summary["time_to_target_s"] is not None and run["eval"][-1]["accuracy"] >= 0.95
+    assert run["steps"] < 1000  # stopped at the target, not at the step cap
+    assert run["schedule"] == summary["strategy"]["chosen"]["schedule"]
+    for name in ("plan", "timeline_png", "trace", "rounds", "final_plan", "curves_png", "summary"):
+        assert Path(summary["artifacts"][name]).is_file(), name
+    assert json.loads((out / "summary.json").read_text())["run"]["steps"] == run["steps"]
