@@ -298,7 +298,7 @@ def test_brackets_in_paths_are_printed_not_read_as_markup(tmp_path: Path) -> Non
     code, stdout, _ = run("check", case.plan_path, "--baseline", case.plan_path)
     assert code == 0 and "[red]" in stdout
     code, stdout, _ = run("show", case.plan_path, "--no-files")
-    assert code == 0 and "[red]" in stdout
+    assert code == 0 and "[red]" in stdout.replace("\n", "")  # the title wraps where the temporary path makes it
 
 
 def test_show_notes_a_prediction_the_simulation_does_not_reproduce(case, tmp_path: Path) -> None:  # noqa: ANN001

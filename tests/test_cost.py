@@ -61,6 +61,35 @@ def test_memory_per_schedule(schedule: str, expected: list[int]) -> None:
     assert [d.peak_memory_bytes for d in result.devices.values()] == memory
 
 
+@pytest.mark.parametrize("schedule,expected", [("gpipe", [5, 5, 5]), ("1f1b", [3, 2, 1])])
+def test_recomputation_keeps_stage_inputs_and_runs_the_forward_twice(schedule: str, expected: list[int]) -> None:
+    """With recomputation a stage keeps only its input per micro-batch in flight (the 100 bytes crossing the cut
+    before it; nothing for the first stage) plus one micro-batch's saved bytes, and its backward pays its forward
+    again; the cost model, the device replay and the simulator agree."""
+    problem = build_problem(chain(6), cluster(3), microbatches=5, schedule=schedule, recompute=True)
+    partition = (StageSpec(0, 3, "d0"), StageSpec(3, 5, "d1"), StageSpec(5, 7, "d2"))
+    memory = [stage_memory_bytes(problem, partition, i) for i in range(3)]
+    assert memory == [2 * 40 + inputs * expected[i] + 14 for i, inputs in enumerate([0, 100, 100])]
+    assert list(device_memory_bytes(problem, partition).values()) == memory
+    assert [d.peak_memory_bytes for d in evaluate(problem, partition).devices.values()] == memory
+    assert stage_fwd_bwd_s(problem.tables, "d1", 3, 5) == (2.0, 6.0)  # backward 2 x 2 s + the forward again
+
+
+def test_every_placer_keeps_a_recomputing_plan_in_memory() -> None:
+    """A cluster too small for GPipe's saved activations: without recomputation nothing fits, with it every
+    placer's plan fits by the cost model's figures (check_fits)."""
+    from planner.partition import partition as plan_with
+
+    profile = chain(6, saved=400, out=50)
+    tight = cluster(3, memory_bytes=2 * 40 + 50 * 8 + 800)
+    with pytest.raises(InfeasibleError):
+        plan_with(profile, tight, method="dp", microbatches=8, schedule="gpipe")
+    for method in ("greedy", "dp", "ilp"):
+        plan = plan_with(profile, tight, method=method, microbatches=8, schedule="gpipe", recompute=True)
+        assert plan.extra["recompute"] is True
+        assert plan.peak_memory_bytes <= 2 * 40 + 50 * 8 + 800, method
+
+
 def test_inflight_is_capped_by_microbatches() -> None:
     assert [inflight_microbatches("1f1b", s, 4, 2) for s in range(4)] == [2, 2, 2, 1]
     assert inflight_microbatches("interleaved-1f1b", 1, 4, 2) == 2  # one stage per device: 1F1B

@@ -59,6 +59,15 @@ def test_the_module_lists_cover_every_parameter_once_in_stage_order(tmp_path: Pa
     assert order == sorted(order)  # in execution order, every parameter's stage comes after the ones before it
 
 
+@pytest.mark.parametrize("recompute, mode", [("off", "none"), ("on", "full")])
+def test_recomputation_maps_to_torchtitans_activation_checkpointing(tmp_path: Path, recompute: str, mode: str) -> None:
+    plan = _plan(tmp_path, "gpt_tiny", "a100-4", "--granularity", "layer", "--recompute", recompute)
+    assert json.loads(plan.read_text()).get("recompute", False) is (recompute == "on")
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 0, result.output
+    assert tomllib.loads((tmp_path / "p.toml").read_text())["activation_checkpoint"] == {"mode": mode}
+
+
 def test_pipelining_split_spec_begins_each_later_stage(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "gpt_tiny", "a100-4", "--granularity", "layer")
     result = runner.invoke(app, ["export", str(plan), "--to", "pipelining", "--json"])

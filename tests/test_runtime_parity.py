@@ -190,3 +190,41 @@ def test_tied_copies_start_equal_and_gradients_are_summed():
     from tests._gloo import run_ranks
 
     run_ranks(_tied_sync, 2, timeout_s=90)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_gpt_with_recomputation(tmp_path, profiles):
+    """Activation recomputation (the plan's ``recompute``: each stage wrapped in torch.utils.checkpoint) trains
+    exactly as single-process training does: the tied GPT split across ranks, 1F1B."""
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], "1f1b", microbatches=2)
+    doc = json.loads(plan.read_text())
+    plan.write_text(json.dumps({**doc, "recompute": True}))
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_memory_tight_cluster_gets_a_plan_with_recomputation_that_runs(tmp_path, profiles):
+    """On a cluster with too little memory for any split's saved activations, --recompute auto plans with
+    recomputation (every split without it is refused), and the plan trains as single-process training does."""
+    from planner.app.partition import partition_file
+    from planner.errors import InfeasibleError
+
+    cluster = json.loads((ROOT / "profiles" / "clusters" / "cpu-2.json").read_text())
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cluster))
+    options = dict(method="dp", microbatches=8, schedule="gpipe", data_parallel=1)
+    roomy = partition_file(profiles[UNET], str(path), None, recompute="on", **options)
+    without = partition_file(profiles[UNET], str(path), None, recompute="off", **options)
+    need_on, need_off = roomy.peak_memory_bytes, without.peak_memory_bytes
+    assert need_on < need_off / 2  # GPipe keeps 8 micro-batches of activations; recomputation keeps their inputs
+    for device in cluster["devices"]:
+        device["memory_bytes"] = int(need_on * 1.1)
+    path.write_text(json.dumps(cluster))
+    with pytest.raises(InfeasibleError):
+        partition_file(profiles[UNET], str(path), None, recompute="off", **options)
+    plan = partition_file(profiles[UNET], str(path), tmp_path / "plan.json", recompute="auto", **options)
+    assert plan.extra.get("recompute") is True and plan.peak_memory_bytes <= need_on * 1.1
+    assert plan.step_time_s > without.step_time_s  # the forward runs twice
+    summary = run_pipeline(tmp_path, tmp_path / "plan.json", UNET, launcher="plan", extra=("--lr", "0.05"))
+    assert_parity(tmp_path, tmp_path / "plan.json", UNET, summary, lr=0.05)

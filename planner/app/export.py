@@ -2,7 +2,8 @@
 
 * ``torchtitan``: the ``[parallelism]`` table of torchtitan's config (``ParallelismConfig``):
   ``module_fqns_per_model_part`` (one list of module FQNs per stage, in plan order), the degrees, the
-  schedule under torchtitan's name and the micro-batch size; the device order the plan chose is a comment.
+  schedule under torchtitan's name and the micro-batch size; the device order the plan chose is a comment; and
+  ``[activation_checkpoint] mode``: ``full`` when the plan recomputes activations, else ``none``.
 * ``pipelining``: the ``split_spec`` of ``torch.distributed.pipelining.pipeline`` (the module that begins
   each stage after the first -> ``SplitPoint.BEGINNING``), as data and as a Python snippet.
 * ``schedule-csv``: each rank's order of passes as the simulator ran them (``sim.schedules.device_orders``),
@@ -158,8 +159,8 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
         "pipeline_parallel_microbatch_size": rows,
         "module_fqns_per_model_part": parts,
         "data_parallel_replicate_degree": degree,
-    }, "device_order": list(dict.fromkeys(order)),
-        "global_batch_size": rows * plan.microbatches}
+    }, "activation_checkpoint": {"mode": "full" if plan.extra.get("recompute") else "none"},
+        "device_order": list(dict.fromkeys(order)), "global_batch_size": rows * plan.microbatches}
 
 
 def _schedule_csv(plan: Plan) -> dict[str, Any]:
@@ -190,6 +191,9 @@ def _toml(plan: Plan, data: dict[str, Any], plan_path: str) -> str:
              "[parallelism]"]
     for key, value in table.items():
         lines.append(f"{key} = {json.dumps(value)}")
+    lines += ["", "# the plan's recompute; torchtitan's full AC recomputes each block (keeping every block's input), "
+              "the plan each stage", "[activation_checkpoint]",
+              f"mode = {json.dumps(data['activation_checkpoint']['mode'])}"]
     return "\n".join(lines) + "\n"
 
 

@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from planner.clusters import load_cluster_spec
-from planner.errors import UsageError
+from planner.errors import InfeasibleError, UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.jsonio import check_writable
 from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, SCHEDULES, Plan, save_plan
 from planner.formats.profile import load_profile
+
+
+RECOMPUTE_CHOICES = ("off", "on", "auto")
+"""``--recompute``: activation recomputation in every stage, never, or only for candidates that fit no other way."""
 
 
 def profile_ref(path: str | Path, model_name: str | None) -> dict[str, Any]:
@@ -44,13 +48,15 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                    granularity: str | None = None, time_limit_s: float | None = None,
                    estimate_precision: str | None = None, data_parallel: str | int = "auto",
                    global_batch: int | None = None, sync: str = "ssgd", sync_period: int | None = None,
-                   staleness: int | None = None, async_correction: str = "predict") -> Plan:
+                   staleness: int | None = None, async_correction: str = "predict", recompute: str = "off") -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). ``schedule="auto"`` and ``microbatches="auto"`` (with
     ``global_batch`` samples) are chosen by simulated step time (``planner.partition.search.settings``). Raises
     ``PlannerError`` on bad input; on any error nothing is written. ``sync``, ``sync_period`` and ``staleness``: how
     replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
-    schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field."""
+    schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field. ``recompute``:
+    activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (on for a candidate only when nothing
+    fits without it)."""
     from planner.partition import partition
     from planner.partition.search.settings import choose, parse_microbatches
 
@@ -69,6 +75,11 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     from planner.partition.model.problem import check_sync
 
     check_sync(sync, sync_period, staleness)
+    if recompute not in RECOMPUTE_CHOICES:
+        raise UsageError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, found {recompute!r}")
+    if recompute == "on" and schedule in ASYNC_SCHEDULES:
+        raise UsageError(f"--recompute on is not built for the asynchronous schedule {schedule} (its stages run on "
+                         f"stashed weight versions); use --schedule 1f1b or gpipe, or --recompute off")
     if count is None and degree is not None and global_batch is not None:
         from planner.partition.search.settings import microbatch_counts
 
@@ -99,11 +110,24 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         asynchronous = schedule_name in ASYNC_SCHEDULES  # pure pipelines only: a requested degree > 1 refuses them
         if asynchronous and degree not in (None, 1):
             raise UsageError(f"{schedule_name} runs pure pipelines for now, not --data-parallel {degree}")
-        return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
-                         optimizer=optimizer, refine=refine, granularity=granularity,
-                         estimate_precision=estimate_precision, catalog=catalog,
-                         data_parallel=1 if asynchronous else data_parallel,
-                         profile_ref=ref, sync=sync, sync_period=sync_period, sync_staleness=staleness, **options)
+
+        def place(again: bool) -> Plan:
+            return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
+                             optimizer=optimizer, refine=refine, granularity=granularity,
+                             estimate_precision=estimate_precision, catalog=catalog,
+                             data_parallel=1 if asynchronous else data_parallel, profile_ref=ref, sync=sync,
+                             sync_period=sync_period, sync_staleness=staleness, recompute=again, **options)
+
+        if recompute == "on":
+            if asynchronous:
+                raise UsageError(f"{schedule_name} does not recompute activations (stashed weight versions)")
+            return place(True)
+        try:
+            return place(False)
+        except InfeasibleError:
+            if recompute != "auto" or asynchronous:
+                raise
+            return place(True)  # nothing fits without it: keep only each stage's inputs
 
     if schedule == "auto" or count is None:
         plan = choose(profile, schedule, count, global_batch, plan_with)

@@ -63,6 +63,7 @@ class TrainRequest:
     sync: str = "auto"
     sync_period: int | None = None
     method: str = "greedy"
+    recompute: str = "auto"
     optimizer: str | None = None
     lr: float | None = None
     seed: int = 0
@@ -143,6 +144,10 @@ def check_request(request: TrainRequest) -> Checked:
         raise UsageError("--global-batch goes with --microbatches auto (the default); drop one of them")
     parse_microbatches(request.microbatches, request.global_batch or 1)
     check_settings(request.method, None, request.schedule, "adam")
+    from planner.app.partition import RECOMPUTE_CHOICES
+
+    if request.recompute not in RECOMPUTE_CHOICES:
+        raise UsageError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, found {request.recompute!r}")
     parse_degree(request.data_parallel)
     if request.sync != "auto":
         check_sync(request.sync, request.sync_period)
@@ -279,7 +284,7 @@ def choose_strategy(profile_path: Path, request: TrainRequest) -> Strategy:
         return partition_file(profile_path, request.cluster, None, method=request.method,
                               microbatches=request.microbatches, schedule=request.schedule, refine=True,
                               data_parallel=request.data_parallel, global_batch=global_batch, sync=sync,
-                              sync_period=period)
+                              sync_period=period, recompute=request.recompute)
 
     chosen = plan_with("ssgd" if request.sync == "auto" else request.sync, request.sync_period)
     sync = None

@@ -58,6 +58,9 @@ def partition_cmd(
                          "worker may be ahead of the slowest. Default: 3.", show_default=False)] = None,
     async_correction: Annotated[str, typer.Option("--async-correction", help="async-1f1b and 2bw: predict (weight "
                                 "prediction on top of weight stashing) or none (stashing alone); docs/async.md.")] = "predict",
+    recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: off, on (every stage keeps "
+                         "only its inputs and runs its forward again before the backward), or auto (on only when "
+                         "nothing fits without it).")] = "off",
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -88,7 +91,8 @@ def partition_cmd(
                               schedule=schedule, optimizer=optimizer, refine=refine, granularity=granularity,
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
                               data_parallel=data_parallel, global_batch=global_batch, sync=sync,
-                              sync_period=sync_period, staleness=staleness, async_correction=async_correction)
+                              sync_period=sync_period, staleness=staleness, async_correction=async_correction,
+                              recompute=recompute)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

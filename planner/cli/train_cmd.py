@@ -40,6 +40,8 @@ def train_cmd(
     sync_period: Annotated[Optional[int], typer.Option("--sync-period", help="local-sgd / adaptive: local steps "
                            "between aggregations.", show_default=False)] = None,
     method: Annotated[str, typer.Option("--method", "-m", help="Placer (greedy, dp, ilp, ...).")] = "greedy",
+    recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: auto (only when nothing "
+                         "fits without it), on or off.")] = "auto",
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam (default: adam, as "
                          "planned).", show_default=False)] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default 0.01 sgd, 1e-3 adam).",
@@ -96,7 +98,7 @@ def train_cmd(
     request = TrainRequest(
         model=model, cluster=cluster, output_dir=output_dir, data=data, steps=steps, target=target,
         global_batch=global_batch, microbatches=microbatches, schedule=schedule, data_parallel=data_parallel,
-        sync=sync, sync_period=sync_period, method=method, optimizer=optimizer, lr=lr, seed=seed,
+        sync=sync, sync_period=sync_period, method=method, recompute=recompute, optimizer=optimizer, lr=lr, seed=seed,
         round_steps=round_steps, eval_every=eval_every, eval_batches=eval_batches, dry_run=dry_run,
         reprofile=reprofile, cache_dir=cache_dir, input_spec=input_spec, tracer=tracer, repeats=repeats, warmup=warmup,
         emulate_link=emulate_link, emulate_slowdown=tuple(emulate_slowdown or ()), rebalance=rebalance,

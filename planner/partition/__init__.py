@@ -38,7 +38,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
               sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
-              **method_options: Any) -> Plan:
+              recompute: bool = False, **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
@@ -56,7 +56,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     replicas combine their updates (``ssgd`` every step; ``local-sgd`` every ``sync_period`` steps; ``adaptive``,
     whose first period the rule picks from the predicted times when ``sync_period`` is ``None``); the simulator
     spreads each aggregation over its period, and a mode other than ``ssgd`` makes ``auto`` consider replicated
-    shapes only. The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
+    shapes only. ``recompute``: activation recomputation in every stage (``Problem.recompute``: each stage keeps its
+    input per micro-batch and runs its forward again before the backward), recorded as the plan's ``recompute``.
+    The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
     replicas of the whole model: one stage, one replica per device. Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
@@ -64,7 +66,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
-                            catalog=catalog, corrections=corrections)
+                            catalog=catalog, corrections=corrections, recompute=recompute)
     problem = with_sync(problem, sync, sync_period, sync_staleness)
     reason = infeasible_reason(problem)
     if reason is not None:

@@ -158,7 +158,8 @@ def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str
     groups = [sorted(s.nodes, key=index.__getitem__) for s in plan.stages]
     try:
         problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
-                                optimizer=optimizer, groups=groups, catalog=catalog)
+                                optimizer=optimizer, groups=groups, catalog=catalog,
+                                recompute=bool(plan.extra.get("recompute")))
     except PlannerError as exc:
         return [f"cannot recompute memory: {exc}"]
     replicas = plan.replicas()

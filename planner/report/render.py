@@ -193,7 +193,8 @@ def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) ->
         table.add_column(name, justify=justify, no_wrap=name != "verdict")  # type: ignore[arg-type]
     for index, row in enumerate([*fits[:show + 1], *failed[:1]]):
         degree = int(row.get("degree") or 1)
-        shape = f"{row.get('stages')} st" + (f" x {degree} rep" if degree > 1 else "")
+        shape = (f"{row.get('stages')} st" + (f" x {degree} rep" if degree > 1 else "")
+                 + (" +recompute" if row.get("recompute") else ""))
         memory = (f"{fmt_bytes(row['peak_memory_bytes'])} {row['memory_fraction']:.0%}"
                   if row.get("peak_memory_bytes") and row.get("memory_fraction") is not None else "")
         size = f" x {row['microbatch_size']}" if row.get("microbatch_size") else ""

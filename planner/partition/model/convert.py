@@ -44,6 +44,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["calibration"] = dict(problem.calibration)
     if problem.corrections:
         top["cost_corrections"] = [list(c) for c in problem.corrections]
+    if problem.recompute:
+        top["recompute"] = True
     if profile_ref is not None:
         top["profile"] = dict(profile_ref)
     top.update(extra or {})

@@ -53,8 +53,24 @@ def stage_stash_bytes_t(tables: CostTables, schedule: str, start: int, stop: int
 
 
 def stage_activation_bytes_t(tables: CostTables, start: int, stop: int) -> int:
-    """Bytes saved for backward per micro-batch by blocks ``[start, stop)``."""
-    return tables.saved_prefix[stop] - tables.saved_prefix[start]
+    """Bytes a stage of blocks ``[start, stop)`` keeps per micro-batch in flight (``stage_activation_terms_t``)."""
+    return stage_activation_terms_t(tables, start, stop)[0]
+
+
+def stage_recompute_bytes_t(tables: CostTables, start: int, stop: int) -> int:
+    """Bytes a recomputing stage of blocks ``[start, stop)`` holds once on top (``stage_activation_terms_t``)."""
+    return stage_activation_terms_t(tables, start, stop)[1]
+
+
+def stage_activation_terms_t(tables: CostTables, start: int, stop: int) -> tuple[int, int]:
+    """``(per micro-batch in flight, once)``: the activation bytes of a stage of blocks ``[start, stop)``.
+
+    Without recomputation a stage keeps what its ops save for backward, per micro-batch in flight: ``(saved, 0)``.
+    With it (``tables.recompute``) it keeps only its input per micro-batch in flight, and before each backward
+    runs the forward again, holding that one micro-batch's saved bytes: ``(input, saved)``.
+    """
+    saved = tables.saved_prefix[stop] - tables.saved_prefix[start]
+    return (tables.input_bytes[start], saved) if tables.recompute else (saved, 0)
 
 
 def transfer_s(tables: CostTables, src: str, dst: str, nbytes: int) -> float:
@@ -103,8 +119,8 @@ def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
     ranks, _ = pipeline_layout([st.device for st in partition], problem.schedule)
     stage = partition[i]
     inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
-    return (stage_static_bytes(problem, stage.start, stage.stop)
-            + stage_activation_bytes(problem, stage.start, stage.stop) * inflight
+    kept, once = stage_activation_terms_t(problem.tables, stage.start, stage.stop)
+    return (stage_static_bytes(problem, stage.start, stage.stop) + kept * inflight + once
             + stage_stash_bytes_t(problem.tables, problem.schedule, stage.start, stage.stop, len(partition) - i,
                                   problem.microbatches))
 
@@ -130,7 +146,9 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
         static = sum(stage_static_bytes(problem, st.start, st.stop)
                      + stage_stash_bytes_t(problem.tables, problem.schedule, st.start, st.stop, p - i, problem.microbatches)
                      for i, st in enumerate(partition) if st.device == device)
-        out[device] = static + peak_activation_bytes(orders[r], activation)
+        once = max((stage_recompute_bytes_t(problem.tables, st.start, st.stop) for st in partition
+                    if st.device == device), default=0)  # one backward's recomputed forward at a time
+        out[device] = static + once + peak_activation_bytes(orders[r], activation)
     return out
 
 
@@ -156,14 +174,14 @@ def infeasible_reason(problem: Problem) -> str | None:
     tables = problem.tables
     least_inflight = problem.microbatches if problem.schedule == "gpipe" else 1
     needs = [stage_static_bytes_t(tables, b, b + 1) + stage_activation_bytes_t(tables, b, b + 1) * least_inflight
-             for b in range(len(problem.blocks))]
+             + stage_recompute_bytes_t(tables, b, b + 1) for b in range(len(problem.blocks))]
     biggest = max(range(len(needs)), key=lambda b: (needs[b], -b))
     largest = max(problem.cluster.devices, key=lambda d: (d.memory_bytes, d.id))
     if needs[biggest] > largest.memory_bytes:
         return (f"no feasible plan (memory): block {problem.blocks[biggest].name!r} alone needs "
                 f"{format_bytes(needs[biggest])} but the largest device, {largest.id!r} ({largest.type}), has "
                 f"{format_bytes(largest.memory_bytes)}; use devices with more memory, a smaller micro-batch, "
-                f"or an optimizer with less state")
+                f"an optimizer with less state" + (", or --recompute auto" if not problem.recompute else ""))
     total = stage_static_bytes_t(tables, 0, len(problem.blocks))
     capacity = sum(d.memory_bytes for d in problem.cluster.devices)
     if total > capacity:
@@ -220,7 +238,8 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
             send_bwd_bytes=problem.cut_bwd_bytes[st.start - 1] if i > 0 else 0,
             static_bytes=(stage_static_bytes_t(tables, st.start, st.stop)
                           + stage_stash_bytes_t(tables, problem.schedule, st.start, st.stop, len(partition) - i,
-                                                problem.microbatches)),
+                                                problem.microbatches)
+                          + stage_recompute_bytes_t(tables, st.start, st.stop)),
             activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop),
             update_s=stage_update_s(problem, st.device, st.start, st.stop),
         ))

@@ -30,6 +30,7 @@ from planner.formats.cluster import Link
 from planner.partition.model.cost import (
     inflight_microbatches,
     stage_activation_bytes_t,
+    stage_recompute_bytes_t,
     stage_compute_s,
     stage_stash_bytes_t,
     stage_static_bytes_t,
@@ -146,6 +147,7 @@ def stage_fits(problem: Problem, start: int, stop: int, memory_bytes: int, stage
     need = (stage_static_bytes_t(tables, start, stop)
             + stage_activation_bytes_t(tables, start, stop) * slot_inflight(problem.schedule, stages_to_end,
                                                                             problem.microbatches)
+            + stage_recompute_bytes_t(tables, start, stop)
             + stage_stash_bytes_t(tables, problem.schedule, start, stop, stages_to_end, problem.microbatches))
     return need <= memory_bytes
 
@@ -210,6 +212,9 @@ def _max_stages_to_end(problem: Problem, classes: Sequence[DeviceClass]) -> np.n
     saved = np.asarray(tables.saved_prefix, dtype=np.int64)
     static = (params[None, :] - params[:, None]) * tables.static_per_param_byte
     act = saved[None, :] - saved[:, None]
+    if tables.recompute:  # cost.stage_activation_terms_t: the input per micro-batch, the saved bytes once
+        static = static + act
+        act = np.broadcast_to(np.asarray((*tables.input_bytes, 0), dtype=np.int64)[:, None], act.shape).copy()
     return np.stack([stages_room(problem, cls, static, act) for cls in classes]) if classes else \
         np.zeros((0, len(params), len(params)), dtype=np.int64)
 

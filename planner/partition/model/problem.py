@@ -84,6 +84,9 @@ class Problem:
     sync_staleness: int = DEFAULT_STALENESS
     """``ssp``: how many steps the fastest worker may run ahead of the slowest (recorded in the plan;
     the step's cost does not depend on it)."""
+    recompute: bool = False
+    """Activation recomputation: every stage keeps only its input per micro-batch in flight and runs its forward
+    again before each backward (the blocks' backward times include it; ``cost.stage_activation_terms_t``)."""
 
     def time_on(self, block: int, device_id: str) -> tuple[float, float]:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
@@ -281,6 +284,7 @@ def build_problem(
     estimate_precision: str | None = None,
     catalog: Mapping[str, DeviceSpec] | None = None,
     corrections: Sequence[tuple[int, int, float]] = (),
+    recompute: bool = False,
 ) -> Problem:
     """Build the placers' problem: blocks with per-device-type times, cut bytes, the cluster and settings.
 
@@ -291,7 +295,8 @@ def build_problem(
     precision those estimates assume; when given, the profile's own ``estimated`` entries of catalog types
     are re-estimated in it too (measured times are never touched). ``corrections`` (``(start, stop, factor)``,
     from the run-time speed fit, ``planner.partition.search.speed``) multiply the times of profile nodes
-    ``[start, stop)`` on every device type.
+    ``[start, stop)`` on every device type. ``recompute``: activation recomputation in every stage (``Problem.recompute``):
+    each block's backward also pays its forward again.
     Work is per node and per device *type*, never per device. ``catalog`` (``planner.formats.catalog.load_catalog``,
     loaded by the caller) is needed only to estimate types the profile did not measure; without it such a
     type is refused with a message that says so.
@@ -313,6 +318,8 @@ def build_problem(
     loss = loss_times(profile, types, estimated, catalog or {})
     if loss and times:
         times[-1] = [(f + loss.get(t, (0.0, 0.0))[0], b + loss.get(t, (0.0, 0.0))[1]) for (f, b), t in zip(times[-1], types)]
+    if recompute:  # the forward runs again, inside the backward
+        times = [[(f, b + f) for f, b in row] for row in times]
     fwd_cut, bwd_cut = cut_bytes(profile, names)
     layers: dict[str, str] = {}
     blocks, start = [], 0
@@ -334,6 +341,7 @@ def build_problem(
         corrections=tuple(checked),
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
+        recompute=recompute,
     )
 
 

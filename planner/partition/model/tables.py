@@ -37,6 +37,10 @@ class CostTables:
     """Per device id: multiplier on compute times (1.0 unless the problem sets one)."""
     param_prefix: tuple[int, ...]
     saved_prefix: tuple[int, ...]
+    input_bytes: tuple[int, ...]
+    """``input_bytes[b]``: bytes a stage starting at block ``b`` receives per micro-batch (0 for the first: the data)."""
+    recompute: bool
+    """``Problem.recompute``: stages keep their inputs, not their saved activations (``cost.stage_activation_terms_t``)."""
     static_per_param_byte: int
     """Weights + gradients + optimizer state per parameter byte."""
     capacity_bytes: Mapping[str, int]
@@ -58,6 +62,8 @@ class CostTables:
             speed=MappingProxyType({d.id: float(problem.speed_factors.get(d.id, 1.0)) for d in devices}),
             param_prefix=_prefix([b.param_bytes for b in problem.blocks]),
             saved_prefix=_prefix([b.saved_bytes for b in problem.blocks]),
+            input_bytes=(0, *problem.cut_fwd_bytes),
+            recompute=problem.recompute,
             static_per_param_byte=2 + OPTIMIZER_STATES[problem.optimizer],
             capacity_bytes=MappingProxyType({d.id: d.memory_bytes for d in devices}),
             links=MappingProxyType(_links(problem)),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from planner.formats.cluster import Link
-from planner.partition.model.cost import inflight_microbatches, transfer_s
+from planner.partition.model.cost import inflight_microbatches, stage_activation_terms_t, transfer_s
 from planner.partition.sim.schedules import version_copies
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
@@ -50,7 +50,6 @@ class FillContext:
     problem: Problem
     devices: tuple[FillDevice, ...]
     param_prefix: Sequence[int]
-    saved_prefix: Sequence[int]
     static_per_param_byte: int
     assumed_stages: int
     """Stage count used for the 1F1B in-flight count (an upper bound on the stages the fill makes)."""
@@ -264,7 +263,8 @@ def _memory_bytes(ctx: FillContext, start: int, stop: int, terms: tuple[int, int
     (``terms`` from ``_memory_terms``)."""
     inflight, copies = terms
     params = ctx.param_prefix[stop] - ctx.param_prefix[start]
-    return params * (ctx.static_per_param_byte + copies) + (ctx.saved_prefix[stop] - ctx.saved_prefix[start]) * inflight
+    kept, once = stage_activation_terms_t(ctx.problem.tables, start, stop)
+    return params * (ctx.static_per_param_byte + copies) + kept * inflight + once
 
 
 def work(device: FillDevice, start: int, stop: int) -> float:

@@ -23,6 +23,7 @@ import logging
 import numpy as np
 
 from planner.errors import InfeasibleError, PlannerError
+from planner.partition.model.cost import stage_activation_terms_t
 from planner.partition.model.feasibility import check_fits
 from planner.partition.model.objective import (
     ClassTables,
@@ -97,12 +98,13 @@ def _stage_tables(problem: Problem, partition: Partition) -> ClassTables:
             link = class_link(problem, a, b)
             if link is not None:
                 boundary[c, d] = [boundary_s(link, problem.cut_fwd_bytes[j], problem.cut_bwd_bytes[j]) for j in cuts]
-    params, saved = tables.param_prefix, tables.saved_prefix
+    params = tables.param_prefix
     static = np.zeros((count + 1, count + 1), dtype=np.int64)
     act = np.zeros((count + 1, count + 1), dtype=np.int64)
     for k, st in enumerate(partition):
-        static[k, k + 1] = (params[st.stop] - params[st.start]) * tables.static_per_param_byte
-        act[k, k + 1] = saved[st.stop] - saved[st.start]
+        kept, once = stage_activation_terms_t(tables, st.start, st.stop)
+        static[k, k + 1] = (params[st.stop] - params[st.start]) * tables.static_per_param_byte + once
+        act[k, k + 1] = kept
     room = np.stack([stages_room(problem, cls, static, act) for cls in classes])
     return ClassTables(classes, compute, boundary, room)
 

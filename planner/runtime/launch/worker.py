@@ -89,7 +89,7 @@ class RankRun:
         if getattr(self, "sync", None) is not None:
             self.sync.finish(self.stages.params)  # an aggregation in flight lands on the old stages
         self.sync = sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None,
-                             replica=stages.replica, buffers=[b for st in stages.stages for b in st.submod.buffers()],
+                             replica=stages.replica, buffers=[b for module in stages.modules for b in module.buffers()],
                              options=self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
@@ -140,7 +140,7 @@ class RankRun:
         assert self.prepared.val_batch is not None
         self.sync.finish(self.stages.params)
         spec = self.prepared.spec
-        buffers = [b for st in self.stages.stages for b in st.submod.buffers()]
+        buffers = [b for module in self.stages.modules for b in module.buffers()]
         saved = [b.detach().clone() for b in buffers]
         criterion = data_mod.loss_fn(spec, self.prepared.custom_loss)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss x rows, correct, rows

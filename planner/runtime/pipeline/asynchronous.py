@@ -64,6 +64,10 @@ def check_async(plan: Plan) -> None:
                             plan.shape().degree)
     if found:
         raise UsageError(f"the plan cannot run: {found}")
+    if plan.extra.get("recompute"):
+        raise UsageError(f"the plan cannot run: it recomputes activations under {plan.schedule}, which runs its stages "
+                         f"on stashed weight versions without recomputation; re-partition with --recompute off or a "
+                         f"flushing schedule (1f1b, gpipe)")
 
 
 @dataclass

@@ -32,7 +32,7 @@ from planner.partition.model.feasibility import replica_violations
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
-__all__ = ["ContiguousStage", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
+__all__ = ["ContiguousStage", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
 
@@ -55,6 +55,21 @@ class ContiguousStage(PipelineStage):
             self.bwd_cache[bwd_chunk_id] = tuple(
                 g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
         return super().get_bwd_send_ops(bwd_chunk_id)
+
+
+class Recomputed(nn.Module):
+    """A stage that keeps only its inputs for the backward and runs its forward again inside it (the plan's
+    ``recompute``): ``torch.utils.checkpoint`` in its non-reentrant form, which saves the random state so that
+    dropout draws the same mask twice. Its parameters are the wrapped stage's own."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,11 @@ class RankStages:
     """Micro-batches of each replica per step (``(plan.microbatches,)`` in a pure pipeline)."""
     mesh: Any = None
     """The ``DeviceMesh`` (``("dp", "pp")``) of a hybrid plan; ``None`` in a pure pipeline."""
+
+    @property
+    def modules(self) -> tuple[nn.Module, ...]:
+        """This rank's stage graphs as modules (what ``stages`` run, without a ``Recomputed`` wrapper)."""
+        return tuple(g.module for g in self.graphs if self.rank_of_stage[g.index] == self.rank)
 
     @property
     def world_size(self) -> int:
@@ -189,7 +209,9 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
         stage_rank = {s: dist.get_group_rank(group, layout[s]) for s in range(num)}
     else:
         stage_rank = dict(enumerate(layout))  # a fixed device order (device_ranks) may put stage i on a rank other than i
-    stages = tuple(ContiguousStage(g.module, g.index, num, device, group=group) for g in local)
+    recompute = bool(plan.extra.get("recompute"))
+    stages = tuple(ContiguousStage(Recomputed(g.module) if recompute else g.module, g.index, num, device, group=group)
+                   for g in local)
     for st in stages:
         st.stage_index_to_group_rank = dict(stage_rank)
     canonical = canonical_param_names(module)

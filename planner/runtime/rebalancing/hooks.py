@@ -275,7 +275,7 @@ def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _owned(stages: RankStages) -> set[str]:
     """Names of the parameters and buffers this rank's stages hold (what its values are current for)."""
-    return set(stages.params) | {n for st in stages.stages for n, _ in st.submod.named_buffers()}
+    return set(stages.params) | {n for module in stages.modules for n, _ in module.named_buffers()}
 
 
 class RankUnresponsive(RuntimeError):

@@ -73,7 +73,8 @@ class RoundModel:
         if microbatch_size and microbatch_size != int(profile.model.get("microbatch_size", 0) or 0):
             profile = rescaled(profile, microbatch_size)  # the run's rows, as --microbatches auto planned them
         problem = _synced(build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
-                                        optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog), plan)
+                                        optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog,
+                                        recompute=bool(plan.extra.get("recompute"))), plan)
         return RoundModel(profile, cluster, problem, profile.node_index(), catalog)
 
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
@@ -124,7 +125,7 @@ class RoundModel:
                     corrections: Sequence[tuple[int, int, float]] = ()) -> float:
         problem = build_problem(self.profile, self.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                 optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog,
-                                corrections=corrections)
+                                corrections=corrections, recompute=self.problem.recompute)
         return step_time_s(_synced(problem, plan), partition_of(problem, plan))
 
 
@@ -164,7 +165,8 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
                          schedule=current.schedule, optimizer=model.problem.optimizer, weights=weights,
                          speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
                          catalog=model.catalog, sync=current.shape().sync, sync_period=current.shape().period,
-                         data_parallel=current.shape().degree)  # a hybrid plan keeps its degree; cuts and shares move
+                         data_parallel=current.shape().degree,  # a hybrid plan keeps its degree; cuts and shares move
+                         recompute=model.problem.recompute)
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
     now = model.step_time_s(current, factors, state.corrections)
