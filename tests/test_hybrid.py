@@ -447,6 +447,31 @@ def test_the_run_time_model_predicts_a_plan_made_for_other_rows_as_the_planner_d
     assert model.step_time_s(plan, {}) == pytest.approx(plan.step_time_s, rel=1e-6)
 
 
+@pytest.mark.parametrize("cluster", ["cpu-2", "a100-4"])
+def test_refining_the_finalists_finds_the_plan_refining_every_candidate_finds(cluster: str) -> None:
+    """--refine with --schedule/--microbatches auto plans every candidate quickly and refines the fastest few
+    (settings.FINALISTS); on these cases that is the plan refining all of them gives, at a fraction of the time."""
+    import functools
+
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+    from planner.partition.search.settings import choose
+
+    path = Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"
+    profile, spec = load_profile(path), load_cluster_spec(cluster)
+
+    def plan(source, count, schedule, refine):  # noqa: ANN001, ANN202
+        return partition(source, spec, method="greedy", microbatches=count, schedule=schedule, refine=refine,
+                         catalog=load_catalog(), data_parallel=1 if schedule in ("async-1f1b", "2bw") else "auto")
+
+    everything = choose(profile, "auto", None, 16, functools.partial(plan, refine=True))
+    finalists = choose(profile, "auto", None, 16, functools.partial(plan, refine=False),
+                       functools.partial(plan, refine=True))
+    assert finalists.step_time_s == pytest.approx(everything.step_time_s, rel=1e-9)
+    assert sum(1 for c in finalists.extra["choices"]["candidates"] if c.get("refined")) <= 3
+
+
 def plan_auto(path: Path, cluster: Cluster, tmp_path: Path):  # noqa: ANN201
     from planner.app.partition import partition_file
 

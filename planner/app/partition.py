@@ -8,6 +8,7 @@ records the profile it was made from by path and SHA-256).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from types import MappingProxyType
 from pathlib import Path
@@ -106,7 +107,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
     catalog, ref = load_catalog(), profile_ref(profile_path, profile.model.get("name"))
 
-    def plan_with(source: Any, count: int, schedule_name: str) -> Plan:
+    def plan_with(source: Any, count: int, schedule_name: str, refine: bool = refine) -> Plan:
         asynchronous = schedule_name in ASYNC_SCHEDULES  # pure pipelines only: a requested degree > 1 refuses them
         if asynchronous and degree not in (None, 1):
             raise UsageError(f"{schedule_name} runs pure pipelines for now, not --data-parallel {degree}")
@@ -129,8 +130,9 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                 raise
             return place(True)  # nothing fits without it: keep only each stage's inputs
 
-    if schedule == "auto" or count is None:
-        plan = choose(profile, schedule, count, global_batch, plan_with)
+    if schedule == "auto" or count is None:  # --refine: only the finalists (settings.choose)
+        quick = functools.partial(plan_with, refine=False) if refine else plan_with
+        plan = choose(profile, schedule, count, global_batch, quick, plan_with if refine else None)
     else:
         plan = plan_with(profile, count, schedule)
     if plan.schedule in ASYNC_SCHEDULES:
