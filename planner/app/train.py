@@ -319,7 +319,8 @@ def _choose_sync(ssgd: Plan, adaptive: Callable[[], Plan]) -> tuple[Plan, dict[s
 
 def candidate_rows(chosen: Plan, sync: Mapping[str, Any] | None, searched: str) -> tuple[dict[str, Any], ...]:
     """One row per strategy weighed: the schedule x micro-batch candidates (each with its best shape), the chosen
-    setting's other shapes, and the sync alternative; best first, each with ``verdict`` (why it lost). ``searched``:
+    setting's other shapes, and the sync alternative; best first, each with ``verdict`` (why it lost: its step time
+    against the chosen one's; ``tie``: equal, lost to the search order; ``rule``: the sync rule's choice; ``no fit``, with ``why``). ``searched``:
     the sync mode the search planned replicated candidates with."""
     best = describe(chosen)
     rows: list[dict[str, Any]] = []
@@ -333,7 +334,8 @@ def candidate_rows(chosen: Plan, sync: Mapping[str, Any] | None, searched: str) 
                      "sync": searched if (c.get("degree") or 1) > 1 else None})
     for alt in (sync or {}).get("alternatives") or ():
         if alt["sync"] != best["sync"]:
-            rows.append({**{k: best[k] for k in ("schedule", "microbatches", "stages", "degree")}, "sync": alt["sync"],
+            rows.append({**{k: best[k] for k in ("schedule", "microbatches", "microbatch_size", "stages", "degree",
+                                                 "recompute")}, "sync": alt["sync"],
                          "step_time_s": alt.get("step_time_s"), "peak_memory_bytes": None, "memory_fraction": None,
                          "why": alt.get("why"), "rule": True})
     seen = {_key(best)}
@@ -348,15 +350,15 @@ def candidate_rows(chosen: Plan, sync: Mapping[str, Any] | None, searched: str) 
     for row in fits:
         gap = row["step_time_s"] / best["step_time_s"] - 1
         if row.get("rule"):
-            row["verdict"] = f"{gap:+.1%}; the sync rule keeps {best['sync']}"
+            row["verdict"] = f"{gap:+.1%} rule"
         elif gap > 5e-4:
-            row["verdict"] = f"{gap:+.1%} step time"
+            row["verdict"] = f"{gap:+.1%}"
         else:
-            row["verdict"] = "tie: the earlier schedule, fewer micro-batches or replicas win"
+            row["verdict"] = "tie"
         row.pop("rule", None)
     failed = [r for r in unique if r.get("step_time_s") is None]
     for row in failed:
-        row["verdict"] = "does not fit: " + str(row.get("why") or "infeasible")
+        row["verdict"] = "no fit"
         row.pop("rule", None)
     return ({**best, "verdict": "chosen"}, *fits, *failed)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -186,26 +187,31 @@ def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) ->
     rows = list(strategy["candidates"])
     fits = [r for r in rows if r.get("step_time_s") is not None]
     failed = [r for r in rows if r.get("step_time_s") is None]
-    table = Table(title=f"strategy: {len(fits)} candidates fit, {len(failed)} do not "
-                        f"(searched in {strategy['search_s']:.1f} s)", title_justify="left")
-    for name, justify in (("", "left"), ("schedule", "left"), ("m x rows", "right"), ("shape", "left"),
-                          ("sync", "left"), ("step", "right"), ("peak mem", "right"), ("verdict", "left")):
-        table.add_column(name, justify=justify, no_wrap=name != "verdict")  # type: ignore[arg-type]
-    for index, row in enumerate([*fits[:show + 1], *failed[:1]]):
-        degree = int(row.get("degree") or 1)
-        shape = (f"{row.get('stages')} st" + (f" x {degree} rep" if degree > 1 else "")
-                 + (" +recompute" if row.get("recompute") else ""))
+    table = Table(title=f"strategy: {len(fits)} candidates fit, {len(failed)} do not (searched in "
+                        f"{strategy['search_s']:.1f} s); shape: stages x replicas", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("schedule", "left"), ("m x rows", "right"), ("shape", "left"), ("sync", "left"),
+                          ("step", "right"), ("peak mem", "right"), ("verdict", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for row in [*fits[:show + 1], *failed[:1]]:
+        shape = f"{row.get('stages')}x{int(row.get('degree') or 1)}" + (" +AC" if row.get("recompute") else "")
         memory = (f"{fmt_bytes(row['peak_memory_bytes'])} {row['memory_fraction']:.0%}"
                   if row.get("peak_memory_bytes") and row.get("memory_fraction") is not None else "")
-        size = f" x {row['microbatch_size']}" if row.get("microbatch_size") else ""
-        table.add_row("*" if index == 0 else "", row["schedule"], f"{row['microbatches']}{size}", shape,
-                      row.get("sync") or "", fmt_time(row["step_time_s"]) if row.get("step_time_s") else "-", memory,
-                      Text(str(row["verdict"])))
+        size = f"x{row['microbatch_size']}" if row.get("microbatch_size") else ""
+        table.add_row(row["schedule"], f"{row['microbatches']}{size}", shape, row.get("sync") or "",
+                      fmt_time(row["step_time_s"]) if row.get("step_time_s") else "-", memory, Text(str(row["verdict"])))
     console.print(table)
+    verdicts = {str(r["verdict"]) for r in [*fits[:show + 1], *failed[:1]]}
+    if any(v.startswith("+0.0%") or v == "tie" for v in verdicts):
+        console.print(Text("tie: the same predicted step; the earlier schedule (gpipe, 1f1b, interleaved-1f1b, "
+                           "async-1f1b, 2bw), fewer micro-batches and fewer replicas win"), soft_wrap=True)
+    if failed:
+        console.print(Text(f"no fit: {failed[0]['schedule']} with {failed[0]['microbatches']} micro-batches: "
+                           f"{failed[0].get('why') or 'infeasible'}"), soft_wrap=True)
     sync = strategy.get("sync")
     if sync:
-        console.print(Text(f"sync: {sync['chosen']} (ssgd's all-reduce is {sync['ssgd_sync_share']:.1%} of the step); "
-                           f"rule: {sync['rule']}"), soft_wrap=True)
+        console.print(Text(f"rule: {sync['chosen']} (ssgd's all-reduce is {sync['ssgd_sync_share']:.1%} of the step); "
+                           f"{sync['rule']}"), soft_wrap=True)
 
 
 def render_train(console: Console, summary: Mapping[str, Any]) -> None:

@@ -121,14 +121,16 @@ def choose(profile: Profile, schedule: str, microbatches: int | None, global_bat
     error: PlannerError | None = None
     for m in counts:
         source = profile if microbatches is not None else rescaled(profile, global_batch // m)  # type: ignore[operator]
+        rows = {} if microbatches is not None else {"microbatch_size": global_batch // m}  # type: ignore[operator]
         for name in schedules:
             try:
                 candidate = plan(source, m, name)
             except (InfeasibleError, UsageError) as exc:
                 error = exc
-                tried.append({"schedule": name, "microbatches": m, "step_time_s": None, "why": str(exc)[:200]})
+                tried.append({"schedule": name, "microbatches": m, **rows, "step_time_s": None,
+                              "why": str(exc)[:200]})
                 continue
-            tried.append({"schedule": name, "microbatches": m, "step_time_s": candidate.step_time_s,
+            tried.append({"schedule": name, "microbatches": m, **rows, "step_time_s": candidate.step_time_s,
                           **candidate_facts(candidate)})
             plans[len(tried) - 1] = (source, candidate)
     if not plans:
