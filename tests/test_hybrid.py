@@ -611,3 +611,13 @@ def test_a_resume_under_other_shares_says_the_plan_changed(hybrid_files) -> None
     other = load_plan(_edited(hybrid_files, lambda doc: doc["data_parallel"].update(microbatches=[3, 1])))
     changed = check_resume(str(hybrid_files["dir"] / "ckpt"), 4, identity, other, "edited.json")
     assert changed is not None and changed.plan_changed
+
+
+def test_large_clusters_try_only_the_degrees_that_divide_their_devices() -> None:
+    from planner.partition.search.hybrid import EVERY_DEGREE_UP_TO, candidate_degrees
+
+    assert candidate_degrees(12, 12, None) == list(range(2, 13))  # small: every degree
+    assert candidate_degrees(64, 64, None) == [2, 4, 8, 16, 32, 64]
+    assert candidate_degrees(64, 8, None) == [2, 4, 8]  # a micro-batch per replica still bounds it
+    assert candidate_degrees(64, 64, 3) == [3]  # a degree asked for is tried whatever it divides
+    assert EVERY_DEGREE_UP_TO >= 16  # the bench-hybrid clusters (up to 16 devices) keep the full search
