@@ -166,3 +166,22 @@ def test_train_end_to_end_on_two_ranks_reaches_the_digits_target(tmp_path: Path)
     for name in ("plan", "timeline_png", "trace", "rounds", "final_plan", "curves_png", "summary"):
         assert Path(summary["artifacts"][name]).is_file(), name
     assert json.loads((out / "summary.json").read_text())["run"]["steps"] == run["steps"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_train_under_torchrun_plans_on_rank_0_and_hands_the_plan_to_the_others(tmp_path: Path) -> None:
+    """The same command on every rank (as on every host): rank 0 profiles and plans, rank 1 takes the profile and
+    the plan through the launcher's store, both train, rank 0 prints the summary."""
+    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "planner.train", "planner.examples.digits:digits_mlp", "--cluster", "cpu-2", "--data",
+                           "planner.data.digits:batches", "--steps", "4", "--round-steps", "2", "--repeats", "1",
+                           "--warmup", "0", "--timeout-s", "60", "-o", "out", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["run"]["steps"] == 4 and summary["run"]["world_size"] == 2
+    assert summary["profile"]["cached"] is False
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert summary["run"]["schedule"] == plan["schedule"]
