@@ -170,10 +170,14 @@ def test_train_end_to_end_on_two_ranks_reaches_the_digits_target(tmp_path: Path)
 
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
-def test_train_under_torchrun_plans_on_rank_0_and_hands_the_plan_to_the_others(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_store", ["0", "1"])
+def test_train_under_torchrun_plans_on_rank_0_and_hands_the_plan_to_the_others(tmp_path: Path, own_store: str) -> None:
     """The same command on every rank (as on every host): rank 0 profiles and plans, rank 1 takes the profile and
-    the plan through the launcher's store, both train, rank 0 prints the summary."""
-    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    the plan through the job's store -- the launcher's shared one, or (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as
+    plan run's own launcher sets it) the one rank 0 serves for the process group --, both train, rank 0 prints the
+    summary."""
+    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": own_store}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "planner.train", "planner.examples.digits:digits_mlp", "--cluster", "cpu-2", "--data",
                            "planner.data.digits:batches", "--steps", "4", "--round-steps", "2", "--repeats", "1",

@@ -380,31 +380,20 @@ def train_command(request: TrainRequest, announce: Announce | None = None,
         request.output_dir.mkdir(parents=True, exist_ok=True)
         profile = cached_profile(request, checked, paths["profile"], announce)
         strategy = choose_strategy(paths["profile"], request)
-    except PlannerError as exc:
-        if shared is not None:
-            shared.refuse(str(exc))
-        if created:  # no partial output: what this call made goes
-            shutil.rmtree(request.output_dir, ignore_errors=True)
-        elif not had_profile:
-            paths["profile"].unlink(missing_ok=True)
+        summary, written = _write_plan(request, paths, profile, strategy, show_strategy)
+        if shared is not None and not request.dry_run:
+            shared.publish(paths)
+    except BaseException as exc:
+        if shared is not None:  # the other ranks stop with rank 0's reason instead of waiting for the plan
+            shared.refuse(str(exc) or type(exc).__name__)
+        if isinstance(exc, PlannerError):  # no partial output: what this call made goes
+            if created:
+                shutil.rmtree(request.output_dir, ignore_errors=True)
+            elif not had_profile:
+                paths["profile"].unlink(missing_ok=True)
         raise
-    from planner.formats.plan import save_plan
-
-    save_plan(strategy.plan, paths["plan"])
-    summary: dict[str, Any] = {
-        "profile": {"path": str(paths["profile"]), "cached": profile.cached, "cache_file": str(profile.cache_file),
-                    "seconds": profile.seconds},
-        "strategy": strategy.to_dict(), "dry_run": request.dry_run}
-    if show_strategy is not None:
-        show_strategy(strategy)
-    from planner.app.show import show_plan
-
-    show_plan(paths["plan"], {"png": paths["timeline_png"], "svg": paths["timeline_svg"], "trace": paths["trace"]})
-    written = ["profile", "plan", "timeline_png", "timeline_svg", "trace"]
     if request.dry_run:
         return _finish(summary, paths, written)
-    if shared is not None:
-        shared.publish(paths)
     for name in ("rounds", "final_plan", "curves_png", "curves_svg"):
         paths[name].unlink(missing_ok=True)  # this run's log and results, not an earlier run's
     result = _run(request, paths, announce)
@@ -419,6 +408,23 @@ def train_command(request: TrainRequest, announce: Announce | None = None,
         summary["time_to_target_s"] = curves.runs[0].time_to_target_s
     summary["run"] = {k: v for k, v in result.items() if k != "plan"}
     return _finish(summary, paths, written)
+
+
+def _write_plan(request: TrainRequest, paths: Mapping[str, Path], profile: ProfileUse, strategy: Strategy,
+                show_strategy: Callable[[Strategy], None] | None) -> tuple[dict[str, Any], list[str]]:
+    """Save the plan, show the strategy, draw the timeline and trace; the summary so far and the files written."""
+    from planner.app.show import show_plan
+    from planner.formats.plan import save_plan
+
+    save_plan(strategy.plan, paths["plan"])
+    summary: dict[str, Any] = {
+        "profile": {"path": str(paths["profile"]), "cached": profile.cached, "cache_file": str(profile.cache_file),
+                    "seconds": profile.seconds},
+        "strategy": strategy.to_dict(), "dry_run": request.dry_run}
+    if show_strategy is not None:
+        show_strategy(strategy)
+    show_plan(paths["plan"], {"png": paths["timeline_png"], "svg": paths["timeline_svg"], "trace": paths["trace"]})
+    return summary, ["profile", "plan", "timeline_png", "timeline_svg", "trace"]
 
 
 def _finish(summary: dict[str, Any], paths: Mapping[str, Path], written: Sequence[str]) -> dict[str, Any]:
@@ -443,9 +449,19 @@ def _run(request: TrainRequest, paths: Mapping[str, Path], announce: Announce | 
     return run_plan(config, Launch(), announce=announce)
 
 
+_SERVED: list[Any] = []
+"""The store rank 0 serves under torchrun without the launcher's (``_Shared.open``), alive for the process."""
+
+
 @dataclass
 class _Shared:
-    """Under torchrun: the launcher's store, through which rank 0 hands the profile and the plan to the others."""
+    """Under torchrun: the job's store, through which rank 0 hands the profile and the plan to the others.
+
+    With the launcher's shared store (``TORCHELASTIC_USE_AGENT_STORE``, torchrun's default) every rank is its
+    client. Without it (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, which ``plan run``'s own launcher sets so that a
+    restarted job gets a fresh store), rank 0 serves the store the process group will use, at ``MASTER_PORT``, as
+    ``init_process_group`` would: ``multi_tenant``, so that the group's own store in this process reuses the same
+    server (it is kept alive in ``_SERVED`` until the process ends)."""
 
     store: Any
     rank: int
@@ -460,14 +476,17 @@ class _Shared:
 
         import torch.distributed as dist
 
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-            raise UsageError("plan train under torchrun needs the launcher's store (TORCHELASTIC_USE_AGENT_STORE); "
-                             "start it with torchrun's default c10d rendezvous, or run plan profile, partition and run")
         timeout = datetime.timedelta(seconds=cls.timeout_s)
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timeout)
+        rank = int(os.environ["RANK"])
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        else:
+            store = dist.TCPStore(host, port, is_master=rank == 0, timeout=timeout, wait_for_workers=False,
+                                  multi_tenant=True)
+            _SERVED.append(store)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return cls(dist.PrefixStore(f"/planner-train/attempt_{attempt}", store), int(os.environ["RANK"]))
+        return cls(dist.PrefixStore(f"/planner-train/attempt_{attempt}", store), rank)
 
     def publish(self, paths: Mapping[str, Path]) -> None:
         for key in self.keys:
