@@ -243,13 +243,16 @@ def _make_tied(graphs: Sequence[StageGraph], rows: Sequence[Sequence[int]], rank
 
 
 def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
-    """The plan's schedule from ``torch.distributed.pipelining`` over this rank's stages."""
+    """The plan's schedule from ``torch.distributed.pipelining`` over this rank's stages. An asynchronous plan
+    trains through its own engine (``asynchronous.AsyncEngine``) and uses this only to evaluate, forward only:
+    GPipe, which takes any micro-batch count (torch's 1F1B refuses fewer micro-batches than stages, which an
+    asynchronous plan may have)."""
     plan = rank_stages.plan
     stages = list(rank_stages.stages)
     count = rank_stages.microbatches  # this replica's share
     if plan.schedule == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, count, loss_fn=loss, scale_grads=False)
-    kind = ScheduleGPipe if plan.schedule == "gpipe" else Schedule1F1B
+    kind = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
     return kind(stages[0], count, loss_fn=loss, scale_grads=False)
 
 
