@@ -112,7 +112,7 @@ def test_the_profile_cache_is_used_on_the_second_call_and_refreshed_when_the_mod
     (["planner.examples.gpt:gpt_tiny", "--cluster", "no-such-cluster"], "no-such-cluster"),
     (["planner.examples.gpt:gpt_tiny", "--cluster", "dgx-h100-8"], "pass --dry-run to plan only"),
     (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--steps", "0"], "--steps must be"),
-    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--schedule", "zigzag"], "unknown --schedule"),
+    (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--schedule", "zigzag"], "unknown schedule 'zigzag'"),
     (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--target", "speed=3"], "target"),
     (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--sync", "gossip"], "sync"),
     (["planner.examples.gpt:gpt_tiny", "--cluster", "cpu-2", "--sync-period", "4"], "--sync-period goes with"),

@@ -26,6 +26,15 @@ RECOMPUTE_CHOICES = ("off", "on", "auto")
 """``--recompute``: activation recomputation in every stage, never, or only for candidates that fit no other way."""
 
 
+def check_recompute(recompute: str, schedule: str) -> None:
+    """``--recompute``: one of ``RECOMPUTE_CHOICES``, and not ``on`` with an asynchronous schedule."""
+    if recompute not in RECOMPUTE_CHOICES:
+        raise UsageError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, found {recompute!r}")
+    if recompute == "on" and schedule in ASYNC_SCHEDULES:
+        raise UsageError(f"--recompute on is not built for the asynchronous schedule {schedule} (its stages run on "
+                         f"stashed weight versions); use --schedule 1f1b or gpipe, or --recompute off")
+
+
 def profile_ref(path: str | Path, model_name: str | None) -> dict[str, Any]:
     """What a plan records about its profile: the path as given, its SHA-256 and the model's name."""
     return {"path": str(path), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "model": model_name}
@@ -76,11 +85,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     from planner.partition.model.problem import check_sync
 
     check_sync(sync, sync_period, staleness)
-    if recompute not in RECOMPUTE_CHOICES:
-        raise UsageError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, found {recompute!r}")
-    if recompute == "on" and schedule in ASYNC_SCHEDULES:
-        raise UsageError(f"--recompute on is not built for the asynchronous schedule {schedule} (its stages run on "
-                         f"stashed weight versions); use --schedule 1f1b or gpipe, or --recompute off")
+    check_recompute(recompute, schedule)
     if count is None and degree is not None and global_batch is not None:
         from planner.partition.search.settings import microbatch_counts
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
-from planner.formats.plan import SCHEDULES, Plan
+from planner.formats.plan import Plan
+from planner.formats.profile import Profile
 
 __all__ = ["TrainRequest", "Strategy", "SYNC_RULE", "artifact_paths", "check_request", "choose_strategy",
            "train_command"]
@@ -98,18 +99,19 @@ class TrainRequest:
 
 def artifact_paths(directory: Path) -> dict[str, Path]:
     """Every file ``plan train`` writes under ``-o DIR``, by name."""
-    return {"profile": directory / "profile.json", "plan": directory / "plan.json",
-            "timeline_png": directory / "plan.timeline.png", "timeline_svg": directory / "plan.timeline.svg",
-            "trace": directory / "plan.trace.json", "rounds": directory / "rounds.jsonl",
+    from planner.app.show import default_report_paths
+
+    report = default_report_paths(directory / "plan.json")  # the names plan show gives them
+    return {"profile": directory / "profile.json", "plan": directory / "plan.json", "timeline_png": report["png"],
+            "timeline_svg": report["svg"], "trace": report["trace"], "rounds": directory / "rounds.jsonl",
             "final_plan": directory / "final-plan.json", "curves_png": directory / "curves.png",
             "curves_svg": directory / "curves.svg", "summary": directory / "summary.json"}
 
 
 @dataclass(frozen=True)
 class Checked:
-    """What ``check_request`` resolved: the cluster, the device types to estimate and the co-located ranks."""
+    """What ``check_request`` resolved: this machine's device type, the types to estimate and the co-located ranks."""
 
-    cluster: Any
     local_type: str
     estimate: tuple[str, ...]
     colocate: int
@@ -117,7 +119,7 @@ class Checked:
 
 def check_request(request: TrainRequest) -> Checked:
     """Refuse every bad option in one line, before anything is profiled or written."""
-    from planner.app.partition import check_settings
+    from planner.app.partition import check_recompute, check_settings
     from planner.app.run import check_learning_options
     from planner.clusters import load_cluster_spec
     from planner.formats.catalog import device_spec, load_catalog
@@ -138,16 +140,11 @@ def check_request(request: TrainRequest) -> Checked:
             raise UsageError(f"{name} must be a whole number >= {low}, found {value}")
     if not request.timeout_s > 0:
         raise UsageError(f"--timeout-s must be positive, found {request.timeout_s}")
-    if request.schedule != "auto" and request.schedule not in SCHEDULES:
-        raise UsageError(f"unknown --schedule {request.schedule!r}; expected auto or one of {', '.join(SCHEDULES)}")
     if request.microbatches != "auto" and request.global_batch is not None:
         raise UsageError("--global-batch goes with --microbatches auto (the default); drop one of them")
     parse_microbatches(request.microbatches, request.global_batch or 1)
     check_settings(request.method, None, request.schedule, "adam")
-    from planner.app.partition import RECOMPUTE_CHOICES
-
-    if request.recompute not in RECOMPUTE_CHOICES:
-        raise UsageError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, found {request.recompute!r}")
+    check_recompute(request.recompute, request.schedule)
     parse_degree(request.data_parallel)
     if request.sync != "auto":
         check_sync(request.sync, request.sync_period)
@@ -178,11 +175,8 @@ def check_request(request: TrainRequest) -> Checked:
         raise UsageError(f"plan train trains on this machine's {local} devices, but cluster {request.cluster!r} has "
                          f"{', '.join(types)}; pass --dry-run to plan only, or a cluster of {local} devices "
                          f"(for CPU ranks: --cluster cpu-2)")
-    per_host: dict[str, int] = {}
-    for device in cluster.devices:
-        per_host[device.host] = per_host.get(device.host, 0) + 1
-    colocate = max(per_host.values()) if local == "cpu" else 1  # CPU ranks share their host's cores
-    return Checked(cluster, local, tuple(t for t in types if t != local), colocate)
+    colocate = cluster.most_on_one_host() if local == "cpu" else 1  # CPU ranks share their host's cores
+    return Checked(local, tuple(t for t in types if t != local), colocate)
 
 
 def _check_directory(directory: Path) -> None:
@@ -196,6 +190,7 @@ def _check_directory(directory: Path) -> None:
 @dataclass(frozen=True)
 class ProfileUse:
     path: Path
+    profile: Profile
     cached: bool
     cache_file: Path
     seconds: float
@@ -215,7 +210,7 @@ def cached_profile(request: TrainRequest, checked: Checked, destination: Path,
     kept = cached_profile_path(key, cache_dir(request.cache_dir))
     if kept.is_file() and not request.reprofile:
         try:
-            load_profile(kept)
+            found = load_profile(kept)
         except PlannerError:
             pass  # a damaged cache entry is measured again
         else:
@@ -223,7 +218,7 @@ def cached_profile(request: TrainRequest, checked: Checked, destination: Path,
             if announce:
                 announce(f"profile: from the cache ({kept}; same model, inputs, tracer and device), "
                          f"--reprofile measures again")
-            return ProfileUse(destination, True, kept, 0.0)
+            return ProfileUse(destination, found, True, kept, 0.0)
     from planner.profile import profile_model
 
     if announce:
@@ -239,7 +234,7 @@ def cached_profile(request: TrainRequest, checked: Checked, destination: Path,
     write_bytes_atomic(kept, destination.read_bytes())
     if announce:
         announce(f"profile: measured in {seconds:.1f} s, kept in {kept}")
-    return ProfileUse(destination, False, kept, seconds)
+    return ProfileUse(destination, profile, False, kept, seconds)
 
 
 @dataclass(frozen=True)
@@ -268,17 +263,16 @@ def describe(plan: Plan) -> dict[str, Any]:
             "sync": shape.sync if shape.replicated else None, "step_time_s": plan.step_time_s}
 
 
-def choose_strategy(profile_path: Path, request: TrainRequest) -> Strategy:
+def choose_strategy(profile: ProfileUse, request: TrainRequest) -> Strategy:
     """Plan the whole strategy (``plan partition`` with everything left to choose on ``auto``), then the sync mode
     by ``SYNC_RULE``; every candidate weighed is returned, best first, with why it lost."""
     from planner.app.partition import partition_file
-    from planner.formats.profile import load_profile
 
     started = time.perf_counter()
+    profile_path = profile.path
     global_batch = request.global_batch
     if request.microbatches == "auto" and global_batch is None:
-        rows = int(load_profile(profile_path).model.get("microbatch_size") or 1)
-        global_batch = rows * DEFAULT_MICROBATCHES
+        global_batch = int(profile.profile.model.get("microbatch_size") or 1) * DEFAULT_MICROBATCHES
 
     def plan_with(sync: str, period: int | None) -> Plan:
         return partition_file(profile_path, request.cluster, None, method=request.method,
@@ -379,7 +373,7 @@ def train_command(request: TrainRequest, announce: Announce | None = None,
     try:
         request.output_dir.mkdir(parents=True, exist_ok=True)
         profile = cached_profile(request, checked, paths["profile"], announce)
-        strategy = choose_strategy(paths["profile"], request)
+        strategy = choose_strategy(profile, request)
         summary, written = _write_plan(request, paths, profile, strategy, show_strategy)
         if shared is not None and not request.dry_run:
             shared.publish(paths)
@@ -413,7 +407,7 @@ def train_command(request: TrainRequest, announce: Announce | None = None,
 def _write_plan(request: TrainRequest, paths: Mapping[str, Path], profile: ProfileUse, strategy: Strategy,
                 show_strategy: Callable[[Strategy], None] | None) -> tuple[dict[str, Any], list[str]]:
     """Save the plan, show the strategy, draw the timeline and trace; the summary so far and the files written."""
-    from planner.app.show import show_plan
+    from planner.app.show import default_report_paths, show_plan
     from planner.formats.plan import save_plan
 
     save_plan(strategy.plan, paths["plan"])
@@ -423,7 +417,7 @@ def _write_plan(request: TrainRequest, paths: Mapping[str, Path], profile: Profi
         "strategy": strategy.to_dict(), "dry_run": request.dry_run}
     if show_strategy is not None:
         show_strategy(strategy)
-    show_plan(paths["plan"], {"png": paths["timeline_png"], "svg": paths["timeline_svg"], "trace": paths["trace"]})
+    show_plan(paths["plan"], default_report_paths(paths["plan"]))
     return summary, ["profile", "plan", "timeline_png", "timeline_svg", "trace"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -111,6 +113,11 @@ class Cluster:
     @property
     def device_ids(self) -> tuple[str, ...]:
         return tuple(d.id for d in self.devices)
+
+    def most_on_one_host(self, device_type: str | None = None) -> int:
+        """The most devices (of ``device_type``, or of any type) one host holds: the ranks that share its cores."""
+        counts = Counter(d.host for d in self.devices if device_type is None or d.type == device_type)
+        return max(counts.values(), default=0)
 
     def link(self, a: str, b: str) -> Link:
         """The link between devices ``a`` and ``b``: an explicit pair, else intra- or inter-host."""

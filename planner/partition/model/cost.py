@@ -62,6 +62,12 @@ def stage_recompute_bytes_t(tables: CostTables, start: int, stop: int) -> int:
     return stage_activation_terms_t(tables, start, stop)[1]
 
 
+def stage_activation_need_t(tables: CostTables, start: int, stop: int, inflight: int) -> int:
+    """Activation bytes of a stage of blocks ``[start, stop)`` with ``inflight`` micro-batches in flight."""
+    kept, once = stage_activation_terms_t(tables, start, stop)
+    return kept * inflight + once
+
+
 def stage_activation_terms_t(tables: CostTables, start: int, stop: int) -> tuple[int, int]:
     """``(per micro-batch in flight, once)``: the activation bytes of a stage of blocks ``[start, stop)``.
 
@@ -86,7 +92,7 @@ def stage_static_bytes(problem: Problem, start: int, stop: int) -> int:
 
 
 def stage_activation_bytes(problem: Problem, start: int, stop: int) -> int:
-    """Saved bytes per micro-batch of blocks ``[start, stop)`` (``stage_activation_bytes_t`` by problem)."""
+    """Bytes kept per micro-batch in flight by blocks ``[start, stop)`` (``stage_activation_bytes_t`` by problem)."""
     return stage_activation_bytes_t(problem.tables, start, stop)
 
 
@@ -119,8 +125,8 @@ def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
     ranks, _ = pipeline_layout([st.device for st in partition], problem.schedule)
     stage = partition[i]
     inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
-    kept, once = stage_activation_terms_t(problem.tables, stage.start, stage.stop)
-    return (stage_static_bytes(problem, stage.start, stage.stop) + kept * inflight + once
+    return (stage_static_bytes(problem, stage.start, stage.stop)
+            + stage_activation_need_t(problem.tables, stage.start, stage.stop, inflight)
             + stage_stash_bytes_t(problem.tables, problem.schedule, stage.start, stage.stop, len(partition) - i,
                                   problem.microbatches))
 
@@ -173,8 +179,8 @@ def infeasible_reason(problem: Problem) -> str | None:
     """
     tables = problem.tables
     least_inflight = problem.microbatches if problem.schedule == "gpipe" else 1
-    needs = [stage_static_bytes_t(tables, b, b + 1) + stage_activation_bytes_t(tables, b, b + 1) * least_inflight
-             + stage_recompute_bytes_t(tables, b, b + 1) for b in range(len(problem.blocks))]
+    needs = [stage_static_bytes_t(tables, b, b + 1) + stage_activation_need_t(tables, b, b + 1, least_inflight)
+             for b in range(len(problem.blocks))]
     biggest = max(range(len(needs)), key=lambda b: (needs[b], -b))
     largest = max(problem.cluster.devices, key=lambda d: (d.memory_bytes, d.id))
     if needs[biggest] > largest.memory_bytes:

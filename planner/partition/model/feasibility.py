@@ -26,7 +26,7 @@ from typing import Sequence
 from planner.errors import InfeasibleError, PlannerError
 from planner.formats.plan import SCHEDULES, even_shares
 from planner.partition.model.cost import (device_memory_bytes, format_bytes, inflight_microbatches,
-                                          infeasible_reason, stage_activation_bytes, stage_recompute_bytes_t, stage_stash_bytes_t,
+                                          infeasible_reason, stage_activation_need_t, stage_stash_bytes_t,
                                           stage_static_bytes,
                                           validate_partition)
 from planner.partition.model.problem import Partition, Problem, degree_of, shares_of
@@ -186,8 +186,7 @@ def _least_peak(problem: Problem) -> tuple[int, int, int, int, int]:
                 for i in range(s - 1, j):
                     if best[s - 1][i] == inf:
                         continue
-                    need = (stage_static_bytes(problem, i, j) + stage_activation_bytes(problem, i, j) * inflight[s - 1]
-                            + stage_recompute_bytes_t(problem.tables, i, j)
+                    need = (stage_static_bytes(problem, i, j) + stage_activation_need_t(problem.tables, i, j, inflight[s - 1])
                             + stage_stash_bytes_t(problem.tables, problem.schedule, i, j, k - s + 1, problem.microbatches))
                     value = max(best[s - 1][i], need)
                     if value < best[s][j]:
@@ -200,8 +199,7 @@ def _least_peak(problem: Problem) -> tuple[int, int, int, int, int]:
             bounds.append(j)
         bounds.reverse()
         needs = [stage_static_bytes(problem, bounds[s], bounds[s + 1])
-                 + stage_activation_bytes(problem, bounds[s], bounds[s + 1]) * inflight[s]
-                 + stage_recompute_bytes_t(problem.tables, bounds[s], bounds[s + 1]) for s in range(k)]
+                 + stage_activation_need_t(problem.tables, bounds[s], bounds[s + 1], inflight[s]) for s in range(k)]
         fullest = max(range(k), key=lambda s: (needs[s], -s))
         candidate = (int(needs[fullest]), fullest, bounds[fullest], bounds[fullest + 1], k)
         if best_overall is None or candidate[0] < best_overall[0]:

@@ -29,8 +29,7 @@ from planner.errors import InfeasibleError
 from planner.formats.cluster import Link
 from planner.partition.model.cost import (
     inflight_microbatches,
-    stage_activation_bytes_t,
-    stage_recompute_bytes_t,
+    stage_activation_need_t,
     stage_compute_s,
     stage_stash_bytes_t,
     stage_static_bytes_t,
@@ -145,9 +144,8 @@ def stage_fits(problem: Problem, start: int, stop: int, memory_bytes: int, stage
     """Whether blocks ``[start, stop)`` fit ``memory_bytes`` as a stage with ``stages_to_end`` stages left."""
     tables = problem.tables
     need = (stage_static_bytes_t(tables, start, stop)
-            + stage_activation_bytes_t(tables, start, stop) * slot_inflight(problem.schedule, stages_to_end,
-                                                                            problem.microbatches)
-            + stage_recompute_bytes_t(tables, start, stop)
+            + stage_activation_need_t(tables, start, stop, slot_inflight(problem.schedule, stages_to_end,
+                                                                         problem.microbatches))
             + stage_stash_bytes_t(tables, problem.schedule, start, stop, stages_to_end, problem.microbatches))
     return need <= memory_bytes
 

@@ -100,11 +100,7 @@ def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dic
         return {}
     colocation = whole.get("colocation") or {}
     if cluster is not None and colocation.get("factor"):
-        per_host: dict[str, int] = {}
-        for device in cluster.devices:
-            if device.type == device_type:
-                per_host[device.host] = per_host.get(device.host, 0) + 1
-        if max(per_host.values(), default=0) >= int(colocation.get("ranks", 2)):
+        if cluster.most_on_one_host(device_type) >= int(colocation.get("ranks", 2)):
             factor *= float(colocation["factor"])
     return {device_type: factor}
 
