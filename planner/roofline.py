@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from planner.errors import UsageError
 from planner.formats.profile import INPUT_OP, Node, OpTime
@@ -148,7 +148,33 @@ def estimate_node_time(node: Node, device_type: str, catalog: Mapping[str, Devic
         return OpTime(fwd, 0.0, "estimated")
     bwd_flops = node.bwd_flops if node.bwd_flops > 0 else 2 * node.flops
     bwd = _roofline(bwd_flops, 2 * nbytes, peak * compute_eff, spec.memory_bandwidth_Bps * memory_eff) + spec.launch_overhead_s
-    return OpTime(fwd, bwd, "estimated")
+    return OpTime(fwd, bwd, "estimated", bwd * weight_share(node))
+
+
+WEIGHT_ONLY_OPS = ("aten.embedding.default",)
+"""Ops with parameters whose other inputs never need a gradient (an embedding's indices): all weight gradient."""
+
+
+def weight_share(node: Node) -> float:
+    """The part of ``node``'s backward that is its weight gradient (zero-bubble schedules' ``W``).
+
+    Measured where the profile split it (``OpTime.bwd_weight``; the first measured type that did, in type order).
+    Otherwise a rule, which the planner names when it uses it (docs/zero-bubble.md): an op without parameters
+    first used here has no weight gradient (0); an embedding is all weight gradient (1); any other op with
+    parameters splits half and half, as a matrix product's two gradients cost the same FLOPs. A parameter used
+    again by a later op (tied weights) counts only at its first use."""
+    for dev_type in sorted(node.time_s):
+        t = node.time_s[dev_type]
+        if t.source == "measured" and t.bwd_weight is not None and t.bwd > 0:
+            return min(1.0, t.bwd_weight / t.bwd)
+    if not node.params and node.param_bytes <= 0:
+        return 0.0
+    return 1.0 if node.op in WEIGHT_ONLY_OPS else 0.5
+
+
+def has_measured_split(nodes: Sequence[Node]) -> bool:
+    """Whether any node's backward split was measured (else ``weight_share`` falls back to its rule everywhere)."""
+    return any(t.source == "measured" and t.bwd_weight is not None for n in nodes for t in n.time_s.values())
 
 
 def _roofline(flops: int, nbytes: int, flops_per_s: float, bytes_per_s: float) -> float:

@@ -8,6 +8,7 @@ profile's path and digest, per-stage costs) is carried in ``extra`` fields.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -17,7 +18,11 @@ from planner.formats._validate import Checker
 from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
-FLUSHING_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-planned")
+"""Schedules that split each backward into its input gradient (I) and its weight gradient (W) and fill the bubble
+with W's (Qi et al., 2024; docs/zero-bubble.md): torch's ZB1P order on one stage per device, and an order the
+planner generates from the stages' F, I and W times (recorded in the plan's ``schedule_order``)."""
+FLUSHING_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b") + ZERO_BUBBLE_SCHEDULES
 """Schedules that finish every step's backwards before its optimizer step (torch.distributed.pipelining's)."""
 ASYNC_SCHEDULES = ("async-1f1b", "2bw")
 """Seed 000's schedules (docs/async.md): 1F1B with no flush between steps, weight stashing; ``2bw`` pins each step's
@@ -236,6 +241,7 @@ def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
             extra=MappingProxyType({k: v for k, v in raw.items() if k not in ("index", "device", "nodes")}),
         ))
     _check_data_parallel(check, data, microbatches, stages)
+    _check_schedule_order(check, data, schedule, len(stages))
     predicted = check.get(data, "predicted", dict)
     check.get(predicted, "step_time_s", float, "predicted.step_time_s")
     extra = {k: v for k, v in data.items()
@@ -248,6 +254,34 @@ def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
         predicted=MappingProxyType(predicted),
         extra=MappingProxyType(extra),
     )
+
+
+ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+"""One pass of ``schedule_order`` in torch's action notation: stage, kind (forward, whole backward, its input or
+weight half), micro-batch."""
+
+
+def _check_schedule_order(check: Checker, data: Mapping[str, Any], schedule: str, num_stages: int) -> None:
+    """``schedule_order``, when present: per rank (a whole number as a string), a list of passes of stages the plan has;
+    only a zero-bubble schedule runs one (whether the passes make a valid schedule is torch's runtime's check)."""
+    if "schedule_order" not in data:
+        return
+    order = check.get(data, "schedule_order", dict)
+    if schedule not in ZERO_BUBBLE_SCHEDULES:
+        check.fail("schedule_order", f"no order for schedule {schedule!r} (only {', '.join(ZERO_BUBBLE_SCHEDULES)} run "
+                   f"one)", "an order", "drop schedule_order or re-partition with --schedule zb-planned")
+    hint = "re-partition with --schedule zb-planned, or fix the order"
+    for rank, actions in order.items():
+        if not str(rank).isdigit():
+            check.fail(f"schedule_order.{rank}", "a rank number as key", rank, hint)
+        if not isinstance(actions, list) or not actions:
+            check.fail(f"schedule_order.{rank}", "a non-empty list of passes like \"0F1\", \"1I3\", \"1W3\"", actions,
+                       hint)
+        for i, action in enumerate(actions):
+            found = ACTION.match(action) if isinstance(action, str) else None
+            if found is None or int(found.group(1)) >= num_stages:
+                check.fail(f"schedule_order.{rank}[{i}]", f"a pass like \"0F1\" (stage < {num_stages}, F, B, I or W, "
+                           f"micro-batch)", action, hint)
 
 
 def _check_data_parallel(check: Checker, data: Mapping[str, Any], microbatches: int, stages: list[Stage]) -> None:

@@ -30,9 +30,16 @@ class OpTime:
     fwd: float
     bwd: float
     source: str  # "measured" | "estimated"
+    bwd_weight: float | None = None
+    """The weight-gradient part of ``bwd`` (zero-bubble schedules); ``bwd - bwd_weight`` is the input-gradient part.
+    ``None``: not split (the planner then splits by ``planner.partition.model.times.weight_shares``'s rule)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fwd": self.fwd, "bwd": self.bwd, "source": self.source}
+        out: dict[str, Any] = {"fwd": self.fwd, "bwd": self.bwd, "source": self.source}
+        if self.bwd_weight is not None:
+            out["bwd_input"] = self.bwd - self.bwd_weight
+            out["bwd_weight"] = self.bwd_weight
+        return out
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,22 @@ def profile_from_dict(data: dict[str, Any], what: str = "profile") -> Profile:
     return Profile(model=MappingProxyType(dict(model)), nodes=tuple(nodes), extra=MappingProxyType(extra))
 
 
+def _bwd_weight(t: dict[str, Any], bwd: float, where: str, check: Checker) -> float | None:
+    """The optional split of ``bwd`` (design.md section 5): ``bwd_input`` and ``bwd_weight`` together, summing to it."""
+    present = [k for k in ("bwd_input", "bwd_weight") if k in t]
+    if not present:
+        return None
+    if len(present) == 1:
+        check.fail(f"{where}.{present[0]}", "bwd_input and bwd_weight together (or neither)", t[present[0]])
+    part_i = float(check.get(t, "bwd_input", float, f"{where}.bwd_input"))
+    part_w = float(check.get(t, "bwd_weight", float, f"{where}.bwd_weight"))
+    check.non_negative(part_i, f"{where}.bwd_input")
+    check.non_negative(part_w, f"{where}.bwd_weight")
+    if abs(part_i + part_w - bwd) > 1e-6 * max(bwd, 1e-9):
+        check.fail(f"{where}.bwd_input + bwd_weight", f"their sum to equal bwd ({bwd!r})", part_i + part_w)
+    return min(part_w, bwd)
+
+
 def _node_from_dict(raw: dict[str, Any], where: str, check: Checker) -> Node:
     name = check.get(raw, "name", str, f"{where}.name")
     inputs = check.get(raw, "inputs", list, f"{where}.inputs")
@@ -165,7 +188,7 @@ def _node_from_dict(raw: dict[str, Any], where: str, check: Checker) -> Node:
         source = check.get(t, "source", str, f"{tw}.source")
         if source not in SOURCES:
             check.fail(f"{tw}.source", "'measured' or 'estimated'", source)
-        times[dev_type] = OpTime(fwd, bwd, source)
+        times[dev_type] = OpTime(fwd, bwd, source, _bwd_weight(t, bwd, tw, check))
     params = check.opt(raw, "params", list, [], f"{where}.params")
     return Node(
         name=name,

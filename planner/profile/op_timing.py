@@ -3,7 +3,10 @@
 Forward time is the median of calling the op's target on detached copies of its real inputs (same
 ``requires_grad`` as in the model, live parameters), timer overhead removed. Backward time is the median of
 ``torch.autograd.grad`` from the op's outputs to the inputs and parameters that require grad, after an
-untimed forward, less the fixed cost of one ``autograd.grad`` call (``grad_call_overhead``). Outputs and
+untimed forward, less the fixed cost of one ``autograd.grad`` call (``grad_call_overhead``). An op that has both
+parameters and inputs that need gradients also times the two halves alone (the input gradient ``I`` and the weight
+gradient ``W`` that zero-bubble schedules run apart) and splits its backward in their ratio; an op without
+parameters is all ``I``, one whose only gradients are its parameters' all ``W``. Outputs and
 gradients stay alive across repeats, as activations and gradients do in training. FLOPs come from
 ``FlopCounterMode`` around one extra call.
 """
@@ -48,6 +51,11 @@ class OpMeasurement:
     """Whether the op takes part in backward (some input or parameter requires grad)."""
     error: str = ""
     """Why timing failed ("" when it did not); the times are then 0."""
+    bwd_weight_s: float = 0.0
+    """The weight-gradient part of ``bwd_s`` (module docstring)."""
+    split_s: tuple[float, float] | None = None
+    """The input-gradient and weight-gradient halves as timed alone, where both exist (their sum is close to the
+    whole backward's time but not equal: each call pays the engine's start-up)."""
 
 
 def measure_op(captured: Captured, op: CapturedOp, run: Run, timer: Timer | None, param_ids: set[int],
@@ -95,11 +103,24 @@ def measure_op(captured: Captured, op: CapturedOp, run: Run, timer: Timer | None
         flops = count_flops(lambda: forward(fresh()))
         bwd_s, bwd_flops, has_grad = _time_backward(forward, fresh, grad_inputs, timer)
         bwd_s = max(0.0, bwd_s - grad_overhead_s) if has_grad else 0.0
+        weights = [t for t in grad_inputs if id(t) in param_ids or any(t is p for p in module_params)]
+        split = None
+        if not has_grad or not weights:
+            weight_s = 0.0
+        elif len(weights) == len(grad_inputs):
+            weight_s = bwd_s
+        else:
+            inputs = [t for t in grad_inputs if not any(t is w for w in weights)]
+            split = tuple(max(0.0, _time_backward(forward, fresh, part, timer)[0] - grad_overhead_s)
+                          for part in (inputs, weights))
+            total = split[0] + split[1]
+            weight_s = bwd_s * (split[1] / total if total > 0 else 0.5)
     except Exception as exc:  # an op that cannot run alone: keep going, report it
         log.warning("could not time %s (%s): %s", op.name, op.op, exc)
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         return OpMeasurement(op.name, 0.0, 0.0, out_bytes, saved, moved, 0, 0, cls, dtype, bool(grad_inputs), error)
-    return OpMeasurement(op.name, fwd_s, bwd_s, out_bytes, saved, moved, flops, bwd_flops, cls, dtype, has_grad)
+    return OpMeasurement(op.name, fwd_s, bwd_s, out_bytes, saved, moved, flops, bwd_flops, cls, dtype, has_grad,
+                         bwd_weight_s=weight_s, split_s=split)
 
 
 def _time_backward(forward: Callable[[Any], Any], fresh: Callable[[], Any], grad_inputs: list[torch.Tensor],

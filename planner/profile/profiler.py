@@ -105,7 +105,7 @@ def build_profile(spec: str, module: nn.Module, inputs: Sequence[Any], captured:
         nodes.append(Node(
             name=op.name, op=op.op, inputs=op.inputs, output_bytes=m.output_bytes,
             param_bytes=sum(nbytes(tensors[n]) for n in first),
-            time_s=MappingProxyType({device_type: OpTime(m.fwd_s, m.bwd_s, "measured")}),
+            time_s=MappingProxyType({device_type: OpTime(m.fwd_s, m.bwd_s, "measured", m.bwd_weight_s)}),
             saved_bytes=m.saved_bytes, flops=m.flops, bwd_flops=m.bwd_flops, module_path=op.module_path,
             params=tuple(first), extra=MappingProxyType(extra),
         ))

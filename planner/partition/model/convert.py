@@ -10,14 +10,14 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import ASYNC_SCHEDULES, Plan, Stage
+from planner.formats.plan import ASYNC_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import InfeasibleError, PlanMismatchError
-from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of)
-from planner.partition.sim.schedules import async_staleness, async_violation, stashed_versions
-from planner.partition.sim.simulate import SimResult, SimStage
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
+from planner.partition.sim.schedules import async_staleness, async_violation, device_orders, stashed_versions
+from planner.partition.sim.simulate import SimResult, SimStage, planned_orders
 
 
 def build_plan(problem: Problem, partition: Partition, *, method: str,
@@ -51,6 +51,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     top.update(extra or {})
     if problem.schedule in ASYNC_SCHEDULES:
         top["async"] = async_record(problem, partition, top.get("async"))
+    if problem.schedule in ZERO_BUBBLE_SCHEDULES:
+        top["schedule_order"] = schedule_order(problem, partition)
     if degree_of(partition) > 1:
         top["data_parallel"] = shape_of(problem, partition).data_parallel()
     return Plan(
@@ -61,6 +63,28 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         predicted=MappingProxyType(predicted(result)),
         extra=MappingProxyType(top),
     )
+
+
+def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str]]:
+    """The plan's ``schedule_order`` (design.md section 5): per rank, its passes in torch's action notation
+    (``"0F1"``: stage 0's forward of micro-batch 1; ``I`` and ``W`` the halves of a backward), what the runtime hands
+    to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches:
+    ``zb-h1``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage times
+    (``planned_orders``). Ranks are numbered by first appearance of their devices over the stages, replica by
+    replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``)."""
+    degree = degree_of(partition)
+    shares = shares_of(partition, problem.microbatches)
+    pipelines = [replica_of(partition, r) for r in range(degree)]
+    rank = {dev: i for i, dev in enumerate(dict.fromkeys(st.device for pipe in pipelines for st in pipe))}
+    out: dict[str, list[str]] = {}
+    for pipe, share in zip(pipelines, shares):
+        if problem.schedule == "zb-planned":
+            orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share)
+        else:
+            orders = device_orders(problem.schedule, len(pipe), 1, share)
+        for st, order in zip(pipe, orders):
+            out[str(rank[st.device])] = [f"{s}{kind}{j}" for kind, s, j in order]
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
 def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, ParallelShape
+from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, ZERO_BUBBLE_SCHEDULES, ParallelShape
 from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
@@ -31,6 +31,12 @@ def stage_fwd_bwd_s(tables: CostTables, device: str, start: int, stop: int) -> t
     """Forward and backward seconds per micro-batch of blocks ``[start, stop)`` on ``device``."""
     fwd, bwd, factor = tables.fwd_prefix[device], tables.bwd_prefix[device], tables.speed[device]
     return (fwd[stop] - fwd[start]) * factor, (bwd[stop] - bwd[start]) * factor
+
+
+def stage_weight_s(tables: CostTables, device: str, start: int, stop: int) -> float:
+    """The weight-gradient part of blocks ``[start, stop)``'s backward on ``device`` (zero-bubble schedules' ``W``)."""
+    weight = tables.weight_prefix[device]
+    return (weight[stop] - weight[start]) * tables.speed[device]
 
 
 def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> float:
@@ -102,12 +108,14 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
                           num_devices: int | None = None) -> int:
     """Micro-batches whose activations stage ``stage_index`` holds at once at its peak.
 
-    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Interleaved 1F1B over ``num_devices`` devices (default: one
+    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``. Interleaved 1F1B over ``num_devices`` devices (default: one
     stage per device, which is 1F1B): counted by replaying the stage's device order.
     """
     devices = num_stages if num_devices is None else num_devices
     if schedule == "gpipe":
         return microbatches
+    if schedule in ZERO_BUBBLE_SCHEDULES:  # activations live until W: zb-h1 holds min(m, p) on every stage, and
+        return min(microbatches, num_stages)  # zb-planned's orders stay within zb-h1's counts (docs/zero-bubble.md)
     if schedule == "1f1b" or devices == num_stages:
         return min(microbatches, num_stages - stage_index)
     if num_stages % devices:
@@ -248,6 +256,7 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
                           + stage_recompute_bytes_t(tables, st.start, st.stop)),
             activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop),
             update_s=stage_update_s(problem, st.device, st.start, st.stop),
+            bwd_weight_s=min(bwd, stage_weight_s(tables, st.device, st.start, st.stop)),
         ))
     return tuple(sims)
 

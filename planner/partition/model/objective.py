@@ -27,6 +27,7 @@ import numpy as np
 
 from planner.errors import InfeasibleError
 from planner.formats.cluster import Link
+from planner.formats.plan import ZERO_BUBBLE_SCHEDULES
 from planner.partition.model.cost import (
     inflight_microbatches,
     stage_activation_need_t,
@@ -130,12 +131,17 @@ def step_time_formula_s(problem: Problem, partition: Partition) -> float:
     return sum(latencies) + (problem.microbatches - 1) * max(latencies)
 
 
-def slot_inflight(schedule: str, stages_to_end: int, microbatches: int) -> int:
+def slot_inflight(schedule: str, stages_to_end: int, microbatches: int, num_devices: int | None = None) -> int:
     """Micro-batches in flight on a stage with ``stages_to_end`` stages from it to the last (itself included).
 
     GPipe keeps all ``m``; 1F1B keeps ``min(m, p - s)`` = ``min(m, stages_to_end)``. The exact placers
-    run one stage per device, so under interleaved-1f1b they plan its one-chunk case, which is 1F1B.
+    run one stage per device, so under interleaved-1f1b they plan its one-chunk case, which is 1F1B. Zero-bubble
+    schedules keep ``min(m, p)`` on every stage, which the stages to the end do not tell: the placers assume the
+    most stages the cluster's ``num_devices`` allow, at least what the plan they find will keep (so what they
+    place fits; with fewer stages than devices they may refuse a tight stage the check would pass).
     """
+    if schedule in ZERO_BUBBLE_SCHEDULES:
+        return min(microbatches, max(stages_to_end, num_devices or stages_to_end))
     return inflight_microbatches("1f1b" if schedule == "interleaved-1f1b" else schedule,
                                  0, stages_to_end, microbatches)
 
@@ -145,7 +151,8 @@ def stage_fits(problem: Problem, start: int, stop: int, memory_bytes: int, stage
     tables = problem.tables
     need = (stage_static_bytes_t(tables, start, stop)
             + stage_activation_need_t(tables, start, stop, slot_inflight(problem.schedule, stages_to_end,
-                                                                         problem.microbatches))
+                                                                         problem.microbatches,
+                                                                         len(problem.cluster.devices)))
             + stage_stash_bytes_t(tables, problem.schedule, start, stop, stages_to_end, problem.microbatches))
     return need <= memory_bytes
 
@@ -226,6 +233,9 @@ def stages_room(problem: Problem, cls: DeviceClass, static: np.ndarray, act: np.
     room = cls.memory_bytes - static
     if problem.schedule == "gpipe":
         return np.where(room - act * m >= 0, big, 0).astype(np.int64)
+    if problem.schedule in ZERO_BUBBLE_SCHEDULES:  # min(m, devices) on every stage (slot_inflight)
+        held = min(m, len(problem.cluster.devices))
+        return np.where(room - act * held >= 0, big, 0).astype(np.int64)
     # 1F1B keeps min(m, stages_to_end) micro-batches
     with np.errstate(divide="ignore"):
         most = np.where(act > 0, room // np.maximum(act, 1), big)

@@ -28,7 +28,7 @@ from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
 from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
 from planner.partition.model.times import calibration_factors, loss_times, node_times, update_rates
-from planner.roofline import check_precision
+from planner.roofline import check_precision, weight_share
 
 
 
@@ -44,6 +44,8 @@ class Block:
     """Per device type: (forward, backward) seconds per micro-batch, summed over the block's nodes."""
     layers: tuple[str, ...] = ()
     """Sorted unique ``layer_of(module_path)`` of the block's nodes (empty paths left out)."""
+    weight_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Per device type: the weight-gradient part of the backward (zero-bubble schedules' ``W``; absent: 0)."""
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,8 @@ def build_problem(
     loss = loss_times(profile, types, estimated, catalog or {})
     if loss and times:
         times[-1] = [(f + loss.get(t, (0.0, 0.0))[0], b + loss.get(t, (0.0, 0.0))[1]) for (f, b), t in zip(times[-1], types)]
+    shares = [weight_share(node) for node in profile.nodes]  # before the loss and recomputation, which are input gradient
+    weights = [[b * share for _, b in row] for row, share in zip(times, shares)]
     if recompute:  # the forward runs again, inside the backward
         times = [[(f, b + f) for f, b in row] for row in times]
     fwd_cut, bwd_cut = cut_bytes(profile, names)
@@ -325,7 +329,7 @@ def build_problem(
     blocks, start = [], 0
     for group in names:
         stop = start + len(group)
-        blocks.append(_block(profile.nodes[start:stop], times[start:stop], types, layers))
+        blocks.append(_block(profile.nodes[start:stop], times[start:stop], types, layers, weights[start:stop]))
         start = stop
     return Problem(
         blocks=tuple(blocks),
@@ -387,7 +391,7 @@ def _check_groups(profile: Profile, groups: list[list[str]]) -> None:
 
 
 def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]], types: Sequence[str],
-           layer_cache: dict[str, str]) -> Block:
+           layer_cache: dict[str, str], weights: Sequence[Sequence[float]]) -> Block:
     """Sum a group's nodes; ``layer_cache`` memoises ``layer_of`` (module paths repeat across nodes)."""
     name = nodes[0].name if len(nodes) == 1 else f"{nodes[0].name}..{nodes[-1].name}"
     if len(nodes) == 1:
@@ -405,4 +409,5 @@ def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]]
         saved_bytes=sum(node.saved_bytes for node in nodes),
         time_s=MappingProxyType(time_s),
         layers=tuple(sorted({layer_cache[path] for path in paths} - {""})),
+        weight_s=MappingProxyType({t: sum(row[k] for row in weights) for k, t in enumerate(types)}),
     )

@@ -33,6 +33,8 @@ class CostTables:
     fwd_prefix: Mapping[str, tuple[float, ...]]
     """Per device id (device types share one tuple): forward seconds, speed factor not applied."""
     bwd_prefix: Mapping[str, tuple[float, ...]]
+    weight_prefix: Mapping[str, tuple[float, ...]]
+    """Per device id: the weight-gradient part of ``bwd_prefix`` (``Block.weight_s``)."""
     speed: Mapping[str, float]
     """Per device id: multiplier on compute times (1.0 unless the problem sets one)."""
     param_prefix: tuple[int, ...]
@@ -54,11 +56,12 @@ class CostTables:
         by_type = {}
         for dev_type in sorted({d.type for d in problem.cluster.devices}):
             fwd, bwd = _prefix([b.time_s[dev_type][0] for b in problem.blocks]), _prefix([b.time_s[dev_type][1] for b in problem.blocks])
-            by_type[dev_type] = (fwd, bwd)
+            by_type[dev_type] = (fwd, bwd, _prefix([b.weight_s.get(dev_type, 0.0) for b in problem.blocks]))
         devices = problem.cluster.devices
         return cls(
             fwd_prefix=MappingProxyType({d.id: by_type[d.type][0] for d in devices}),
             bwd_prefix=MappingProxyType({d.id: by_type[d.type][1] for d in devices}),
+            weight_prefix=MappingProxyType({d.id: by_type[d.type][2] for d in devices}),
             speed=MappingProxyType({d.id: float(problem.speed_factors.get(d.id, 1.0)) for d in devices}),
             param_prefix=_prefix([b.param_bytes for b in problem.blocks]),
             saved_prefix=_prefix([b.saved_bytes for b in problem.blocks]),

@@ -40,10 +40,11 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from planner.errors import PlannerError
-from planner.partition.model.cost import stage_fwd_bwd_s, stage_update_s, step_time_s
+from planner.formats.plan import ZERO_BUBBLE_SCHEDULES
+from planner.partition.model.cost import stage_fwd_bwd_s, stage_update_s, stage_weight_s, step_time_s
 from planner.partition.model.feasibility import check_fits
 from planner.partition.model.problem import Partition, Problem, StageSpec
-from planner.partition.sim.schedules import BWD, device_orders
+from planner.partition.sim.schedules import BWD, BWD_INPUT, device_orders, inflight_counts
 
 __all__ = ["PolishConfig", "PolishResult", "polish"]
 
@@ -156,30 +157,39 @@ def _lower_bound_s(problem: Problem, bounds: list[int], devices: list[str]) -> f
     last backward the stages before it run theirs while it steps its optimizer:
     ``sum_{k<s} F_k + max(n_s F_s, F_s + sum_{k>s} (F_k + B_k)) + m (F_s + B_s) - n_s F_s
     + max(U_s, sum_{k<s} B_k)``. Transfers and per-pass overheads only add to it, so a move whose bound
-    is not below the current step time needs no simulation.
+    is not below the current step time needs no simulation. Zero-bubble schedules: the first input gradient waits
+    for ``sum_{k>s} (F_k + I_k)`` only, and the stages before may overlap their input gradients with this stage's
+    held-back weight gradients, so the tail is ``U_s`` alone.
     """
     p, m = len(devices), problem.microbatches
     if len(set(devices)) < p:
         return 0.0
     tables = problem.tables
     times = [stage_fwd_bwd_s(tables, d, a, b) for d, a, b in zip(devices, bounds, bounds[1:])]
+    split = problem.schedule in ZERO_BUBBLE_SCHEDULES
+    inputs = [bwd - (stage_weight_s(tables, d, a, b) if split else 0.0)
+              for (_, bwd), d, a, b in zip(times, devices, bounds, bounds[1:])]
     after = [0.0] * (p + 1)
     for s in range(p - 1, -1, -1):
-        after[s] = after[s + 1] + times[s][0] + times[s][1]
+        after[s] = after[s + 1] + times[s][0] + inputs[s]
     best, before_f, before_b = 0.0, 0.0, 0.0
     for s, (fwd, bwd) in enumerate(times):
         n = _forwards_first(problem.schedule, p, m, s)
         update = stage_update_s(problem, devices[s], bounds[s], bounds[s + 1])
-        best = max(best, before_f + max(n * fwd, fwd + after[s + 1]) + m * (fwd + bwd) - n * fwd + max(update, before_b))
+        tail = update if split else max(update, before_b)
+        best = max(best, before_f + max(n * fwd, fwd + after[s + 1]) + m * (fwd + bwd) - n * fwd + tail)
         before_f, before_b = before_f + fwd, before_b + bwd
     return best
 
 
 @lru_cache(maxsize=256)
 def _forwards_first(schedule: str, stages: int, microbatches: int, stage: int) -> int:
-    """Forwards that ``stage`` runs before its first backward (one stage per device)."""
+    """Forwards that ``stage`` runs before its first backward (one stage per device); for ``zb-planned``, whose order
+    depends on the times, the most it may run (its in-flight cap, ``zb-h1``'s count)."""
     order = device_orders(schedule, stages, 1, microbatches)[stage]
-    return next(i for i, (kind, _, _) in enumerate(order) if kind == BWD)
+    if schedule == "zb-planned":
+        return min(microbatches, inflight_counts(order)[stage])
+    return next(i for i, (kind, _, _) in enumerate(order) if kind in (BWD, BWD_INPUT))
 
 
 def _fits(problem: Problem, partition: Partition) -> bool:

@@ -62,7 +62,8 @@ def rescaled(profile: Profile, microbatch_size: int) -> Profile:
     k = microbatch_size / base
     nodes = tuple(replace(n, output_bytes=round(n.output_bytes * k), saved_bytes=round(n.saved_bytes * k),
                           flops=round(n.flops * k), bwd_flops=round(n.bwd_flops * k),
-                          time_s={t: OpTime(v.fwd * k, v.bwd * k, v.source) for t, v in n.time_s.items()})
+                          time_s={t: OpTime(v.fwd * k, v.bwd * k, v.source, None if v.bwd_weight is None else v.bwd_weight * k)
+                                  for t, v in n.time_s.items()})
                   for n in profile.nodes)
     return replace(profile, nodes=nodes, model={**profile.model, "microbatch_size": microbatch_size},
                    extra={**profile.extra, "whole_model": _rescaled_whole(profile.extra.get("whole_model"), k)})

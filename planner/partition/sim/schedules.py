@@ -17,6 +17,15 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
   over ``n`` steps a device runs ``1f1b``'s order over ``n * m`` micro-batches with its optimizer step
   (``UPD``) after every ``m``-th backward (``async_orders``). Which weights each forward uses is
   ``forward_version``; docs/async.md.
+- ``zb-h1`` (Qi et al., 2024, "Zero Bubble Pipeline Parallelism"; ``ScheduleInterleavedZeroBubble``'s order on one
+  stage per device): each backward is split into its input gradient (``I``, which the previous stage waits for)
+  and its weight gradient (``W``, which can wait). Device ``r`` warms up with ``p - 1 - r`` forwards, then runs
+  forward / input-gradient pairs, each followed by one weight gradient once ``r`` of them have been held back, and
+  ends with the held-back weight gradients. Every device keeps up to ``p`` micro-batches' activations (they live
+  until ``W``), the most 1F1B keeps on its first device.
+- ``zb-planned``: an order generated from the stages' own F, I and W times on their devices
+  (``planner.partition.sim.simulate.planned_orders``) under the same in-flight cap as ``zb-h1``; for memory
+  questions asked without times (``device_orders``) it is ``zb-h1``'s order, whose in-flight counts are the cap.
 """
 
 from __future__ import annotations
@@ -25,14 +34,20 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
-from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES
+from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES, ZERO_BUBBLE_SCHEDULES
 
 FWD = "F"
 BWD = "B"
+BWD_INPUT = "I"
+"""A zero-bubble schedule's input-gradient half of a backward: it sends the gradient to the previous stage."""
+BWD_WEIGHT = "W"
+"""The weight-gradient half: it frees the micro-batch's activations."""
+FREES = (BWD, BWD_WEIGHT)
+"""Passes after which a micro-batch's activations on the stage are released."""
 UPD = "U"
 """An asynchronous schedule's optimizer step (``async_orders``): (UPD, stage, update index)."""
 Op = tuple[str, int, int]
-"""(FWD or BWD, stage index, micro-batch index)."""
+"""(FWD, BWD, BWD_INPUT or BWD_WEIGHT, stage index, micro-batch index)."""
 
 
 def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, ...], int]:
@@ -81,6 +96,10 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
         if v != 1:
             raise PlannerError("gpipe runs one stage per device")
         return tuple(tuple([(FWD, r, j) for j in range(m)] + [(BWD, r, j) for j in range(m)]) for r in range(p))
+    if schedule in ZERO_BUBBLE_SCHEDULES:
+        if v != 1:
+            raise PlannerError(f"{schedule} runs one stage per device")
+        return tuple(_zb_h1(r, p, m) for r in range(p))
     if schedule == "1f1b" or v == 1:
         if v != 1:
             raise PlannerError("1f1b runs one stage per device")
@@ -119,6 +138,25 @@ def _one_f_one_b(fwds: Sequence[tuple[int, int]], bwds: Sequence[tuple[int, int]
     return tuple(ops)
 
 
+def _zb_h1(rank: int, p: int, m: int) -> tuple[Op, ...]:
+    """``ScheduleInterleavedZeroBubble``'s order with one stage per device (torch's ``_get_1f1b_rank_ops`` with
+    zero bubble on, its idle slots left out): ``p - 1 - rank`` warm-up forwards; then per micro-batch a forward (while
+    any remain) and an input gradient, each followed by the oldest held-back weight gradient once ``rank`` are held;
+    then the rest of the weight gradients."""
+    warmup = min(p - 1 - rank, m)
+    ops: list[Op] = [(FWD, rank, j) for j in range(warmup)]
+    weights = 0
+    for i in range(m):
+        if warmup + i < m:
+            ops.append((FWD, rank, warmup + i))
+        ops.append((BWD_INPUT, rank, i))
+        if i >= rank:
+            ops.append((BWD_WEIGHT, rank, weights))
+            weights += 1
+    ops.extend((BWD_WEIGHT, rank, j) for j in range(weights, m))
+    return tuple(ops)
+
+
 def _interleaved(rank: int, p: int, v: int, m: int, group: int) -> tuple[Op, ...]:
     fwds: list[tuple[int, int]] = []
     bwds: list[tuple[int, int]] = []
@@ -135,19 +173,19 @@ def inflight_counts(order: Sequence[Op]) -> dict[int, int]:
     live: dict[int, int] = {}
     peak: dict[int, int] = {}
     for kind, stage, _ in order:
-        live[stage] = live.get(stage, 0) + (1 if kind == FWD else -1)
+        live[stage] = live.get(stage, 0) + (1 if kind == FWD else -1 if kind in FREES else 0)
         peak[stage] = max(peak.get(stage, 0), live[stage])
     return peak
 
 
 def peak_activation_bytes(order: Sequence[Op], activation_bytes: Mapping[int, int]) -> int:
-    """Largest sum of live activations on a device running ``order`` (allocated at F, freed after B)."""
+    """Largest sum of live activations on a device running ``order`` (allocated at F, freed after B or W)."""
     live = peak = 0
     for kind, stage, _ in order:
         if kind == FWD:
             live += activation_bytes[stage]
             peak = max(peak, live)
-        else:
+        elif kind in FREES:
             live -= activation_bytes[stage]
     return peak
 

@@ -27,7 +27,10 @@ from typing import Mapping, Sequence
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES
-from planner.partition.sim.schedules import FWD, UPD, Op, async_orders, device_orders, pipeline_layout
+from planner.partition.sim.schedules import (BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
+                                             inflight_counts, pipeline_layout)
+
+EVENT_KINDS = {FWD: "fwd", "B": "bwd", BWD_INPUT: "bwd_input", BWD_WEIGHT: "bwd_weight"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class SimStage:
     """Bytes kept from a micro-batch's forward until its backward."""
     update_s: float = 0.0
     """The optimizer step over the stage's parameters, once per step after the device's last pass."""
+    bwd_weight_s: float = 0.0
+    """The weight-gradient part of ``bwd_s`` (zero-bubble schedules run it apart, as ``W``; the rest is ``I``)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class Event:
 
     resource: str
     kind: str
-    """``fwd``, ``bwd``, ``send_fwd``, ``send_bwd``, ``sync`` (replicas all-reduce; hybrid plans) or ``update``."""
+    """``fwd``, ``bwd``, ``bwd_input`` and ``bwd_weight`` (a zero-bubble schedule's halves of a backward),
+    ``send_fwd``, ``send_bwd``, ``sync`` (replicas all-reduce; hybrid plans) or ``update``."""
     stage: int
     """The stage that computed, or that sent."""
     microbatch: int
@@ -134,6 +140,8 @@ class _State:
     seq: int = 0
     marks: list[list[tuple[float, float, list[float]]]] | None = None
     """Asynchronous schedules: per rank, (time, busy seconds, parts) at the end of each of its updates."""
+    planner: "_OrderPlanner | None" = None
+    """``zb-planned``: picks each device's next pass as the simulation goes (``planned_orders``)."""
 
 
 def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
@@ -148,9 +156,85 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     _check_stages(stages)
     if schedule in ASYNC_SCHEDULES:
         return _simulate_async(stages, cluster, schedule, microbatches, ranks, record_events)
+    fixed = planned_orders(stages, cluster, microbatches) if schedule == "zb-planned" else None
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
+    if fixed is not None:
+        state.orders = fixed
     _run(state, stages, cluster, ranks, schedule)
     return _result(state, stages, ranks, updates)
+
+
+PLANNED_VARIANTS = ((True, "zb-h1"), (False, "zb-h1"), (True, "1f1b"), (False, "1f1b"))
+"""The ``_OrderPlanner`` settings ``planned_orders`` tries: input gradients before forwards or after, and the
+in-flight caps of ``zb-h1`` (``p`` micro-batches on every stage) or of ``1f1b`` (``p - s``, less memory)."""
+
+
+def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int) -> tuple[tuple[Op, ...], ...]:
+    """The ``zb-planned`` order of every device: the fastest of ``zb-h1``'s fixed order and the greedy orders
+    ``_OrderPlanner`` builds under each of ``PLANNED_VARIANTS`` (first listed wins ties), simulated on these stages'
+    own F, I and W times and links. What ``simulate`` runs for that schedule, what a plan records
+    (``schedule_order``) and what torch's runtime is handed. Deterministic: the same stages give the same order."""
+    ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
+    _check_stages(stages)
+    best = device_orders("zb-h1", len(ranks), chunks, microbatches)
+    state = _initial_state(stages, ranks, chunks, "zb-h1", microbatches, False)
+    _run(state, stages, cluster, ranks, "zb-h1")
+    best_step = max(state.free_at)
+    for inputs_first, caps in PLANNED_VARIANTS:
+        state = _initial_state(stages, ranks, chunks, "zb-h1", microbatches, False)
+        limits = [inflight_counts(order)[r] for r, order in enumerate(device_orders(caps, len(ranks), 1, microbatches))]
+        state.orders = tuple([] for _ in ranks)  # type: ignore[assignment]
+        state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first)
+        _run(state, stages, cluster, ranks, "zb-planned")
+        if max(state.free_at) < best_step - 1e-12:
+            best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
+    return best
+
+
+class _OrderPlanner:
+    """Chooses each device's next pass while the simulation runs (``zb-planned``; docs/zero-bubble.md).
+
+    Greedy list scheduling in the spirit of the zero-bubble paper's heuristic (Qi et al., 2024, section 3.1): when
+    its device is free, a stage runs an input gradient whose output gradient has arrived, or a forward whose input
+    has arrived while the stage holds fewer micro-batches than its cap (which first, ``inputs_first``); otherwise a
+    held-back
+    weight gradient when one fits before the next known arrival (or nothing is known to come); otherwise it waits for
+    the earliest known arrival. Weight gradients fill what would be bubbles. The passes it picks become the device's
+    order."""
+
+    def __init__(self, stages: Sequence[SimStage], microbatches: int, caps: Sequence[int], inputs_first: bool) -> None:
+        self.stages, self.m, self.caps, self.inputs_first = stages, microbatches, caps, inputs_first
+        n = len(stages)
+        self.next_fwd, self.next_input, self.next_weight = [0] * n, [0] * n, [0] * n
+
+    def choose(self, state: _State, rank: int, now: float) -> Op | None:
+        s, m = rank, self.m  # one stage per device
+        held = self.next_fwd[s] - self.next_weight[s]
+        known: list[tuple[float, int, Op]] = []
+        if self.next_input[s] < self.next_fwd[s]:
+            ready = state.bwd_ready[s][self.next_input[s]]
+            if ready is not None:
+                known.append((ready, 0 if self.inputs_first else 1, (BWD_INPUT, s, self.next_input[s])))
+        if self.next_fwd[s] < m and held < self.caps[s]:
+            ready = state.fwd_ready[s][self.next_fwd[s]]
+            if ready is not None:
+                known.append((ready, 1 if self.inputs_first else 0, (FWD, s, self.next_fwd[s])))
+        now_ready = [k for k in known if k[0] <= now]
+        pick: Op | None = None
+        if now_ready:
+            pick = min(now_ready, key=lambda k: k[1])[2]
+        elif self.next_weight[s] < self.next_input[s] and (
+                not known or now + self.stages[s].bwd_weight_s <= min(k[0] for k in known)):
+            pick = (BWD_WEIGHT, s, self.next_weight[s])
+        elif known:
+            pick = min(known, key=lambda k: (k[0], k[1]))[2]
+        elif self.next_weight[s] < self.next_input[s]:
+            pick = (BWD_WEIGHT, s, self.next_weight[s])
+        if pick is None:
+            return None
+        counter = {FWD: self.next_fwd, BWD_INPUT: self.next_input, BWD_WEIGHT: self.next_weight}[pick[0]]
+        counter[s] += 1
+        return pick
 
 
 ASYNC_WARMUP_STEPS = 1
@@ -203,7 +287,9 @@ def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tup
     while state.heap:
         now, _, rank = heapq.heappop(state.heap)
         _finish(state, stages, ranks, rank, now)
-    stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < len(state.orders[r])]
+    expected = 3 * len(state.fwd_ready[0]) if state.planner is not None else None  # F, I and W per micro-batch
+    stuck = [ranks[r] for r in range(len(ranks))
+             if state.position[r] < (expected if expected is not None else len(state.orders[r]))]
     if stuck:
         raise PlannerError(f"schedule {schedule!r} deadlocked with {len(state.fwd_ready[0])} micro-batches on "
                            f"{len(ranks)} devices (stuck: {', '.join(stuck)}); the schedule's order is wrong for this "
@@ -214,10 +300,13 @@ def _check_stages(stages: Sequence[SimStage]) -> None:
     """Times must be finite and non-negative, byte counts non-negative."""
     for s, stage in enumerate(stages):
         for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes",
-                     "update_s"):
+                     "update_s", "bwd_weight_s"):
             value = getattr(stage, name)
             if not 0 <= value < float("inf"):  # also false for NaN
                 raise PlannerError(f"stage {s} has {name} = {value!r}; expected a finite non-negative number")
+        if stage.bwd_weight_s > stage.bwd_s:
+            raise PlannerError(f"stage {s} has bwd_weight_s = {stage.bwd_weight_s!r} above its bwd_s = "
+                               f"{stage.bwd_s!r}; the weight gradient is a part of the backward")
 
 
 def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: int, schedule: str,
@@ -263,19 +352,25 @@ def _transfer_times(state: _State, stages: Sequence[SimStage], cluster: Cluster)
 
 def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], rank: int, now: float) -> None:
     """Start the device's next pass if the device is free and the pass's input has arrived."""
-    if state.running[rank] or state.position[rank] == len(state.orders[rank]):
+    if state.running[rank]:
         return
+    if state.position[rank] == len(state.orders[rank]):
+        chosen = state.planner.choose(state, rank, max(now, state.free_at[rank])) if state.planner else None
+        if chosen is None:
+            return
+        state.orders[rank].append(chosen)  # type: ignore[attr-defined]
     kind, s, j = state.orders[rank][state.position[rank]]
     if kind == UPD:  # an asynchronous schedule's optimizer step, in the device's order
         _start_update(state, stages[s], ranks[rank], rank, s, now)
         return
-    ready = state.fwd_ready[s][j] if kind == FWD else state.bwd_ready[s][j]
+    ready = state.fwd_ready[s][j] if kind == FWD else now if kind == BWD_WEIGHT else state.bwd_ready[s][j]
     if ready is None:
         return
     start = max(now, ready, state.free_at[rank])
     stage = stages[s]
-    duration = state.pass_overhead_s + (stage.fwd_s + state.copy_fwd_s[s] if kind == FWD
-                                        else stage.bwd_s + state.copy_bwd_s[s])
+    compute = _compute_s(stage, kind)
+    copy = state.copy_fwd_s[s] if kind == FWD else 0.0 if kind == BWD_WEIGHT else state.copy_bwd_s[s]
+    duration = state.pass_overhead_s + compute + copy
     if kind == FWD:
         state.live_bytes[rank] += stage.activation_bytes
         state.peak_bytes[rank] = max(state.peak_bytes[rank], state.live_bytes[rank])
@@ -285,13 +380,24 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
     state.free_at[rank] = start + duration
     state.busy_s[rank] += duration
     parts = state.parts[rank]
-    parts[0] += stage.fwd_s if kind == FWD else stage.bwd_s
-    parts[1] += state.copy_fwd_s[s] if kind == FWD else state.copy_bwd_s[s]
+    parts[0] += compute
+    parts[1] += copy
     parts[2] += state.pass_overhead_s
     if state.events is not None:
-        state.events.append(Event(ranks[rank], "fwd" if kind == FWD else "bwd", s, j, start, start + duration))
+        state.events.append(Event(ranks[rank], EVENT_KINDS[kind], s, j, start, start + duration))
     state.seq += 1
     heapq.heappush(state.heap, (start + duration, state.seq, rank))
+
+
+def _compute_s(stage: SimStage, kind: str) -> float:
+    """Compute seconds of one pass: a forward, a whole backward, or one of its halves (``I``, ``W``)."""
+    if kind == FWD:
+        return stage.fwd_s
+    if kind == BWD_INPUT:
+        return stage.bwd_s - stage.bwd_weight_s
+    if kind == BWD_WEIGHT:
+        return stage.bwd_weight_s
+    return stage.bwd_s
 
 
 def _start_update(state: _State, stage: SimStage, device: str, rank: int, s: int, now: float) -> None:
@@ -322,9 +428,10 @@ def _finish(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], r
             state.fwd_ready[s + 1][j] = _send(state, ranks, s, s + 1, j, now)
             _try_start(state, stages, ranks, state.rank_of_stage[s + 1], now)
     else:
-        state.live_bytes[rank] -= stages[s].activation_bytes
-        state.live_mb[s] -= 1
-        if s > 0:
+        if kind in FREES:
+            state.live_bytes[rank] -= stages[s].activation_bytes
+            state.live_mb[s] -= 1
+        if s > 0 and kind != BWD_WEIGHT:
             state.bwd_ready[s - 1][j] = _send(state, ranks, s, s - 1, j, now)
             _try_start(state, stages, ranks, state.rank_of_stage[s - 1], now)
     _try_start(state, stages, ranks, rank, now)

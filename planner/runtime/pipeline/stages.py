@@ -27,8 +27,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from planner.errors import PlanMismatchError
-from planner.formats.plan import Plan
+from planner.formats.plan import ZERO_BUBBLE_SCHEDULES, Plan
 from planner.partition.model.feasibility import replica_violations
+from planner.partition.sim.schedules import device_orders
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
@@ -250,10 +251,50 @@ def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.
     plan = rank_stages.plan
     stages = list(rank_stages.stages)
     count = rank_stages.microbatches  # this replica's share
+    if plan.schedule in ZERO_BUBBLE_SCHEDULES:
+        return zero_bubble_schedule(rank_stages, loss)
     if plan.schedule == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, count, loss_fn=loss, scale_grads=False)
     kind = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
     return kind(stages[0], count, loss_fn=loss, scale_grads=False)
+
+
+def zero_bubble_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    """A zero-bubble plan's schedule: torch's ``_PipelineScheduleRuntime`` running the plan's ``schedule_order`` as
+    written (``zb-h1``'s fixed pattern when a hand-made plan has none), the ranks of this replica's pipeline each
+    given their own list; torch validates the lists and inserts the sends and receives. It splits each backward
+    with autograd into the input gradient (sent at once) and the weight gradient (run where the order says)."""
+    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+
+    plan = rank_stages.plan
+    order = plan.extra.get("schedule_order")
+    if not order and plan.schedule != "zb-h1":
+        raise PlanMismatchError(f"a {plan.schedule} plan must carry its schedule_order (plan partition writes it); "
+                                f"re-partition with --schedule {plan.schedule}")
+    layout = rank_stages.rank_of_stage
+    default = {dev: i for i, dev in enumerate(plan.replica_devices())}
+    devices = rank_devices(plan)
+    group_rank = {rank: i for i, rank in enumerate(dict.fromkeys(layout))}  # this pipeline's ranks in its pp group
+    actions: dict[int, list[Any]] = {}
+    for rank in dict.fromkeys(layout):
+        if order:
+            key = str(default[devices[rank]])
+            if key not in order:
+                raise PlanMismatchError(f"the plan's schedule_order has no passes for rank {key} (device "
+                                        f"{devices[rank]!r}); re-partition with --schedule {plan.schedule}")
+            passes = [_Action.from_str(a) for a in order[key]]
+        else:
+            passes = [_Action.from_str(f"{s}{kind}{j}") for kind, s, j in
+                      device_orders("zb-h1", len(layout), 1, rank_stages.microbatches)[layout.index(rank)]]
+        actions[group_rank[rank]] = passes
+    schedule = _PipelineScheduleRuntime(list(rank_stages.stages), rank_stages.microbatches, loss_fn=loss,
+                                        scale_grads=False)
+    try:
+        schedule._prepare_schedule_with_comms(actions)
+    except (AssertionError, ValueError, RuntimeError) as exc:
+        raise PlanMismatchError(f"torch's pipeline runtime refuses the plan's schedule_order: {exc}; re-partition "
+                                f"with --schedule {plan.schedule}") from None
+    return schedule
 
 
 def average_grads(params: Mapping[str, nn.Parameter], microbatches: int) -> None:
