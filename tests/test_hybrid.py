@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.formats.cluster import Cluster, Device, Link
-from planner.formats.plan import save_plan
+from planner.formats.plan import SCHEDULES, save_plan
 from planner.formats.profile import save_profile
 from planner.partition import partition
 from planner.partition.model.allreduce import allreduce_s
@@ -498,7 +498,7 @@ def test_auto_settings_pick_the_fastest_candidate_and_record_every_one(tmp_path:
     choices = plan["choices"]
     times = [c["step_time_s"] for c in choices["candidates"] if c["step_time_s"] is not None]
     assert plan["predicted"]["step_time_s"] == pytest.approx(min(times))
-    assert {c["schedule"] for c in choices["candidates"]} == {"gpipe", "1f1b", "interleaved-1f1b", "async-1f1b", "2bw"}
+    assert {c["schedule"] for c in choices["candidates"]} == set(SCHEDULES)
     assert {c["microbatches"] for c in choices["candidates"]} == {1, 2, 4, 8, 16}
     assert plan["microbatch_size"] * plan["microbatches"] == 16
     assert run(app, ["check", str(tmp_path / "auto.json")]).exit_code == 0  # memory rechecked on rescaled rows

@@ -6,8 +6,9 @@
   ``[activation_checkpoint] mode``: ``full`` when the plan recomputes activations, else ``none``.
 * ``pipelining``: the ``split_spec`` of ``torch.distributed.pipelining.pipeline`` (the module that begins
   each stage after the first -> ``SplitPoint.BEGINNING``), as data and as a Python snippet.
-* ``schedule-csv``: each rank's order of passes as the simulator ran them (``sim.schedules.device_orders``),
-  one CSV row per rank of actions such as ``1F0`` / ``0B3`` (stage, F or B, micro-batch): the format
+* ``schedule-csv``: each rank's order of passes as the simulator ran them (``sim.schedules.device_orders``, or a
+  zero-bubble plan's ``schedule_order``), one CSV row per rank of actions such as ``1F0`` / ``0B3`` / ``1I2`` /
+  ``1W2`` (stage, F, B or a backward's input or weight half, micro-batch): the format
   ``torch.distributed.pipelining``'s ``_PipelineScheduleRuntime._load_csv`` reads, and torchtitan's
   ``pipeline_parallel_schedule_csv``. It needs no module boundaries.
 
@@ -37,8 +38,12 @@ from planner.partition.model.problem import layer_of
 __all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module_parts", "module_fqn"]
 
 FORMATS = ("torchtitan", "pipelining", "schedule-csv")
-TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
-"""Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes)."""
+TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                        "zb-h1": "InterleavedZeroBubble"}
+"""Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes;
+``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order)."""
+CSV_SCHEDULES = (*TORCHTITAN_SCHEDULES, "zb-planned")
+"""Schedules ``schedule-csv`` writes: the flushing ones (``zb-planned``'s order exists only as the plan's own)."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,14 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
     shape = replica_violations(plan.schedule, plan.microbatches, plan.replicas(), plan.shares())
     if shape:  # e.g. an interleaved plan (several stages per device) under a single-stage schedule
         raise PlanMismatchError(f"{plan_path}: the plan cannot be exported as {plan.schedule}: {shape[0]}")
-    if plan.schedule not in TORCHTITAN_SCHEDULES and fmt != "pipelining":
+    if plan.schedule == "zb-planned" and fmt == "torchtitan":
+        raise PlanMismatchError(f"{plan_path}: the plan's schedule is zb-planned, an order the planner generated, which "
+                                f"torchtitan has no name for; export it with --to schedule-csv and give the file to "
+                                f"torchtitan's pipeline_parallel_schedule_csv, or re-partition with --schedule zb-h1")
+    if plan.schedule not in CSV_SCHEDULES and fmt != "pipelining":
         raise PlanMismatchError(f"{plan_path}: the plan's schedule is {plan.schedule}, which has no flush between steps "
                                 f"and runs only under `plan run` (docs/async.md); {fmt} expects one of "
-                                f"{', '.join(TORCHTITAN_SCHEDULES)}: re-partition with --schedule 1f1b to export it")
+                                f"{', '.join(CSV_SCHEDULES if fmt == 'schedule-csv' else TORCHTITAN_SCHEDULES)}: re-partition with --schedule 1f1b to export it")
     if fmt == "schedule-csv":
         data = _schedule_csv(plan)
         text = "".join(",".join(row) + "\n" for row in data["rows"])
@@ -164,10 +173,14 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
 
 
 def _schedule_csv(plan: Plan) -> dict[str, Any]:
-    """Each rank's action order; a hybrid plan's replicas each with their share, ranks replica by replica."""
+    """Each rank's action order; a hybrid plan's replicas each with their share, ranks replica by replica. A
+    zero-bubble plan's own ``schedule_order`` is written as it is (``I`` and ``W`` for the backward's halves)."""
     from planner.partition.sim.schedules import device_orders, pipeline_layout
 
     shape = plan.shape()
+    recorded = plan.extra.get("schedule_order")
+    if recorded:
+        return {"rows": [list(recorded[k]) for k in sorted(recorded, key=int)], "device_order": plan.replica_devices()}
     rows, order = [], []
     for r, share in enumerate(shape.shares):
         ranks, chunks = pipeline_layout([devices[r] for devices in shape.replicas], plan.schedule)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
 
-KINDS = ("fwd", "bwd", "send_fwd", "send_bwd", "sync", "update")
-_SHORT = {"fwd": "F", "bwd": "B", "send_fwd": "sF", "send_bwd": "sB", "sync": "AR", "update": "U"}
+KINDS = ("fwd", "bwd", "bwd_input", "bwd_weight", "send_fwd", "send_bwd", "sync", "update")
+COMPUTE_KINDS = ("fwd", "bwd", "bwd_input", "bwd_weight")
+"""A device's passes over a micro-batch: a forward, a whole backward, or a zero-bubble schedule's halves of one."""
+_SHORT = {"fwd": "F", "bwd": "B", "bwd_input": "I", "bwd_weight": "W", "send_fwd": "sF", "send_bwd": "sB", "sync": "AR",
+          "update": "U"}
 
 
 class TimedEvent(Protocol):
@@ -63,12 +66,13 @@ def memory_timeline(
     """Per device, ``(time_s, bytes)`` samples of its memory over the step.
 
     As in the simulator: a device holds its stages' static bytes throughout; a stage's activations
-    for a micro-batch are allocated when its forward starts and freed when its backward ends.
+    for a micro-batch are allocated when its forward starts and freed when its backward ends (a zero-bubble
+    schedule's weight-gradient half, which ends it).
     ``static_bytes`` is per device, ``activation_bytes`` per stage.
     """
     changes: dict[str, list[tuple[float, int, int]]] = {d: [] for d in static_bytes}
     for ev in events:
-        if ev.resource not in changes or ev.kind not in ("fwd", "bwd"):
+        if ev.resource not in changes or ev.kind not in ("fwd", "bwd", "bwd_weight"):
             continue
         delta = activation_bytes.get(ev.stage, 0)
         # at equal times frees (order 0) come before allocations (order 1), as the simulator frees first

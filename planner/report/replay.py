@@ -1,10 +1,10 @@
 """Re-simulate a saved plan from what it carries: per-stage simulator figures and the embedded cluster.
 
 Every field of ``planner.partition.sim.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
-``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``) is stored
-on each stage of a plan by ``build_plan``; reading them back by the dataclass's own field list keeps
-this module in step with the simulator. A field with a default (``update_s``) may be missing from plans
-written before it existed; the default is used.
+``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``, and for
+zero-bubble plans ``bwd_weight_s``) is stored on each stage of a plan by ``build_plan``; reading them back by the
+dataclass's own field list keeps this module in step with the simulator. A field with a default (``update_s``,
+``bwd_weight_s``) may be missing from plans written before it existed; the default is used.
 """
 
 from __future__ import annotations
@@ -59,4 +59,4 @@ def _replica_figures(stage: Stage, r: int, what: str) -> dict[str, float]:
     if not isinstance(rows, list) or len(rows) <= r or not isinstance(rows[r], dict):
         raise InputFileError(f"{what}: stage {stage.index} has replicas but no usable 'replica_times' for replica {r}; "
                              f"the plan cannot be re-simulated. Re-create it with `plan partition`")
-    return {k: float(rows[r][k]) for k in ("fwd_s", "bwd_s", "update_s") if k in rows[r]}
+    return {k: float(rows[r][k]) for k in ("fwd_s", "bwd_s", "update_s", "bwd_weight_s") if k in rows[r]}

@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from planner.formats.jsonio import check_writable, write_bytes_atomic
-from planner.report.events import TimedEvent
+from planner.report.events import COMPUTE_KINDS, TimedEvent
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-COLORS = {"fwd": "#4C72B0", "bwd": "#DD8452", "update": "#55A868", "send_fwd": "#8C8C8C", "send_bwd": "#B5B5B5",
-          "sync": "#8172B3"}
-LEGEND = {"fwd": "forward", "bwd": "backward", "update": "optimizer step", "sync": "all-reduce over replicas",
+COLORS = {"fwd": "#4C72B0", "bwd": "#DD8452", "bwd_input": "#DD8452", "bwd_weight": "#C44E52", "update": "#55A868",
+          "send_fwd": "#8C8C8C", "send_bwd": "#B5B5B5", "sync": "#8172B3"}
+LEGEND = {"fwd": "forward", "bwd": "backward", "bwd_input": "backward, input gradient (I)",
+          "bwd_weight": "backward, weight gradient (W)", "update": "optimizer step", "sync": "all-reduce over replicas",
           "send_fwd": "send activations",
           "send_bwd": "send gradients"}
 
@@ -56,7 +57,7 @@ def render_timeline(
         if end_s > 0 and width / (end_s * scale) > 0.012:
             y, height = lanes[ev.resource]
             # a device holding several stages (interleaved) labels its bars stage:micro-batch
-            label = f"{ev.stage}:{ev.microbatch}" if len(stages_on[ev.resource]) > 1 and ev.kind in ("fwd", "bwd") \
+            label = f"{ev.stage}:{ev.microbatch}" if len(stages_on[ev.resource]) > 1 and ev.kind in COMPUTE_KINDS \
                 else "opt" if ev.kind == "update" else f"sync s{ev.stage}" if ev.kind == "sync" else str(ev.microbatch)
             ax.text(start + width / 2, y + height / 2, label, ha="center", va="center",
                     fontsize=7 if height > 0.5 else 6, color="white")

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from planner.formats.plan import ASYNC_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
-                                          stage_update_s, transfer_s)
+                                          stage_update_s, stage_weight_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import InfeasibleError, PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
@@ -141,6 +141,8 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
         "idle_s": result.devices[spec.device].idle_s,
         "layers": sorted({layer for block in blocks for layer in block.layers}),
     }
+    if problem.schedule in ZERO_BUBBLE_SCHEDULES:  # what plan show needs to re-simulate the halves
+        fields["bwd_weight_s"] = sim.bwd_weight_s
     if len(spec.devices) > 1:
         fields["replicas"] = list(spec.devices)
         fields["sync_s"] = stage_sync_s(problem, spec)
@@ -151,7 +153,10 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
 def _replica_times(problem: Problem, spec: StageSpec, device: str) -> dict[str, Any]:
     """What the stage costs on one of its replicas' devices (``plan show`` re-simulates every replica from these)."""
     fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop)
-    return {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
+    out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
+    if problem.schedule in ZERO_BUBBLE_SCHEDULES:
+        out["bwd_weight_s"] = min(bwd, stage_weight_s(problem.tables, device, spec.start, spec.stop))
+    return out
 
 
 def partition_of(problem: Problem, plan: Plan) -> Partition:

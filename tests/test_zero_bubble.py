@@ -1,0 +1,159 @@
+"""Zero-bubble schedules in the planning core (docs/zero-bubble.md): orders, simulation, memory, the backward split.
+
+- ``zb-h1``'s order is torch's ``ScheduleInterleavedZeroBubble`` order on one stage per rank;
+- the simulator reproduces the closed-form step of 1F1B and of ZB-H1 on equal stages
+  (``m (F + B) + (p - 1)(F + I - W)`` when ``W <= I``; Qi et al., 2024, section 3);
+- ``zb-planned``'s generated orders pass torch's own ``_validate_schedule`` on random pipelines, are never slower
+  than ``zb-h1`` on the same stages, and replaying the recorded order gives the same step;
+- the memory rule counts activations alive until ``W``;
+- the profile's split of each op's backward adds up and is 0 for ops without parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from _partition_cases import FREE, cluster
+from planner.formats.profile import Node, OpTime
+from planner.partition.model.cost import inflight_microbatches
+from planner.partition.sim.schedules import BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts
+from planner.partition.sim.simulate import SimStage, planned_orders, simulate
+from planner.roofline import weight_share
+
+
+def stages(times: list[tuple[float, float, float]], *, sends: int = 0, act: int = 0) -> list[SimStage]:
+    """(F, B, W) per stage, each on its own device."""
+    p = len(times)
+    return [SimStage(f"d{i}", f, b, sends if i < p - 1 else 0, sends if i > 0 else 0, 0, act, bwd_weight_s=w)
+            for i, (f, b, w) in enumerate(times)]
+
+
+def _torch_zb1p(p: int, m: int, rank: int) -> tuple:
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    ops_of = getattr(schedules, "_get_1f1b_rank_ops", None)
+    warmup_of = getattr(schedules, "_get_warmup_ops", None)
+    if ops_of is None or warmup_of is None:
+        pytest.skip("torch no longer exposes _get_1f1b_rank_ops / _get_warmup_ops")
+    rounds = max(1, m // p)
+    warmup = warmup_of(rank, 1, m // rounds, p, m, multiply_factor=1)  # as ScheduleInterleavedZeroBubble calls them
+    ops = ops_of(1, p, warmup, m - warmup, warmup, rank, lambda _: rank, lambda _: rank, rank, enable_zero_bubble=True)
+    return tuple((a.computation_type.value, a.stage_index, a.microbatch_index) for a in ops if a is not None)
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 4), (3, 5), (4, 4), (4, 8), (8, 8), (8, 16), (5, 3)])
+def test_zb_h1_order_is_torchs_zero_bubble_order(p: int, m: int) -> None:
+    ours = device_orders("zb-h1", p, 1, m)
+    for rank in range(p):
+        assert ours[rank] == _torch_zb1p(p, m, rank)
+
+
+@pytest.mark.parametrize("p,m,f,b,w", [(2, 4, 1.0, 2.0, 1.0), (4, 8, 1.0, 2.0, 1.0), (8, 8, 1.0, 2.0, 1.0),
+                                       (4, 8, 1.0, 2.0, 0.5), (8, 16, 0.5, 1.0, 0.3)])
+def test_closed_form_step_of_1f1b_and_zb_h1_on_equal_stages(p: int, m: int, f: float, b: float, w: float) -> None:
+    equal = stages([(f, b, w)] * p)
+    net = cluster(p, bandwidth_Bps=FREE)
+    one = simulate(equal, net, "1f1b", m)
+    zb = simulate(equal, net, "zb-h1", m)
+    assert one.step_time_s == pytest.approx((m + p - 1) * (f + b))
+    assert zb.step_time_s == pytest.approx(m * (f + b) + (p - 1) * (f + (b - w) - w))
+    idle_1f1b, idle_zb = (p - 1) * (f + b), (p - 1) * (f + b - 2 * w)
+    for stats in zb.devices.values():
+        assert stats.idle_s == pytest.approx(idle_zb)
+    if b == 2 * w and f == w:  # the paper's T_F = T_B = T_W: a third of 1F1B's bubble
+        assert idle_zb == pytest.approx(idle_1f1b / 3)
+
+
+def test_halves_run_apart_send_at_the_input_gradient_and_free_at_the_weight_gradient() -> None:
+    result = simulate(stages([(1.0, 2.0, 0.8)] * 3, act=10), cluster(3, bandwidth_Bps=FREE), "zb-h1", 4)
+    kinds = {e.kind for e in result.events}
+    assert {"fwd", "bwd_input", "bwd_weight"} <= kinds and "bwd" not in kinds
+    at = {(e.kind, e.stage, e.microbatch): e for e in result.events}
+    for j in range(4):
+        for s in range(3):
+            assert at[("bwd_input", s, j)].end_s - at[("bwd_input", s, j)].start_s == pytest.approx(1.2)
+            assert at[("bwd_weight", s, j)].start_s >= at[("bwd_input", s, j)].end_s
+        assert at[("bwd_input", 0, j)].start_s >= at[("bwd_input", 1, j)].end_s  # waits for I, not for W
+    for s, stats in enumerate(result.devices.values()):  # activations live until W: min(m, p) on every stage
+        assert stats.peak_memory_bytes == 10 * inflight_microbatches("zb-h1", s, 3, 4) == 30
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_planned_orders_are_valid_for_torch_and_never_slower_than_zb_h1(seed: int) -> None:
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    rng = random.Random(seed)
+    p, m = rng.randint(2, 6), rng.randint(1, 12)
+    times = [(f := rng.uniform(0.2, 2.0), b := f * rng.uniform(1.0, 3.0), b * rng.uniform(0.0, 0.7)) for _ in range(p)]
+    pipe = stages(times, sends=rng.choice([0, 10**6]))
+    net = cluster(p, bandwidth_Bps=rng.choice([FREE, 1e9]))
+    orders = planned_orders(pipe, net, m)
+    actions = {r: [schedules._Action.from_str(f"{s}{k}{j}") for k, s, j in order] for r, order in enumerate(orders)}
+    assert schedules._validate_schedule(actions, p, p, m) == {s: s for s in range(p)}
+    for r, order in enumerate(orders):
+        assert sorted(order) == sorted((k, r, j) for k in (FWD, BWD_INPUT, BWD_WEIGHT) for j in range(m))
+        assert max(inflight_counts(order).values()) <= inflight_microbatches("zb-planned", r, p, m)
+    planned = simulate(pipe, net, "zb-planned", m).step_time_s
+    assert planned <= simulate(pipe, net, "zb-h1", m).step_time_s + 1e-12
+    assert planned <= simulate(pipe, net, "1f1b", m).step_time_s + 1e-12
+    assert planned_orders(pipe, net, m) == orders  # deterministic
+
+
+def test_planned_order_beats_the_fixed_pattern_on_an_uneven_pipeline() -> None:
+    uneven = stages([(1.0, 2.0, 1.0), (1.5, 3.0, 1.5), (1.0, 2.0, 1.0), (1.0, 2.0, 1.0)])  # a slower second device
+    net = cluster(4, bandwidth_Bps=FREE)
+    assert simulate(uneven, net, "zb-planned", 8).step_time_s < simulate(uneven, net, "zb-h1", 8).step_time_s
+
+
+def test_weight_share_measured_else_the_rule() -> None:
+    def node(op: str, params: tuple[str, ...], bwd_weight: float | None) -> Node:
+        return Node("n", op, (), 0, 4 * len(params), {"cpu": OpTime(1.0, 2.0, "measured", bwd_weight)},
+                    params=params)
+
+    assert weight_share(node("aten.addmm.default", ("w",), 0.5)) == 0.25
+    assert weight_share(node("aten.addmm.default", ("w",), None)) == 0.5
+    assert weight_share(node("aten.embedding.default", ("w",), None)) == 1.0
+    assert weight_share(node("aten.gelu.default", (), None)) == 0.0
+
+
+def test_profile_split_adds_up_and_is_zero_without_parameters() -> None:
+    from planner.profile.capture import capture
+    from planner.profile.measure import measure
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+    x = torch.randn(64, 256, requires_grad=True)  # so the first layer has an input gradient too
+    captured = capture(model, (x,))
+    measured = measure(captured, model, (x,), device=torch.device("cpu"), repeats=5, warmup=2)
+    by_op = {captured_op.op: m for captured_op, m in zip(captured.ops, measured.ops)}
+    split = [m for m in measured.ops if m.split_s is not None]
+    assert len(split) == 2, "both linear layers have an input and a weight gradient"
+    gelu = next(m for op, m in by_op.items() if "gelu" in op)
+    assert gelu.bwd_s > 0 and gelu.bwd_weight_s == 0.0  # no parameters: all input gradient
+    for m in measured.ops:
+        assert 0.0 <= m.bwd_weight_s <= m.bwd_s
+    for m in split:
+        assert 0.0 < m.bwd_weight_s < m.bwd_s
+        assert sum(m.split_s) == pytest.approx(m.bwd_s, rel=0.5)  # timed apart, each half pays its own start-up
+    whole = sum(m.bwd_s for m in split)
+    assert sum(sum(m.split_s) for m in split) == pytest.approx(whole, rel=0.3)
+
+
+def test_profile_file_carries_the_split_and_refuses_a_broken_one(tmp_path) -> None:
+    from planner.errors import InputFileError, PlannerError
+    from planner.formats.profile import load_profile
+
+    base = {"fwd": 1.0, "bwd": 2.0, "source": "measured"}
+    doc = {"schema_version": 1, "model": {"name": "m"}, "nodes": [
+        {"name": "x", "op": "input", "inputs": [], "output_bytes": 4, "param_bytes": 0,
+         "time_s": {"cpu": {**base, "bwd_input": 1.5, "bwd_weight": 0.5}}}]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    assert load_profile(path).nodes[0].time_s["cpu"].bwd_weight == 0.5
+    for broken in ({**base, "bwd_weight": 0.5}, {**base, "bwd_input": 1.0, "bwd_weight": 0.5}):
+        doc["nodes"][0]["time_s"]["cpu"] = broken
+        path.write_text(json.dumps(doc))
+        with pytest.raises((InputFileError, PlannerError), match="bwd_"):
+            load_profile(path)
