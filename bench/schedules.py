@@ -224,6 +224,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT))
     args = parser.parse_args()
     only = set(args.only or ("measured", "simulated"))
+    CACHE.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.output).with_suffix(".json")
     results: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
     if "simulated" in only:

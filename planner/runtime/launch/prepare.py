@@ -26,7 +26,7 @@ from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.resume import Resume, check_resume, run_identity
 from planner.partition.search.sync_period import AdaptiveRule
 from planner.runtime.data_parallel import AdaptiveOptions, sync_for
-from planner.runtime.pipeline.stages import rank_of_stages, replica_layout
+from planner.runtime.pipeline.stages import check_zero_bubble, rank_of_stages, replica_layout
 from planner.runtime.pipeline.training import TrainSettings, check_graph, check_plan_nodes, resolve_optimizer, split_batch
 
 
@@ -70,6 +70,7 @@ def load_checked_plan(plan_path: str, profile_path: str | None) -> tuple[Plan, P
     where = f"profile {str(path)!r}"
     check_plan_nodes(plan, profile, where)
     rank_of_stages(plan)
+    check_zero_bubble(plan)  # a zero-bubble order torch would refuse is refused here, before any rank starts
     if not plan.shape().served:  # a parameter-server plan runs without the pipeline's sync (run_rank)
         sync_for(plan)  # a sync mode this runtime lacks is refused here, before any rank starts
     return plan, profile, where

@@ -34,6 +34,7 @@ from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
 __all__ = ["ContiguousStage", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
+           "check_zero_bubble", "zero_bubble_actions",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
 
@@ -261,32 +262,13 @@ def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.
 
 def zero_bubble_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
     """A zero-bubble plan's schedule: torch's ``_PipelineScheduleRuntime`` running the plan's ``schedule_order`` as
-    written (``zb-h1``'s fixed pattern when a hand-made plan has none), the ranks of this replica's pipeline each
-    given their own list; torch validates the lists and inserts the sends and receives. It splits each backward
-    with autograd into the input gradient (sent at once) and the weight gradient (run where the order says)."""
-    from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+    written (``zero_bubble_actions``); torch validates the lists and inserts the sends and receives. It splits each
+    backward with autograd into the input gradient (sent at once) and the weight gradient (run where the order
+    says)."""
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
     plan = rank_stages.plan
-    order = plan.extra.get("schedule_order")
-    if not order and plan.schedule != "zb-h1":
-        raise PlanMismatchError(f"a {plan.schedule} plan must carry its schedule_order (plan partition writes it); "
-                                f"re-partition with --schedule {plan.schedule}")
-    layout = rank_stages.rank_of_stage
-    default = {dev: i for i, dev in enumerate(plan.replica_devices())}
-    devices = rank_devices(plan)
-    group_rank = {rank: i for i, rank in enumerate(dict.fromkeys(layout))}  # this pipeline's ranks in its pp group
-    actions: dict[int, list[Any]] = {}
-    for rank in dict.fromkeys(layout):
-        if order:
-            key = str(default[devices[rank]])
-            if key not in order:
-                raise PlanMismatchError(f"the plan's schedule_order has no passes for rank {key} (device "
-                                        f"{devices[rank]!r}); re-partition with --schedule {plan.schedule}")
-            passes = [_Action.from_str(a) for a in order[key]]
-        else:
-            passes = [_Action.from_str(f"{s}{kind}{j}") for kind, s, j in
-                      device_orders("zb-h1", len(layout), 1, rank_stages.microbatches)[layout.index(rank)]]
-        actions[group_rank[rank]] = passes
+    actions = zero_bubble_actions(plan, rank_stages.rank_of_stage, rank_stages.microbatches)
     schedule = _PipelineScheduleRuntime(list(rank_stages.stages), rank_stages.microbatches, loss_fn=loss,
                                         scale_grads=False)
     try:
@@ -295,6 +277,53 @@ def zero_bubble_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, 
         raise PlanMismatchError(f"torch's pipeline runtime refuses the plan's schedule_order: {exc}; re-partition "
                                 f"with --schedule {plan.schedule}") from None
     return schedule
+
+
+def zero_bubble_actions(plan: Plan, layout: Sequence[int], microbatches: int) -> dict[int, list[Any]]:
+    """One replica pipeline's passes as torch's ``_Action`` s, keyed by rank in the pipeline's group: the plan's
+    ``schedule_order`` (whose keys number the devices by first appearance, ``Plan.replica_devices``, so a re-plan's
+    ``device_ranks`` does not change them), or ``zb-h1``'s fixed pattern when a hand-made ``zb-h1`` plan has none."""
+    from torch.distributed.pipelining.schedules import _Action
+
+    order = plan.extra.get("schedule_order")
+    if not order and plan.schedule != "zb-h1":
+        raise PlanMismatchError(f"a {plan.schedule} plan must carry its schedule_order (plan partition writes it); "
+                                f"re-partition with --schedule {plan.schedule}")
+    default = {dev: i for i, dev in enumerate(plan.replica_devices())}
+    devices = rank_devices(plan)
+    ranks = list(dict.fromkeys(layout))
+    actions: dict[int, list[Any]] = {}
+    for group_rank, rank in enumerate(ranks):
+        if order:
+            key = str(default[devices[rank]])
+            if key not in order:
+                raise PlanMismatchError(f"the plan's schedule_order has no passes for rank {key} (device "
+                                        f"{devices[rank]!r}); re-partition with --schedule {plan.schedule}")
+            actions[group_rank] = [_Action.from_str(a) for a in order[key]]
+        else:
+            stage = list(layout).index(rank)
+            actions[group_rank] = [_Action.from_str(f"{s}{kind}{j}") for kind, s, j in
+                                   device_orders("zb-h1", len(layout), 1, microbatches)[stage]]
+    return actions
+
+
+def check_zero_bubble(plan: Plan) -> None:
+    """Before ranks start: every replica pipeline's order passes torch's own ``_validate_schedule`` (every stage's
+    forward, input and weight passes of every micro-batch of its share, each after what it needs)."""
+    if plan.schedule not in ZERO_BUBBLE_SCHEDULES:
+        return
+    from torch.distributed.pipelining.schedules import _validate_schedule
+
+    rows, shares = replica_layout(plan)
+    for replica, (layout, share) in enumerate(zip(rows, shares)):
+        actions = zero_bubble_actions(plan, layout, share)
+        try:
+            _validate_schedule(actions, len(actions), len(layout), share)  # type: ignore[arg-type]
+        except (AssertionError, ValueError, RuntimeError) as exc:
+            where = f" of replica {replica}" if len(rows) > 1 else ""
+            raise PlanMismatchError(f"the plan's schedule_order{where} is not a valid schedule for {len(layout)} "
+                                    f"stages and {share} micro-batches: {exc}; re-partition with --schedule "
+                                    f"{plan.schedule}") from None
 
 
 def average_grads(params: Mapping[str, nn.Parameter], microbatches: int) -> None:
