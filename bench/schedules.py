@@ -3,8 +3,9 @@
 1. Measured, 2 CPU ranks (gloo, one intra-op thread each), per model x micro-batch count: the dp plan under 1F1B,
    then the same stages under ``zb-h1`` (torch's ZB1P order) and ``zb-planned`` (the planner's order from the
    stages' F, I and W times), and the dp plan under interleaved 1F1B (its own 4 stages, 2 per rank). Each row: the
-   measured step time (mean over the rounds after the first, rebalancing off), the plan's predicted step, and the
-   speed-up over 1F1B on the same stages, all from the same run of this script; the machine's load beside it.
+   measured step time (mean over the rounds after the first, rebalancing off; the median of ``--repeats`` runs, the
+   schedules taking turns in a rotated order), the plan's predicted step, and the speed-up over 1F1B on the same
+   stages, all from the same run of this script; the machine's load beside it.
 2. Simulated, no runs: the bundled models on ``dgx-h100-8`` and the mixed clusters, one stage per device, at
    ``m = p`` and ``m = 4p``: step time, bubble (idle share of the step) and peak memory per schedule, each
    schedule's own dp plan.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import platform
 import sys
@@ -27,13 +29,14 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
-from run import CACHE, load1, parallel_capacity, profile_path, run_job, steady_step_s, with_extra  # noqa: E402
+from run import (CACHE, calibrated_in_first_round, load1, parallel_capacity, profile_path, run_job,  # noqa: E402
+                 steady_step_s, with_extra)
 
 from planner.app.partition import profile_ref  # noqa: E402
 from planner.examples import BUNDLED  # noqa: E402
 from planner.formats.catalog import load_catalog  # noqa: E402
 from planner.formats.cluster import load_cluster  # noqa: E402
-from planner.formats.plan import Plan, load_plan, save_plan  # noqa: E402
+from planner.formats.plan import Plan, save_plan  # noqa: E402
 from planner.formats.profile import load_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
 from planner.partition.model.convert import build_plan, partition_of  # noqa: E402
@@ -80,17 +83,27 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"interleaved-1f1b on {name} m={m}: {exc}", file=sys.stderr)
             results: dict[str, Any] = {}
             capacity = parallel_capacity()
+            paths = {}
             for schedule, plan in plans.items():
-                path = CACHE / f"sched-{name}-m{m}-{schedule}.plan.json"
-                save_plan(plan, path)
-                job = run_job(path, spec, args.steps, args.round_steps, {"rebalance": False},
-                              tag=f"sched-{name}-{m}-{schedule}")
-                results[schedule] = {"measured_s": steady_step_s(job["rounds"]), "predicted_s": plan.step_time_s,
+                paths[schedule] = CACHE / f"sched-{name}-m{m}-{schedule}.plan.json"
+                save_plan(plan, paths[schedule])
+                results[schedule] = {"samples": [], "calibrated_errors": [], "predicted_s": plan.step_time_s,
                                      "stages": [len(s.nodes) for s in plan.stages],
-                                     "bubble": float(plan.predicted.get("bubble_fraction", 0.0)),
-                                     "load": [job["load_before"], job["load_after"]]}
-                print(f"{name} m={m} {schedule}: {results[schedule]['measured_s']:.4f} s measured, "
-                      f"{plan.step_time_s:.4f} s predicted", file=sys.stderr)
+                                     "bubble": float(plan.predicted.get("bubble_fraction", 0.0)), "load": []}
+            names = list(plans)
+            for rep in range(args.repeats):  # the schedules take turns, in a rotated order each time
+                for schedule in names[rep % len(names):] + names[:rep % len(names)]:
+                    job = run_job(paths[schedule], spec, args.steps, args.round_steps, {"rebalance": False},
+                                  tag=f"sched-{name}-{m}-{schedule}")
+                    results[schedule]["samples"].append(steady_step_s(job["rounds"]))
+                    calibrated, later = calibrated_in_first_round(plans[schedule], prof, "pipeline", job["rounds"])
+                    results[schedule]["calibrated_errors"].append(later / calibrated - 1)
+                    results[schedule]["load"] += [job["load_before"], job["load_after"]]
+                    print(f"{name} m={m} {schedule}: {results[schedule]['samples'][-1]:.4f} s measured, "
+                          f"{plans[schedule].step_time_s:.4f} s predicted", file=sys.stderr)
+            for r in results.values():
+                r["measured_s"] = statistics.median(r["samples"])
+                r["calibrated_error"] = statistics.median(r["calibrated_errors"])
             base_s = results["1f1b"]["measured_s"]
             for r in results.values():
                 r["speedup"] = base_s / r["measured_s"]
@@ -151,17 +164,23 @@ def render(results: dict[str, Any]) -> str:
     if results.get("measured"):
         lines += ["## 1. Measured on 2 CPU ranks (gloo, one intra-op thread each)", "",
                   "Same stages for 1F1B, zb-h1 and zb-planned (the dp plan under 1F1B); interleaved 1F1B runs its own "
-                  "dp plan of 4 stages, 2 per rank. *speed-up*: 1F1B's measured step over the row's, same run. "
+                  "dp plan, several stages per rank. *measured*: the median of the runs listed under *runs* (each the "
+                  "mean step over its rounds after the first; the schedules took turns). "
+                  "*speed-up*: 1F1B's measured step over the row's, same run of the script. *calibrated*: the plan "
+                  "re-simulated with each rank's compute factor measured in the run's first round after the warm-up, "
+                  "against the mean step of the rounds after it (what `plan run` reports; median over the runs). "
                   "*error*: measured over predicted. Load: the 1-minute load average before/after the row's run "
                   "(2.0 = both cores busy). Capacity: how many cores two single-threaded processes got side by side "
                   "just before and after the model's runs (2.0 = two free cores).", "",
-                  "| model | m | schedule | nodes per stage | predicted (s) | measured (s) | error | speed-up vs 1F1B | "
-                  "load |", "|---|---:|---|---|---:|---:|---:|---:|---|"]
+                  "| model | m | schedule | nodes per stage | predicted (s) | measured (s) | runs (s) | error | "
+                  "calibrated error | speed-up vs 1F1B | load (min-max) |", "|---|---:|---|---|---:|---:|---|---:|---:|---:|---|"]
         for row in results["measured"]:
             for schedule, r in row["schedules"].items():
+                runs = ", ".join(f"{x:.4f}" for x in r.get("samples", [r["measured_s"]]))
                 lines.append(f"| {row['model']} | {row['microbatches']} | {schedule} | {r['stages']} | "
-                             f"{r['predicted_s']:.4f} | {r['measured_s']:.4f} | {r['error']:+.1%} | "
-                             f"{r['speedup']:.2f}x | {r['load'][0]:.2f}/{r['load'][1]:.2f} |")
+                             f"{r['predicted_s']:.4f} | {r['measured_s']:.4f} | {runs} | {r['error']:+.1%} | "
+                             f"{r.get('calibrated_error', float('nan')):+.1%} | "
+                             f"{r['speedup']:.2f}x | {min(r['load']):.2f}-{max(r['load']):.2f} |")
         caps = "; ".join(f"{row['model']} m={row['microbatches']}: {row['capacity'][0]:.2f}, {row['capacity'][1]:.2f}"
                          for row in results["measured"])
         lines += ["", f"Capacity: {caps}.", ""]
@@ -218,7 +237,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("measured", "simulated"), action="append")
     parser.add_argument("--models", nargs="+", default=list(MEASURED_MODELS), choices=sorted(MEASURED_MODELS))
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="Measured: runs per schedule, taking turns.")
     parser.add_argument("--round-steps", type=int, default=2)
     parser.add_argument("--reprofile", action="store_true")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT))

@@ -259,3 +259,20 @@ def test_an_interleaved_plan_exported_as_a_single_stage_schedule_is_one_line(tmp
         assert done.exit_code != 0, fmt
         text = " ".join(done.output.split())
         assert "cannot be exported as 1f1b" in text and "Traceback" not in done.output
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-planned"])
+def test_zero_bubble_plans_export_their_recorded_order_and_torchtitans_name(tmp_path: Path, schedule: str) -> None:
+    plan = _plan(tmp_path, "gpt_tiny", "a100-4", "-s", schedule, "--granularity", "layer")
+    order = json.loads(plan.read_text())["schedule_order"]
+    result = runner.invoke(app, ["export", str(plan), "--to", "schedule-csv", "-o", str(tmp_path / "s.csv")])
+    assert result.exit_code == 0, result.output
+    rows = [line.split(",") for line in (tmp_path / "s.csv").read_text().splitlines()]
+    assert rows == [order[k] for k in sorted(order, key=int)]
+    assert all(any(a[len(str(r)):].startswith("W") for a in row) for r, row in enumerate(rows))
+    titan = runner.invoke(app, ["export", str(plan), "--to", "torchtitan"])
+    if schedule == "zb-h1":
+        assert titan.exit_code == 0 and '"InterleavedZeroBubble"' in titan.output
+    else:
+        assert titan.exit_code == 1 and "pipeline_parallel_schedule_csv" in titan.output
+        assert len(titan.output.strip().splitlines()) == 1

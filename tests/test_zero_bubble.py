@@ -171,3 +171,55 @@ def test_order_checker_accepts_every_schedule_and_names_a_deadlock_or_a_missing_
     assert found and "deadlocks" in found[0] and "rank 0" in found[0]
     missing = [[op for op in first if op != (BWD_WEIGHT, 0, 1)], zb[1]]
     assert "micro-batch 1" in order_violations(missing, 2)[0]
+
+
+def _random_profile(seed: int, n: int = 12):
+    from _partition_cases import node, profile
+
+    rng = random.Random(seed)
+    nodes = [node("x", op="input", times={"cpu": (0.0, 0.0), "gpu": (0.0, 0.0)})]
+    for i in range(n):
+        f = rng.uniform(0.5, 2.0)
+        nodes.append(node(f"op{i}", [nodes[-1]["name"]], params=rng.choice([0, 1000]), saved=100,
+                          times={"cpu": (f, 2 * f), "gpu": (f / 3, 2 * f / 3)}))
+    return profile(*nodes)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_zb_planned_plans_are_never_slower_than_zb_h1s_and_pass_the_check(seed: int) -> None:
+    from _partition_cases import cluster as make_cluster
+    from planner.partition import partition
+    from planner.partition.validate import validate_plan
+
+    prof = _random_profile(seed)
+    net = make_cluster(4, types=["cpu", "gpu", "cpu", "gpu"], bandwidth_Bps=1e6)
+    fixed = partition(prof, net, method="dp", microbatches=8, schedule="zb-h1")
+    planned = partition(prof, net, method="dp", microbatches=8, schedule="zb-planned")
+    assert planned.step_time_s <= fixed.step_time_s * (1 + 1e-12)
+    for plan in (fixed, planned):
+        order = plan.extra["schedule_order"]
+        assert sorted(order, key=int) == [str(r) for r in range(len(plan.stages))]
+        assert validate_plan(plan, prof, net) == []
+    assert partition(prof, net, method="dp", microbatches=8, schedule="zb-planned").extra["schedule_order"] == \
+        planned.extra["schedule_order"]  # deterministic
+
+
+def test_plan_check_refuses_an_order_that_deadlocks_or_drops_a_pass() -> None:
+    from dataclasses import replace
+
+    from _partition_cases import cluster as make_cluster
+    from planner.partition import partition
+    from planner.partition.validate import validate_plan
+
+    prof = _random_profile(0, 6)
+    net = make_cluster(2)
+    plan = partition(prof, net, method="dp", microbatches=4, schedule="zb-planned", data_parallel=1)
+    order = {k: list(v) for k, v in plan.extra["schedule_order"].items()}
+    first = order["0"]
+    first.remove("0I1")
+    first.insert(first.index("0F1"), "0I1")  # micro-batch 1's gradient awaited before it is sent forward
+    found = validate_plan(replace(plan, extra={**plan.extra, "schedule_order": order}), prof, net)
+    assert len(found) == 1 and "deadlocks" in found[0] and "re-partition" in found[0]
+    dropped = {k: [a for a in v if a != "1W3"] for k, v in plan.extra["schedule_order"].items()}
+    found = validate_plan(replace(plan, extra={**plan.extra, "schedule_order": dropped}), prof, net)
+    assert found and "micro-batch 3" in found[0]
