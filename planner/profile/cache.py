@@ -7,7 +7,8 @@ The key is a SHA-256 over everything that changes a profile's numbers or its gra
   changed ``forward`` changes the graph without changing a shape);
 - the **example inputs**' shapes and dtypes (after ``--microbatch-size``);
 - the **tracer**, the **device type** it was measured on, the co-located ranks (``--colocate``), the repeats and
-  warm-up, the device types it estimates, and the torch version.
+  warm-up, the device types it estimates, the torch version, and ``MEASUREMENT_VERSION`` (what the profiler
+  measures per op).
 
 A source file that cannot be read (a class defined in a notebook) counts by its qualified name only, so an edit
 there is not seen: ``--reprofile`` measures again. The cache lives in ``$PLANNER_CACHE_DIR`` (default
@@ -23,7 +24,11 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["cache_dir", "profile_key", "cached_profile_path"]
+__all__ = ["cache_dir", "profile_key", "cached_profile_path", "MEASUREMENT_VERSION"]
+
+MEASUREMENT_VERSION = 2
+"""What ``plan profile`` measures per op, in the key: a profile cached before a change of it is measured again
+(2: the backward split into its input and weight gradients, docs/zero-bubble.md)."""
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
@@ -56,6 +61,7 @@ def profile_key(spec: str, *, input_spec: str | None, microbatch_size: int | Non
         "inputs": [[list(x.shape), str(x.dtype)] if isinstance(x, torch.Tensor) else repr(x) for x in inputs],
         "tracer": tracer, "device_type": detect_device_type(), "colocate": colocate, "repeats": repeats,
         "warmup": warmup, "estimate": sorted(estimate), "model_output": model_output, "torch": torch.__version__,
+        "measurement": MEASUREMENT_VERSION,
     }
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest(), described

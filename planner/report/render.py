@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from planner.formats.plan import Plan
+from planner.formats.plan import SCHEDULES, Plan
 from planner.report.table import device_table, fmt_bytes, fmt_time, stage_table, summary_text
 
 if TYPE_CHECKING:
@@ -203,8 +203,8 @@ def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) ->
     console.print(table)
     verdicts = {str(r["verdict"]) for r in [*fits[:show + 1], *failed[:1]]}
     if any(v.startswith("+0.0%") or v == "tie" for v in verdicts):
-        console.print(Text("tie: the same predicted step; the earlier schedule (gpipe, 1f1b, interleaved-1f1b, "
-                           "async-1f1b, 2bw), fewer micro-batches and fewer replicas win"), soft_wrap=True)
+        console.print(Text(f"tie: the same predicted step; the earlier schedule ({', '.join(SCHEDULES)}), fewer "
+                           f"micro-batches and fewer replicas win"), soft_wrap=True)
     if failed:
         console.print(Text(f"no fit: {failed[0]['schedule']} with {failed[0]['microbatches']} micro-batches: "
                            f"{failed[0].get('why') or 'infeasible'}"), soft_wrap=True)
