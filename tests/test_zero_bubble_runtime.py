@@ -10,7 +10,6 @@ on 4 ranks (correctness only on this 2-core machine).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
