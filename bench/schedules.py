@@ -87,7 +87,8 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             for schedule, plan in plans.items():
                 paths[schedule] = CACHE / f"sched-{name}-m{m}-{schedule}.plan.json"
                 save_plan(plan, paths[schedule])
-                results[schedule] = {"samples": [], "calibrated_errors": [], "predicted_s": plan.step_time_s,
+                results[schedule] = {"samples": [], "calibrated_errors": [], "waits": [], "computes": [],
+                                     "predicted_s": plan.step_time_s,
                                      "stages": [len(s.nodes) for s in plan.stages],
                                      "bubble": float(plan.predicted.get("bubble_fraction", 0.0)), "load": []}
             names = list(plans)
@@ -96,6 +97,9 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                     job = run_job(paths[schedule], spec, args.steps, args.round_steps, {"rebalance": False},
                                   tag=f"sched-{name}-{m}-{schedule}")
                     results[schedule]["samples"].append(steady_step_s(job["rounds"]))
+                    wait, compute = per_rank_step(job["rounds"])
+                    results[schedule]["waits"].append(wait)
+                    results[schedule]["computes"].append(compute)
                     calibrated, later = calibrated_in_first_round(plans[schedule], prof, "pipeline", job["rounds"])
                     results[schedule]["calibrated_errors"].append(later / calibrated - 1)
                     results[schedule]["load"] += [job["load_before"], job["load_after"]]
@@ -104,6 +108,8 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             for r in results.values():
                 r["measured_s"] = statistics.median(r["samples"])
                 r["calibrated_error"] = statistics.median(r["calibrated_errors"])
+                r["wait_s"] = statistics.median(r["waits"])
+                r["compute_s"] = statistics.median(r["computes"])
             base_s = results["1f1b"]["measured_s"]
             for r in results.values():
                 r["speedup"] = base_s / r["measured_s"]
@@ -111,6 +117,15 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({"model": name, "microbatches": m, "schedules": results,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
+
+
+def per_rank_step(rounds: list[dict[str, Any]]) -> tuple[float, float]:
+    """Seconds per step a rank spent waiting (blocked on receives: the bubble and transfers) and computing, the mean
+    over ranks and over the rounds after the first: the bubble shows in the wait, machine noise in the compute."""
+    later = [r for r in rounds if r["round"] > 0] or rounds
+    waits = [d["wait_s"] / r["steps"] for r in later for d in r["devices"].values()]
+    computes = [d["compute_s"] / r["steps"] for r in later for d in r["devices"].values()]
+    return sum(waits) / len(waits), sum(computes) / len(computes)
 
 
 def profile_path_for(name: str, spec: str, reprofile: bool) -> Path:
@@ -169,18 +184,23 @@ def render(results: dict[str, Any]) -> str:
                   "*speed-up*: 1F1B's measured step over the row's, same run of the script. *calibrated*: the plan "
                   "re-simulated with each rank's compute factor measured in the run's first round after the warm-up, "
                   "against the mean step of the rounds after it (what `plan run` reports; median over the runs). "
+                  "*wait / compute*: per rank and step, the time blocked on receives (the bubble and transfers) and "
+                  "computing (median over the runs): the schedule shows in the wait; other jobs on the machine show in "
+                  "the compute. "
                   "*error*: measured over predicted. Load: the 1-minute load average before/after the row's run "
                   "(2.0 = both cores busy). Capacity: how many cores two single-threaded processes got side by side "
                   "just before and after the model's runs (2.0 = two free cores).", "",
                   "| model | m | schedule | nodes per stage | predicted (s) | measured (s) | runs (s) | error | "
-                  "calibrated error | speed-up vs 1F1B | load (min-max) |", "|---|---:|---|---|---:|---:|---|---:|---:|---:|---|"]
+                  "calibrated error | speed-up vs 1F1B | wait / compute per rank-step (s) | load (min-max) |",
+                  "|---|---:|---|---|---:|---:|---|---:|---:|---:|---|---|"]
         for row in results["measured"]:
             for schedule, r in row["schedules"].items():
                 runs = ", ".join(f"{x:.4f}" for x in r.get("samples", [r["measured_s"]]))
                 lines.append(f"| {row['model']} | {row['microbatches']} | {schedule} | {r['stages']} | "
                              f"{r['predicted_s']:.4f} | {r['measured_s']:.4f} | {runs} | {r['error']:+.1%} | "
                              f"{r.get('calibrated_error', float('nan')):+.1%} | "
-                             f"{r['speedup']:.2f}x | {min(r['load']):.2f}-{max(r['load']):.2f} |")
+                             f"{r['speedup']:.2f}x | {r.get('wait_s', float('nan')):.4f} / {r.get('compute_s', float('nan')):.4f} | "
+                             f"{min(r['load']):.2f}-{max(r['load']):.2f} |")
         caps = "; ".join(f"{row['model']} m={row['microbatches']}: {row['capacity'][0]:.2f}, {row['capacity'][1]:.2f}"
                          for row in results["measured"])
         lines += ["", f"Capacity: {caps}.", ""]
