@@ -59,3 +59,28 @@ def test_pipeline_2_by_data_2_under_zero_bubble(tmp_path, profiles):
     summary = run_pipeline(tmp_path, plan, GPT, launcher="torchrun", extra=("--lr", "0.05"), world=4)
     assert summary["world_size"] == 4 and summary["sync"]["mode"] == "ssgd"
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05, world=4)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_training_exact(tmp_path, profiles):
+    """Rank 1 emulated 3x slower: the re-plan (the test placer cutting at blocks.1.mlp) moves the cut, the new plan
+    carries its own generated order, the ranks switch to it mid-run, and losses and parameters still equal one
+    process's."""
+    from tests._runtime_jobs import job
+
+    nodes = json.loads(profiles[GPT].read_text())["nodes"]
+    cut = next(i for i, n in enumerate(nodes) if n.get("module_path", "").startswith("blocks.1.mlp"))
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], "zb-planned", microbatches=4)
+    doc = json.loads(plan.read_text())
+    doc["schedule_order"] = hand_order(4)
+    plan.write_text(json.dumps(doc))
+    assert len(doc["stages"][0]["nodes"]) != cut
+    options = {"emulate_slowdown": "1=3.0", "replan_method": "test-shift", "patience": 1}
+    env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
+           "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
+    code, summary, _ = job(plan, 6, options, env=env, limit_s=TIMEOUT_S)
+    assert code == 0, summary
+    final = summary["plan"]
+    assert len(final["stages"][0]["nodes"]) == cut and final["schedule"] == "zb-planned"
+    assert final["schedule_order"] != doc["schedule_order"]  # the re-plan's own order, generated for the new cut
+    assert_parity(tmp_path, plan, GPT, summary, steps=6)
