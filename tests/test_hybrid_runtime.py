@@ -113,10 +113,11 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [4, 4], "gpipe")
     assert len(json.loads(plan.read_text())["stages"][0]["nodes"]) != cut
     log = tmp_path / "rounds.jsonl"
-    options = {"emulate_slowdown": "0=3.0,1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 1}
+    # patience 3 over 5 rounds: a round whose waits the shared machine blurs does not end rebalancing early
+    options = {"emulate_slowdown": "0=3.0,1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 3}
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, summary, _ = job(plan, STEPS + 3, options, env=env, nproc=4, limit_s=TIMEOUT_S)
+    code, summary, _ = job(plan, STEPS + 7, options, env=env, nproc=4, limit_s=TIMEOUT_S)
     assert code == 0, summary
     rounds = [json.loads(line) for line in log.read_text().splitlines() if '"round"' in line]
     changed = [r for r in rounds if r["plan_changed"]]
@@ -126,7 +127,7 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     assert final["data_parallel"]["microbatches"] != [4, 4]  # so did the shares
     assert sum(final["data_parallel"]["microbatches"]) == 8 and len(final["stages"][0]["replicas"]) == 2
     assert sorted(n for st in final["stages"] for n in st["nodes"]) == sorted(names)  # no node dropped
-    assert_parity(tmp_path, plan, GPT, summary, world=4, steps=STEPS + 3)
+    assert_parity(tmp_path, plan, GPT, summary, world=4, steps=STEPS + 7)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)

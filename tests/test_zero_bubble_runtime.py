@@ -75,12 +75,12 @@ def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_traini
     doc["schedule_order"] = hand_order(4)
     plan.write_text(json.dumps(doc))
     assert len(doc["stages"][0]["nodes"]) != cut
-    options = {"emulate_slowdown": "1=3.0", "replan_method": "test-shift", "patience": 1}
+    options = {"emulate_slowdown": "1=3.0", "replan_method": "test-shift", "patience": 3}  # noise cannot end it early
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, summary, _ = job(plan, 6, options, env=env, limit_s=TIMEOUT_S)
+    code, summary, _ = job(plan, 10, options, env=env, limit_s=TIMEOUT_S)
     assert code == 0, summary
     final = summary["plan"]
     assert len(final["stages"][0]["nodes"]) == cut and final["schedule"] == "zb-planned"
     assert final["schedule_order"] != doc["schedule_order"]  # the re-plan's own order, generated for the new cut
-    assert_parity(tmp_path, plan, GPT, summary, steps=6)
+    assert_parity(tmp_path, plan, GPT, summary, steps=10)
