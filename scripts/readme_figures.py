@@ -93,7 +93,8 @@ def training(docs: Path) -> str:
     shapes = sorted({cells[1] for cells in _rows(fidelity, "gpt_small", source) if not cells[1].startswith("pipeline")})
     vs_static = _find(text, r"vs static \*\*([0-9.]+x)\*\*", source).group(1)
     oracle = _find(text, r"\*\*([0-9]+%) of the oracle's\*\*", source).group(1)
-    rounds = _find(text, r"S6 convergence declared in round (\d+)", source).group(1)
+    s6 = _find(text, r"S6 (convergence declared in round (\d+) at the latest|not declared in \d+ of \d+ runs)", source)
+    converged = f"S6 declared by round {s6.group(2)}" if s6.group(2) else f"S6 {s6.group(1)}"
     return (f"- Training on 2 CPU ranks (`{command.group(1)}`, {command.group(2)}; {machine}): 1F1B with 8 "
             f"micro-batches is {gain.group(1)} plain model parallelism (load average {gain.group(2)}); the "
             f"simulator's step time against the measured one, every trial: {'; '.join(rows)}; with `gpt_small` "
@@ -101,7 +102,7 @@ def training(docs: Path) -> str:
             f"{calibrated.group(1)} with the prediction calibrated in the run's first round (largest "
             f"{calibrated.group(2)}); "
             f"under an emulated 2x slowdown of one rank, rebalancing reaches at least {vs_static} the static "
-            f"plan's throughput and {oracle} of an oracle plan's, S6 declared by round {rounds} "
+            f"plan's throughput and {oracle} of an oracle plan's, {converged} "
             f"([bench-run.md](docs/bench-run.md)).")
 
 
