@@ -4,19 +4,22 @@ Each round, device ``d`` measures ``M`` seconds of compute for the work it held:
 op-granularity profile, each run ``n`` times (micro-batches x steps x row scale). The cost model predicts
 ``P_d(i, j)`` seconds for one run. The estimator explains every measurement as
 
-    M = s_d * sum_a c_a * P_d(a) * n_a
+    M = g_r * s_d * sum_a c_a * P_d(a) * n_a
 
-where ``s_d`` is the device's speed factor (what the device does differently) and ``c_a`` a correction of the
-cost model on *atom* ``a``: the node ranges between any two cuts seen so far, so a stage that moves keeps its
-correction and a device keeps its speed. With one plan only, a device's own speed and its ops' error cannot be
+where ``s_d`` is the device's speed factor (what the device does differently), ``c_a`` a correction of the
+cost model on *atom* ``a`` (the node ranges between any two cuts seen so far, so a stage that moves keeps its
+correction and a device keeps its speed), and ``g_r`` the common factor of round ``r``: how much faster or
+slower every device ran in that round (a shared host's speed drifts by 10-25% between rounds a few seconds
+apart, docs/bench-run.md). With one plan only, a device's own speed and its ops' error cannot be
 told apart; each re-plan that moves a cut (or the same ops measured on two devices) adds the equations that
 separate them.
 
 The fit is a regularised least squares in log space over the last rounds (Gauss-Newton, a fixed number of
 iterations, so it is deterministic):
 
-    min  sum_obs w_obs (log M - log s_d - log sum_a c_a P_d(a) n_a)^2
-         + lambda_s sum_d (log s_d)^2 + lambda_c sum_a (log c_a - log m)^2,   subject to  sum_d log s_d = 0
+    min  sum_obs w_obs (log M - log g_r - log s_d - log sum_a c_a P_d(a) n_a)^2
+         + lambda_s sum_d (log s_d)^2 + lambda_c sum_a (log c_a - log m)^2 + lambda_g sum_r (log g_r)^2,
+    subject to  sum_d log s_d = 0
 
 - The gauge ``sum_d log s_d = 0`` (geometric mean of the speed factors 1) puts the error all devices share into
   the corrections: two devices of equal speed get factor 1 whatever the ops cost.
@@ -27,6 +30,12 @@ iterations, so it is deterministic):
   may be off by the same factor everywhere (the host, co-location), and every new cut adds an atom, so a
   prior towards 1 would let a small atom absorb the noise of the round in which it appeared.
 - ``w_obs = decay ** age``: recent rounds count more, so a device that changes speed is followed.
+- ``lambda_g`` is measured (``drift_prior``): the rounds that ran the same plan show how far the host's speed
+  drifts between rounds, and the drift's variance sets how far the rounds' absolute times are trusted. On a
+  steady host a moved cut separates speed from op error exactly (the cut's atom was timed on both devices);
+  on a drifting one the factors are read from how the devices of one round differ. Without ``g_r`` a host
+  that ran 20% faster in the round after a cut moved took the slow rank's factor from 2.0 to 3.1 (a recorded
+  gpt_small run, ``tests/test_speed.py``).
 
 This is the alternating speed/work decomposition that heterogeneity-aware schedulers fit from throughput
 observations (Gavel, Narayanan et al., OSDI 2020, fits job x accelerator throughputs; Cannikin, Zhang et al.,
@@ -42,7 +51,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Held", "SpeedFit", "fit_speeds", "SPEED_PRIOR", "CORRECTION_PRIOR", "DECAY", "ITERATIONS"]
+__all__ = ["Held", "SpeedFit", "fit_speeds", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR", "drift_prior", "DECAY", "ITERATIONS"]
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
@@ -53,6 +62,15 @@ DECAY = 0.85
 """Weight of a round relative to the next one (``RebalanceConfig.speed_decay``)."""
 ITERATIONS = 30
 """Gauss-Newton iterations (fixed, so the fit is deterministic)."""
+DRIFT_PRIOR = 0.1
+"""``lambda_g`` until the window holds two rounds of one plan (nothing to measure the drift from yet): weak, so a
+first moved cut is not read from two rounds' absolute times alone."""
+MEASUREMENT_NOISE = 0.03
+"""The spread (in log units, ~3%) of one device's compute over a round that the host's drift does not explain:
+``lambda_g = MEASUREMENT_NOISE**2 / drift variance``."""
+MAX_DRIFT_PRIOR = 1e3
+"""``lambda_g`` on a host that does not drift (identical rounds of one plan): the rounds' absolute times are
+trusted, and a moved cut separates speed from op error exactly."""
 _GAUGE = 1e3
 """Weight of the row that holds the speed factors' geometric mean at 1."""
 
@@ -84,6 +102,22 @@ class SpeedFit:
     """``(start, stop, factor)`` per atom: the cost model's correction on nodes ``[start, stop)``."""
 
 
+def drift_prior(rounds: Sequence[Sequence[Held]]) -> float:
+    """``lambda_g``, from how much rounds of the same plan differ in level: the variance, over rounds that ran
+    one plan, of each round's mean log compute about that plan's mean (what only the host's drift moves), set
+    against ``MEASUREMENT_NOISE`` (an empirical-Bayes choice of the prior's strength)."""
+    levels: dict[tuple[object, ...], list[float]] = {}
+    for held in rounds:
+        logs = [math.log(h.measured_s) for h in held if h.measured_s > 0]
+        if logs:
+            levels.setdefault(tuple(sorted((h.device, h.ranges) for h in held)), []).append(sum(logs) / len(logs))
+    groups = [v for v in levels.values() if len(v) > 1]
+    if not groups:
+        return DRIFT_PRIOR
+    spread = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v) / sum(len(v) - 1 for v in groups)
+    return min(MEASUREMENT_NOISE ** 2 / max(spread, 1e-12), MAX_DRIFT_PRIOR)
+
+
 def _atoms(rounds: Sequence[Sequence[Held]]) -> list[tuple[int, int]]:
     cuts = sorted({x for held in rounds for h in held for a, b, _ in h.ranges for x in (a, b)})
     return list(zip(cuts, cuts[1:]))
@@ -98,7 +132,7 @@ def fit_speeds(rounds: Sequence[Sequence[Held]], predict: Callable[[str, int, in
     if not atoms or not devices:
         return SpeedFit({}, ())
     first_atom = {a: k for k, (a, _) in enumerate(atoms)}
-    rows, logs, weights, owner = [], [], [], []
+    rows, logs, weights, owner, when = [], [], [], [], []
     for age, held in enumerate(reversed(rounds)):
         for h in held:
             coeff = np.zeros(len(atoms))
@@ -113,22 +147,27 @@ def fit_speeds(rounds: Sequence[Sequence[Held]], predict: Callable[[str, int, in
                 logs.append(math.log(h.measured_s))
                 weights.append(decay ** age)
                 owner.append(devices.index(h.device))
+                when.append(age)
     if not rows:
         return SpeedFit({}, ())
     P, y, w, dev = np.array(rows), np.array(logs), np.sqrt(np.array(weights)), np.array(owner)
-    nd, na = len(devices), len(atoms)
-    theta = np.zeros(nd + na + 1)  # log s per device, log c per atom, and the corrections' common level log m
-    prior = np.zeros((nd + na, nd + na + 1))  # rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m)
+    nd, na, nr = len(devices), len(atoms), len(rounds)
+    age = np.array(when)
+    n = nd + na + 1 + nr
+    theta = np.zeros(n)  # log s per device, log c per atom, the corrections' common level log m, log g per round
+    prior = np.zeros((nd + na + nr, n))  # rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m); sqrt(lambda_g) log g_r
     prior[:nd, :nd] = math.sqrt(SPEED_PRIOR) * np.eye(nd)
-    prior[nd:, nd:nd + na] = math.sqrt(CORRECTION_PRIOR) * np.eye(na)
-    prior[nd:, -1] = -math.sqrt(CORRECTION_PRIOR)
-    gauge = _GAUGE * np.r_[np.ones(nd), np.zeros(na + 1)][None, :]
+    prior[nd:nd + na, nd:nd + na] = math.sqrt(CORRECTION_PRIOR) * np.eye(na)
+    prior[nd:nd + na, nd + na] = -math.sqrt(CORRECTION_PRIOR)
+    prior[nd + na:, nd + na + 1:] = math.sqrt(drift_prior(rounds)) * np.eye(nr)
+    gauge = _GAUGE * np.r_[np.ones(nd), np.zeros(na + 1 + nr)][None, :]
     for _ in range(ITERATIONS):
         c = np.exp(theta[nd:nd + na])
         q = P @ c
-        residual = y - theta[dev] - np.log(q)
-        jac = np.zeros((len(y), nd + na + 1))
+        residual = y - theta[dev] - theta[nd + na + 1 + age] - np.log(q)
+        jac = np.zeros((len(y), n))
         jac[np.arange(len(y)), dev] = 1.0
+        jac[np.arange(len(y)), nd + na + 1 + age] = 1.0
         jac[:, nd:nd + na] = P * c[None, :] / q[:, None]
         # one linear least squares per iteration: the weighted data, the priors and the gauge
         A = np.vstack([jac * w[:, None], prior, gauge])
