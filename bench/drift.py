@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,13 +57,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args()
-    env_note = "one torch thread per process"
     procs = [subprocess.Popen([sys.executable, "-c", _WORK, str(args.seconds)], stdout=subprocess.PIPE, text=True)
              for _ in range(args.processes)]
-    load = open("/proc/loadavg").read().split()[0]
+    load = os.getloadavg()[0]
     results = [json.loads(p.communicate()[0]) for p in procs]
-    print(f"machine drift, {args.processes} process(es) x {args.seconds:g} s ({env_note}; load average at start {load}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+    print(f"machine drift, {args.processes} process(es) x {args.seconds:g} s (one torch thread per process; load "
+          f"average at start {load:.2f}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     for i, times in enumerate(results):
         ordered = sorted(times)
         n = len(ordered)

@@ -6,8 +6,8 @@ op-granularity profile, each run ``n`` times (micro-batches x steps x row scale)
 
     M = g_r * s_d * sum_a c_a * P_d(a) * n_a
 
-where ``s_d`` is the device's speed factor (what the device does differently), ``c_a`` a correction of the
-cost model on *atom* ``a`` (the node ranges between any two cuts seen so far, so a stage that moves keeps its
+where ``s_d`` is the device's speed factor (what the device does differently), ``c_a`` a correction of
+the cost model on *atom* ``a`` (the node ranges between any two cuts seen so far, so a stage that moves keeps its
 correction and a device keeps its speed), and ``g_r`` the common factor of round ``r``: how much faster or
 slower every device ran in that round (a shared host's speed drifts by 10-25% between rounds a few seconds
 apart, docs/bench-run.md). With one plan only, a device's own speed and its ops' error cannot be
@@ -51,7 +51,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Held", "SpeedFit", "fit_speeds", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR", "drift_prior", "DECAY", "ITERATIONS"]
+__all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR", "DECAY",
+           "ITERATIONS"]
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
@@ -152,22 +153,23 @@ def fit_speeds(rounds: Sequence[Sequence[Held]], predict: Callable[[str, int, in
         return SpeedFit({}, ())
     P, y, w, dev = np.array(rows), np.array(logs), np.sqrt(np.array(weights)), np.array(owner)
     nd, na, nr = len(devices), len(atoms), len(rounds)
-    age = np.array(when)
-    n = nd + na + 1 + nr
-    theta = np.zeros(n)  # log s per device, log c per atom, the corrections' common level log m, log g per round
-    prior = np.zeros((nd + na + nr, n))  # rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m); sqrt(lambda_g) log g_r
+    g0 = nd + na + 1  # theta: log s per device, log c per atom, the corrections' common level log m, log g per round
+    round_of = g0 + np.array(when)
+    theta = np.zeros(g0 + nr)
+    # prior rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m); sqrt(lambda_g) log g_r
+    prior = np.zeros((nd + na + nr, g0 + nr))
     prior[:nd, :nd] = math.sqrt(SPEED_PRIOR) * np.eye(nd)
     prior[nd:nd + na, nd:nd + na] = math.sqrt(CORRECTION_PRIOR) * np.eye(na)
     prior[nd:nd + na, nd + na] = -math.sqrt(CORRECTION_PRIOR)
-    prior[nd + na:, nd + na + 1:] = math.sqrt(drift_prior(rounds)) * np.eye(nr)
+    prior[nd + na:, g0:] = math.sqrt(drift_prior(rounds)) * np.eye(nr)
     gauge = _GAUGE * np.r_[np.ones(nd), np.zeros(na + 1 + nr)][None, :]
     for _ in range(ITERATIONS):
         c = np.exp(theta[nd:nd + na])
         q = P @ c
-        residual = y - theta[dev] - theta[nd + na + 1 + age] - np.log(q)
-        jac = np.zeros((len(y), n))
+        residual = y - theta[dev] - theta[round_of] - np.log(q)
+        jac = np.zeros((len(y), g0 + nr))
         jac[np.arange(len(y)), dev] = 1.0
-        jac[np.arange(len(y)), nd + na + 1 + age] = 1.0
+        jac[np.arange(len(y)), round_of] = 1.0
         jac[:, nd:nd + na] = P * c[None, :] / q[:, None]
         # one linear least squares per iteration: the weighted data, the priors and the gauge
         A = np.vstack([jac * w[:, None], prior, gauge])
