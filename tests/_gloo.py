@@ -1,4 +1,9 @@
-"""Run a function on N gloo ranks in subprocesses (torch.multiprocessing) with a hard timeout."""
+"""Run a function on N gloo ranks in subprocesses (torch.multiprocessing) with a hard timeout.
+
+The ranks fork from the fork server that ``plan run`` uses (``planner.runtime.launch.elastic.START_METHOD``), with the
+same preloaded runtime, so they share it with the jobs that ``tests/_inproc.py`` launches in this process: a spawned
+rank imported torch afresh, about 3 s of a core each.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +34,16 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, store_path: str, args:
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 90.0) -> None:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; raise if any fails or time runs out."""
+    import multiprocessing
+
+    from planner.runtime.launch import main
+    from planner.runtime.launch.elastic import START_METHOD
+
+    multiprocessing.set_forkserver_preload([main.__name__])  # as launch() asks, whichever starts the server first
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        ctx = mp.start_processes(_entry, args=(fn, world, store, args), nprocs=world, join=False, start_method="spawn")
+        ctx = mp.start_processes(_entry, args=(fn, world, store, args), nprocs=world, join=False,
+                                 start_method=START_METHOD)
         import time
 
         deadline = time.monotonic() + timeout_s

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "planner.examples.gpt:gpt_tiny"
@@ -41,16 +39,42 @@ def make_plans(root: Path) -> dict[str, Any]:
 
 
 def job(plan: Path, steps: int, options: dict[str, Any], *, restarts: int = 0, timeout_s: float = 60,
-         env: dict[str, str] | None = None, limit_s: float = 240, nproc: int = 2) -> tuple[int, dict[str, Any], float]:
-    cmd = [sys.executable, str(ROOT / "tests" / "_run_job.py"), str(plan), MODEL, str(steps), "2", str(timeout_s),
-           str(restarts), json.dumps(options), str(nproc)]
+        env: dict[str, str] | None = None, nproc: int = 2) -> tuple[int, dict[str, Any], float]:
+    """``plan run``'s launcher in this process (see ``tests/_inproc.py``) with the fault-injection plugin and any in
+    ``PLANNER_TEST_HOOKS``: exit status, summary (or ``{"error": ...}``) and seconds taken. ``env`` is set for the
+    job (the ranks adopt it); ``PLANNER_TEST_PARAMS_OUT``: where the ranks write their parameters. The test's
+    ``timeout`` mark is the hard limit."""
+    from planner.errors import PlannerError
+    from planner.runtime.launch.config import RunConfig
+    from planner.runtime.launch.elastic import LaunchOptions, launch
+
+    env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    plugins = ("tests._faults:hooks", *(h for h in env.get("PLANNER_TEST_HOOKS", "").split(",") if h))
+    config = RunConfig(plan=str(plan), model=MODEL, steps=steps, round_steps=2, timeout_s=timeout_s,
+                       plugins=plugins, options=options, params_out=env.get("PLANNER_TEST_PARAMS_OUT") or None)
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})})
-    elapsed = time.monotonic() - start
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    assert lines, f"no summary (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.returncode, json.loads(lines[-1]), elapsed
+    with _environment(env):
+        try:
+            results = launch(config, LaunchOptions(nproc_per_node=nproc, max_restarts=restarts))
+        except PlannerError as exc:
+            return 1, {"error": str(exc)}, time.monotonic() - start
+    first = results[0]
+    summary = {"losses": first["losses"], "plan": first["plan"], "first_step": first.get("first_step")}
+    return 0, summary, time.monotonic() - start
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def reference_losses(plan: Path, steps: int) -> list[float]:

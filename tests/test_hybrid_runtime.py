@@ -117,7 +117,7 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     options = {"emulate_slowdown": "0=3.0,1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 3}
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, summary, _ = job(plan, STEPS + 7, options, env=env, nproc=4, limit_s=TIMEOUT_S)
+    code, summary, _ = job(plan, STEPS + 7, options, env=env, nproc=4)
     assert code == 0, summary
     rounds = [json.loads(line) for line in log.read_text().splitlines() if '"round"' in line]
     changed = [r for r in rounds if r["plan_changed"]]
@@ -139,9 +139,9 @@ def test_a_hybrid_run_checkpoints_and_resumes_with_unchanged_training(tmp_path, 
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu1"]], [3, 1], "gpipe")
     options = {"rebalance": False, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 2}
     env = {"PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, first, _ = job(plan, 4, options, env=env, limit_s=TIMEOUT_S)
+    code, first, _ = job(plan, 4, options, env=env)
     assert code == 0, first
-    code, second, _ = job(plan, 8, options, env=env, limit_s=TIMEOUT_S)
+    code, second, _ = job(plan, 8, options, env=env)
     assert code == 0, second
     assert second["first_step"] == 4 and second["losses"][:4] == pytest.approx(first["losses"], rel=1e-6)
     assert_parity(tmp_path, plan, GPT, second, steps=8)

@@ -2,8 +2,8 @@
 
 Each case profiles a tiny model, cuts its op list into a hand-made plan (GPT: the tied embedding on the
 first stage and the LM head on the last; U-Net: long skips crossing the cut), trains 3 steps with
-``python -m planner.run`` (which starts its ranks with torch's elastic launcher on a free port) or with
-``torchrun --standalone``, and compares losses and every updated parameter with ``train_reference``
+``plan run`` (which starts its ranks with torch's elastic launcher on a free port; run inside the test process,
+``tests/_inproc.py``) or with ``torchrun --standalone -m planner.run``, and compares losses and every updated parameter with ``train_reference``
 (rtol 1e-5, atol 1e-5).
 """
 
@@ -26,6 +26,7 @@ from planner.runtime.pipeline.graph_split import assign_nodes, split_graph
 from planner.runtime.launch.prepare import prepare
 from planner.runtime.pipeline.training import train_reference
 from planner.runtime.launch.config import RunConfig
+from tests._inproc import plan as plan_in_process
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -76,15 +77,16 @@ def write_case(tmp: Path, profile_path: Path, devices: list[str], schedule: str,
 
 
 def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tuple[str, ...] = (), world: int = 2) -> dict:
+    """Train with ``plan run`` in this process (``tests/_inproc.py``) or with ``torchrun -m planner.run``."""
     args = [str(plan), model, "--steps", str(STEPS), "--round-steps", "2", "--json",
             "--params-out", str(tmp / "params"), "--timeout-s", "60", "--no-rebalance", *extra]
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", "planner.run", *args]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     else:
-        cmd = [sys.executable, "-m", "planner.run", *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = plan_in_process("run", *args, cwd=tmp)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout[done.stdout.index("{"):])
 

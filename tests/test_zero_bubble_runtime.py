@@ -78,7 +78,7 @@ def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_traini
     options = {"emulate_slowdown": "1=3.0", "replan_method": "test-shift", "patience": 3}  # noise cannot end it early
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, summary, _ = job(plan, 10, options, env=env, limit_s=TIMEOUT_S)
+    code, summary, _ = job(plan, 10, options, env=env)
     assert code == 0, summary
     final = summary["plan"]
     assert len(final["stages"][0]["nodes"]) == cut and final["schedule"] == "zb-planned"
