@@ -4,9 +4,7 @@ memory model, the runtime against its single-process references, and bad input."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,8 @@ from planner.partition.sim.schedules import (BWD, FWD, UPD, async_orders, async_
                                              inflight_counts, stashed_versions)
 from planner.partition.sim.simulate import SimStage, simulate
 from tests._digits import digits_plan
+from tests._inproc import plan as plan_in_process
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
@@ -109,8 +107,7 @@ def test_the_memory_model_counts_the_stashed_versions_and_refuses_what_cannot_ho
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return plan_in_process(*args)
 
 
 def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
@@ -267,11 +264,9 @@ def test_plan_run_trains_an_async_plan_and_evaluates_it(tmp_path: Path, schedule
     made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-2", "-m", "uniform", "-n", str(microbatches),
                 "-s", schedule, "-o", str(tmp_path / "2bw.json"))
     assert made.returncode == 0, made.stderr
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(tmp_path / "2bw.json"),
-                           "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches", "--steps", "12",
-                           "--eval-every", "6", "--round-steps", "6", "--optimizer", "sgd", "--lr", "0.05", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    done = _cli("run", str(tmp_path / "2bw.json"), "planner.examples.digits:digits_mlp", "--data",
+                "planner.data.digits:batches", "--steps", "12", "--eval-every", "6", "--round-steps", "6", "--optimizer",
+                "sgd", "--lr", "0.05", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["schedule"] == schedule and len(summary["losses"]) == 12

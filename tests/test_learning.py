@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,8 +12,8 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from tests._gloo import run_ranks
+from tests._inproc import plan as plan_in_process
 
-ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
 
@@ -202,11 +200,9 @@ def test_evaluation_changes_no_parameter_and_the_digits_learn(mlp_plan: Path, tm
     summaries = {}
     for name, extra in (("plain", []), ("eval", ["--eval-every", "1", "--eval-batches", "2", "--target", "accuracy=0.5"]),
                         ("stop", ["--eval-every", "5", "--target", "accuracy=0.5", "--stop-at-target"])):
-        done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(mlp_plan),
-                               "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches",
-                               "--steps", "30", "--round-steps", "5", "--no-rebalance", "--lr", "0.005",
-                               "--params-out", str(tmp_path / name), "--json", *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=240)
+        done = plan_in_process("run", str(mlp_plan), "planner.examples.digits:digits_mlp", "--data",
+                               "planner.data.digits:batches", "--steps", "30", "--round-steps", "5", "--no-rebalance",
+                               "--lr", "0.005", "--params-out", str(tmp_path / name), "--json", *extra)
         assert done.returncode == 0, done.stderr[-2000:]
         summaries[name] = json.loads(done.stdout)
     for rank in (0, 1):

@@ -86,7 +86,7 @@ def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tup
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
         done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     else:
-        done = plan_in_process("run", *args, cwd=tmp)
+        done = plan_in_process("run", *args, "--nproc-per-node", str(world), cwd=tmp)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout[done.stdout.index("{"):])
 

@@ -56,7 +56,7 @@ def test_unet_with_long_skips_under_zero_bubble(tmp_path, profiles):
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_pipeline_2_by_data_2_under_zero_bubble(tmp_path, profiles):
     plan = hybrid_case(tmp_path, profiles[GPT], [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [2, 2], "zb-h1")
-    summary = run_pipeline(tmp_path, plan, GPT, launcher="torchrun", extra=("--lr", "0.05"), world=4)
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"), world=4)
     assert summary["world_size"] == 4 and summary["sync"]["mode"] == "ssgd"
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05, world=4)
 
