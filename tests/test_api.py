@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests._digits import digits_plan
+from tests._inproc import plan as plan_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,10 +40,9 @@ def test_own_loop_gets_the_losses_of_plan_run(tmp_path: Path) -> None:
     digits_plan(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     steps = "6"
-    done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "run", str(tmp_path / "plan.json"),
-                           "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches", "--steps", steps,
-                           "--optimizer", "sgd", "--lr", "0.05", "--no-rebalance", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = plan_in_process("run", str(tmp_path / "plan.json"), "planner.examples.digits:digits_mlp", "--data",
+                           "planner.data.digits:batches", "--steps", steps, "--optimizer", "sgd", "--lr", "0.05",
+                           "--no-rebalance", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     expected = json.loads(done.stdout)["losses"]
     own = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
+from tests._inproc import plan as plan_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT_TINY = ROOT / "tests" / "golden" / "profiles" / "gpt_tiny.json"
@@ -271,8 +272,8 @@ def test_9_an_fx_profile_runs_with_its_tracer(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_9_an_fx_profile_trains_on_two_ranks(tmp_path: Path) -> None:
     _, _, plan = _profile_and_plan(tmp_path, "planner.examples.gpt:gpt_tiny", "--tracer", "fx")
-    done = plan_cli("run", plan, "planner.examples.gpt:gpt_tiny", "--steps", "2", "--round-steps", "1",
-                    "--timeout-s", "60", "--json", timeout=200)
+    done = plan_in_process("run", plan, "planner.examples.gpt:gpt_tiny", "--steps", "2", "--round-steps", "1",
+                           "--timeout-s", "60", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert summary["steps"] == 2 and len(summary["losses"]) == 2

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
+from tests._inproc import plan as plan_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "profiles"
@@ -152,11 +153,9 @@ def test_a_model_that_fails_leaves_no_output_directory(tmp_path: Path) -> None:
 @pytest.mark.timeout(420)
 def test_train_end_to_end_on_two_ranks_reaches_the_digits_target(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "planner.train", "planner.examples.digits:digits_mlp", "--cluster",
-                           "cpu-2", "--data", "planner.data.digits:batches", "--target", "accuracy=0.95",
-                           "--repeats", "2", "--timeout-s", "60", "-o", str(out), "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    done = plan_in_process("train", "planner.examples.digits:digits_mlp", "--cluster", "cpu-2", "--data",
+                           "planner.data.digits:batches", "--target", "accuracy=0.95", "--repeats", "2", "--timeout-s",
+                           "60", "-o", str(out), "--json", env={"PLANNER_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     run = summary["run"]
