@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "planner"
@@ -112,6 +113,7 @@ def test_only_the_report_package_and_the_cli_import_rich() -> None:
     assert importers == []
 
 
+@pytest.mark.slow  # plans 48 layers on 12 devices with every method in a fresh process: outside the fast tier
 def test_the_core_plans_in_a_process_where_torch_rich_and_typer_cannot_be_imported() -> None:
     script = textwrap.dedent("""
         import sys

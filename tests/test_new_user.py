@@ -197,8 +197,8 @@ def test_3_a_bad_data_factory_is_one_line_before_ranks_start(tmp_path: Path, fac
     (tmp_path / "batches.py").write_text(FACTORIES)
     code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
     assert code == 0, err
-    done = plan_cli("run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--steps", "2",
-                    "--profile", GPT_TINY, "--data", f"{tmp_path / 'batches.py'}:{factory}", timeout=120)
+    done = plan_in_process("run", tmp_path / "plan.json", "planner.examples.gpt:gpt_tiny", "--steps", "2",
+                           "--profile", GPT_TINY, "--data", f"{tmp_path / 'batches.py'}:{factory}")
     line = one_error_line(done.stderr)
     assert done.returncode == 2 and words in line and "starting" not in done.stdout, line
 

@@ -205,6 +205,7 @@ class _Block(torch.nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
 
 
+@pytest.mark.slow  # measures for real: outside the fast tier (docs/ci.md)
 def test_identical_blocks_measure_alike_the_first_included() -> None:
     """Issue 12: every op is warmed before any is timed, so the first of N identical blocks is not inflated
     by the allocator's growth, cold caches or one-off kernel setup (it measured 15% to 4x its twins). A ratio

@@ -90,6 +90,7 @@ def build():
 '''
 
 
+@pytest.mark.slow  # measures for real: outside the fast tier (docs/ci.md)
 def test_the_profile_cache_is_used_on_the_second_call_and_refreshed_when_the_model_changes(tmp_path: Path) -> None:
     cache, source = tmp_path / "cache", tmp_path / "tiny_model.py"
     source.write_text(MODEL_SOURCE.replace("WIDTH", "32"))
