@@ -159,7 +159,7 @@ def test_optimal_never_loses_to_a_rival_in_the_simulator(model: str, kinds: tupl
                                   catalog=catalog).step_time_s
                         for b in ("greedy", "uniform", "params", "time-balance"))
             # the ILP where it proves its optimum quickly (at most 8 devices of one or two types); dp everywhere
-            exact = (("dp", {}), ("ilp", {"time_limit_s": 5.0})) if len(cluster.devices) <= 8 and \
+            exact = (("dp", {}), ("ilp", {"time_limit_s": 2.0})) if len(cluster.devices) <= 8 and \
                 len({d.type for d in cluster.devices}) <= 2 else (("dp", {}),)
             for method, options in exact:
                 plan = partition(profile, cluster, method=method, microbatches=m, schedule="1f1b",
