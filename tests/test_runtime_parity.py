@@ -78,8 +78,10 @@ def write_case(tmp: Path, profile_path: Path, devices: list[str], schedule: str,
 
 def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tuple[str, ...] = (), world: int = 2) -> dict:
     """Train with ``plan run`` in this process (``tests/_inproc.py``) or with ``torchrun -m planner.run``."""
+    # A relative --params-out: the ranks write in the launcher's working directory, also when their fork server
+    # was started by an earlier job in another directory (tests/_inproc.py).
     args = [str(plan), model, "--steps", str(STEPS), "--round-steps", "2", "--json",
-            "--params-out", str(tmp / "params"), "--timeout-s", "60", "--no-rebalance", *extra]
+            "--params-out", "params", "--timeout-s", "60", "--no-rebalance", *extra]
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                "-m", "planner.run", *args]

@@ -9,9 +9,10 @@ Ranks start from ``multiprocessing``'s fork server with the runtime preloaded (`
 ``spawn`` as ``torchrun`` does: a spawned rank imported torch and the runtime afresh (about 4 s of a core
 each, ``torch.distributed.pipelining`` alone 2 s) and tore a whole interpreter down at the end. The server
 imports them once, has no threads, and forks every rank (and every restarted rank) from that state: a 2-rank
-job on 2 cores started in 5.7 s instead of 9.1 s. The server keeps the environment and working directory it
-started with, and a process that launches several jobs (``plan train``, the test suite) reuses it, so each rank is
-handed the launcher's environment and working directory as they are at ``launch`` (``main.elastic_main``).
+job on 2 cores started in 5.7 s instead of 9.1 s. The server keeps the environment it started with, and a process
+that launches several jobs (``plan train``, the test suite) reuses it, so each rank is handed the launcher's
+environment as it is at ``launch`` (``main.elastic_main``); the working directory comes with ``multiprocessing``'s
+own preparation data.
 """
 
 from __future__ import annotations
@@ -91,8 +92,7 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
     multiprocessing.set_forkserver_preload([elastic_main.__module__])
     try:
         with _omp_threads(options.nproc_per_node), _quiet_agent():
-            results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config), dict(os.environ),
-                                                                os.getcwd())
+            results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config), dict(os.environ))
     except ChildFailedError as exc:
         if any(f.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT) for f in exc.failures.values()):
             raise Interrupted(_interrupted_line(config)) from None

@@ -33,12 +33,9 @@ def rank_main(config: RunConfig) -> dict[str, Any]:
     return run_rank(config, [*load_plugins(config), make_hooks(config)])
 
 
-def _adopt_environment(launcher: dict[str, str], cwd: str | None) -> None:
-    """Run under the launcher's environment and working directory as they were at ``launch`` (a forked rank holds
-    the fork server's, which may be older), keeping what torch's agent set for this rank (rank, world size,
-    rendezvous)."""
-    if cwd is not None:
-        os.chdir(cwd)  # relative paths in the config and the plan mean what they meant to the launcher
+def _adopt_environment(launcher: dict[str, str]) -> None:
+    """Run under the launcher's environment as it was at ``launch`` (a forked rank holds the fork server's, which
+    may be older), keeping what torch's agent set for this rank (rank, world size, rendezvous)."""
     agent = {k: v for k, v in os.environ.items() if _IMPORT_ENV.get(k) != v}
     os.environ.clear()
     os.environ.update({**launcher, **agent})
@@ -48,16 +45,15 @@ def _adopt_environment(launcher: dict[str, str], cwd: str | None) -> None:
 
 
 @record
-def elastic_main(config: dict[str, Any], environment: dict[str, str] | None = None,
-                 cwd: str | None = None) -> dict[str, Any]:
+def elastic_main(config: dict[str, Any], environment: dict[str, str] | None = None) -> dict[str, Any]:
     """Entry point for ``torch.distributed.launcher.api.elastic_launch``: errors come back as values.
 
     A ``PlannerError`` (bad plan, mismatch) is returned as ``{"error": ..., "exit_code": ...}`` so the
     launcher can print one line; anything else propagates and the launcher reports the failed rank.
-    ``environment`` and ``cwd``: the launcher's, which the rank adopts (``_adopt_environment``).
+    ``environment``: the launcher's, which the rank adopts (``_adopt_environment``).
     """
     if environment is not None:
-        _adopt_environment(environment, cwd)
+        _adopt_environment(environment)
     # A terminal's Ctrl-C goes to the whole process group: a rank leaves at once and quietly (no traceback
     # from the middle of a collective; checkpoints are sealed last, so one half-written is ignored), and
     # the launcher says what can resume.
