@@ -1,4 +1,5 @@
-"""Link probing: the least-squares fit, the cluster built from fits, and a real 2-rank gloo probe."""
+"""Link probing: the least-squares fit, the cluster built from fits, shared NICs from concurrent streams, a real
+2-rank gloo probe and one over two emulated hosts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from planner.errors import DistributedError
 from planner.formats.cluster import load_cluster
-from planner.runtime.links import PairFit, build_cluster, fit_latency_bandwidth, world_from_env
+from planner.runtime.links import (ConcurrentStreams, PairFit, build_cluster, fit_latency_bandwidth, nics_from_streams,
+                                   world_from_env)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,6 +110,27 @@ def test_runtime_overhead_round_trips_through_the_cluster_file():
     assert "runtime" not in build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]).to_dict()
 
 
+def test_streams_that_slow_each_other_name_the_nics_they_shared():
+    assert nics_from_streams(4, 1.0, 4.0) == 1  # four streams, each 4x slower: one interface between them
+    assert nics_from_streams(4, 1.0, 2.1) == 2
+    assert nics_from_streams(4, 1.0, 1.05) == 0  # no slowdown: an interface each (the file leaves it absent)
+    assert nics_from_streams(2, 1.0, 0.5) == 0  # faster together than alone (noise): not a shared interface
+    with pytest.raises(ValueError):
+        nics_from_streams(1, 1.0, 1.0)
+
+
+def test_two_hosts_of_two_ranks_record_their_shared_nic():
+    infos = [info(0, "h0"), info(1, "h0"), info(2, "h1"), info(3, "h1")]
+    fits = [fit(a, b, 10e9 if (a < 2) == (b < 2) else 1e9, 5e-6) for a in range(4) for b in range(a + 1, 4)]
+    alone = 5e-6 + (1 << 24) / 1e9
+    shared = build_cluster("t", infos, fits, ConcurrentStreams(((0, 2), (1, 3)), 1 << 24, 2 * alone))
+    assert shared.nics_per_host == 1
+    assert shared.extra["probe_streams"]["pairs"] == [["rank0", "rank2"], ["rank1", "rank3"]]
+    assert shared.extra["probe_streams"]["alone_s"] == pytest.approx(alone)
+    own = build_cluster("t", infos, fits, ConcurrentStreams(((0, 2), (1, 3)), 1 << 24, alone))
+    assert own.nics_per_host == 0 and build_cluster("t", infos, fits).nics_per_host == 0
+
+
 def test_single_host_marks_inter_host_as_assumed():
     cluster = build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)])
     assert cluster.inter_host.source.startswith("assumed")
@@ -139,3 +162,41 @@ def test_two_gloo_ranks_write_a_valid_cluster(tmp_path):
                                                           host_copy=True)
     assert cluster.pass_overhead_s >= 0 and "measured" in cluster.pass_overhead_source  # the runtime probe ran
     assert cluster.pass_byte_overhead_s >= 0
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_emulated_hosts_of_two_ranks_probe_their_concurrent_streams(tmp_path):
+    """Two torchrun agents on this machine, each 2 ranks under its own PLANNER_HOST: the probe sees 2 hosts, runs the
+    2 cross-host streams at once and writes a valid cluster (4 ranks on 2 cores: correctness only; the streams share
+    the cores' copies here, not a NIC, so the count itself is not checked)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "cluster.json"
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+               "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
+               "--rdzv-id", "emulated-hosts", "--no-python", sys.executable, "-c",
+               "from planner.cli import main; main()", "profile", "--probe-links", "-o", str(out)]
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+                   PLANNER_HOST=f"host{node}")
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        results = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), [r[1][-2000:] for r in results]
+    cluster = load_cluster(out)
+    assert sorted({d.host for d in cluster.devices}) == ["host0", "host1"]
+    assert "measured" in cluster.inter_host.source
+    streams = cluster.extra["probe_streams"]
+    assert len(streams["pairs"]) == 2 and streams["one_way_s"] > 0 and streams["alone_s"] > 0
+    assert all({a, b} & {d.id for d in cluster.devices if d.host == "host0"} for a, b in streams["pairs"])
+    assert cluster.nics_per_host in (0, 1)  # 0: as fast as one stream alone; 1: the two shared one

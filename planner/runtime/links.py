@@ -5,6 +5,13 @@ over a sweep of message sizes (gloo on CPU, nccl on GPU); a one-way time is half
 trip. Per pair, ``time = latency_s + bytes / bandwidth_Bps`` (the Hockney model) is fitted by least
 squares on relative residuals. Pairs on the same host give ``links.intra_host`` and pairs on different hosts
 ``links.inter_host`` (medians over pairs); a kind with no measured pair is marked as assumed.
+
+With two hosts of two ranks or more, ``k`` ranks of one host then ping-pong the largest message with ``k`` ranks of
+the other, all at once. Streams that each keep a network interface of their own take as long as one stream alone;
+streams that share ``n`` interfaces take ``k / n`` times as long. ``links.inter_host.nics_per_host`` records ``n``
+when it is below ``k`` (``nics_from_streams``); otherwise it stays absent (an interface per device, as far as
+``k`` streams can tell). A rank's host is its host name, or ``PLANNER_HOST`` where set (containers that share one
+name; two emulated hosts on one machine).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from planner.profile.device import detect_device_type, device_memory_bytes
 
 DEFAULT_SIZES = tuple(2 ** k for k in range(10, 25, 2))
 """Message sizes of the sweep: 1 KiB to 16 MiB, every factor of 4."""
+HOST_ENV = "PLANNER_HOST"
+"""Names the host a rank reports instead of ``socket.gethostname()``."""
 ASSUMED_INTER_HOST = Link(12.5e9, 10e-6, "assumed: no inter-host pair was measured; nominal 100 Gb/s Ethernet")
 
 
@@ -98,7 +107,7 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
             raise DistributedError(f"cannot start the process group for link probing: {exc}; check the torchrun "
                                    f"rendezvous settings (MASTER_ADDR, MASTER_PORT)") from None
     try:
-        info = {"rank": rank, "host": socket.gethostname(), "type": detect_device_type(device),
+        info = {"rank": rank, "host": os.environ.get(HOST_ENV) or socket.gethostname(), "type": detect_device_type(device),
                 "memory_bytes": device_memory_bytes(device), "cores": usable_cores()}
         infos: list[Any] = [None] * world
         dist.all_gather_object(infos, info)
@@ -114,7 +123,8 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, fits)
         all_fits = sorted((f for part in gathered for f in part), key=lambda f: (f.a, f.b))
-        cluster = build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits)
+        streams = _concurrent_streams(dist, rank, infos, max(sizes), repeats, device)
+        cluster = build_cluster(name, sorted(infos, key=lambda i: i["rank"]), all_fits, streams)
         runtime = probe_runtime(rank, device, cluster.link("rank0", "rank1"))  # collective: ranks 0 and 1 run it
     finally:
         if started:
@@ -146,9 +156,53 @@ def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], 
     return samples
 
 
-def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit]) -> Cluster:
-    """Cluster from per-rank device facts and fitted pairs (pure: no torch.distributed here); the runtime
-    figures are added by ``probe_links``."""
+def _concurrent_streams(dist: Any, rank: int, infos: Sequence[dict[str, Any]], size: int, repeats: int,
+                        device: torch.device) -> ConcurrentStreams | None:
+    """The first two hosts (by their lowest rank) pair their ranks in order, and every pair ping-pongs ``size`` bytes
+    at once; None (nothing run) when either host has a single rank. Collective: every rank calls it."""
+    hosts: dict[str, list[int]] = {}
+    for info in sorted(infos, key=lambda i: i["rank"]):
+        hosts.setdefault(info["host"], []).append(info["rank"])
+    if len(hosts) < 2:
+        return None
+    first, second = list(hosts.values())[:2]
+    streams = min(len(first), len(second))
+    if streams < 2:
+        return None
+    pairs = list(zip(first, second))
+    mine = next((pair for pair in pairs if rank in pair), None)
+    dist.barrier()
+    samples = _sweep(dist, rank, mine[1] if rank == mine[0] else mine[0], rank == mine[0], [size], repeats,
+                     device) if mine else []
+    times: list[Any] = [None] * len(infos)
+    dist.all_gather_object(times, samples[0][1] if mine and rank == mine[0] else None)
+    per_stream = [t for t in times if t is not None]
+    return ConcurrentStreams(pairs=tuple(pairs), bytes=size, one_way_s=statistics.median(per_stream))
+
+
+@dataclass(frozen=True)
+class ConcurrentStreams:
+    """Cross-host ping-pongs run at once: the rank pairs, the message size and the median one-way seconds."""
+
+    pairs: tuple[tuple[int, int], ...]
+    bytes: int
+    one_way_s: float
+
+
+def nics_from_streams(streams: int, alone_s: float, together_s: float) -> int:
+    """Network interfaces that ``streams`` concurrent cross-host transfers shared: each took ``together_s`` where one
+    alone takes ``alone_s``, so together they moved ``streams * alone_s / together_s`` streams' worth of bytes.
+    0 when that is ``streams`` (rounded): they did not slow each other, an interface each as far as they can tell."""
+    if streams < 2 or alone_s <= 0 or together_s <= 0:
+        raise ValueError(f"need 2 or more streams and positive times, found {streams}, {alone_s}, {together_s}")
+    shared = max(1, min(streams, round(streams * alone_s / together_s)))
+    return 0 if shared >= streams else shared
+
+
+def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[PairFit],
+                  streams: ConcurrentStreams | None = None) -> Cluster:
+    """Cluster from per-rank device facts, fitted pairs and the concurrent cross-host streams (pure: no
+    torch.distributed here); the runtime figures are added by ``probe_links``."""
     devices = tuple(Device(f"rank{i['rank']}", i["type"], i["host"], int(i["memory_bytes"]),
                            MappingProxyType({"rank": i["rank"]})) for i in infos)
     host = {i["rank"]: i["host"] for i in infos}
@@ -171,8 +225,15 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
         intra_link, inter_link = (dataclasses.replace(link, host_copy=True) for link in (intra_link, inter_link))
         pairs = {key: dataclasses.replace(link, host_copy=True) for key, link in pairs.items()}
         cores = min((int(i["cores"]) for i in infos if i.get("cores")), default=0)  # the ranks share these
+    extra: dict[str, Any] = {"probe_samples": samples}
+    nics = 0
+    if streams is not None and inter:
+        alone = statistics.median(f.latency_s + streams.bytes / f.bandwidth_Bps for f in inter)
+        nics = nics_from_streams(len(streams.pairs), alone, streams.one_way_s)
+        extra["probe_streams"] = {"pairs": [[f"rank{a}", f"rank{b}"] for a, b in streams.pairs],
+                                  "bytes": streams.bytes, "one_way_s": streams.one_way_s, "alone_s": alone}
     return Cluster(name=name, devices=devices, intra_host=intra_link, inter_host=inter_link,
-                   pairs=MappingProxyType(pairs), extra=MappingProxyType({"probe_samples": samples}), host_cores=cores)
+                   pairs=MappingProxyType(pairs), extra=MappingProxyType(extra), host_cores=cores, nics_per_host=nics)
 
 
 def usable_cores() -> int:
