@@ -79,7 +79,13 @@ def training(docs: Path) -> str:
     source = "docs/bench-run.md"
     text = (docs / "bench-run.md").read_text(encoding="utf-8")
     machine = _find(text, r"^Machine: ([^\n]+?)\. Shared", source, re.M).group(1)
-    command = _find(text, r"Last command: `([^`]+)`, finished ([^.]+)\.", source)
+    # Each section says which command measured it and when (``bench/run.py --only`` keeps the others' results).
+    measured = [f"`{m.group(1)}`, {m.group(2)}" for m in re.finditer(r"^Measured by `([^`]+)`, finished ([^.]+)\.",
+                                                                      text, re.M)]
+    if len(measured) != 3:
+        raise SystemExit(f"readme_figures: {source} should date its 3 sections with 'Measured by ...', found "
+                         f"{len(measured)}; re-render it with python3 bench/run.py --render-only")
+    pipelining_run, fidelity_run, rebalance_run = measured
     gain = _find(text, r"Gain: \*\*([0-9.]+x)\*\* \(target[^)]*\)\. Load: ([^.\n]+(?:\.\d[^.\n]*)*)\.", source)
     header = _header(text, "model", source)
     rows = []
@@ -95,13 +101,15 @@ def training(docs: Path) -> str:
     oracle = _find(text, r"\*\*([0-9]+%) of the oracle's\*\*", source).group(1)
     s6 = _find(text, r"S6 (convergence declared in round (\d+) at the latest|not declared in \d+ of \d+ runs)", source)
     converged = f"S6 declared by round {s6.group(2)}" if s6.group(2) else f"S6 {s6.group(1)}"
-    return (f"- Training on 2 CPU ranks (`{command.group(1)}`, {command.group(2)}; {machine}): 1F1B with 8 "
-            f"micro-batches is {gain.group(1)} plain model parallelism (load average {gain.group(2)}); the "
-            f"simulator's step time against the measured one, every trial: {'; '.join(rows)}; with `gpt_small` "
+    return (f"- Training on 2 CPU ranks ({machine}): 1F1B with 8 "
+            f"micro-batches is {gain.group(1)} plain model parallelism (load average {gain.group(2)}; "
+            f"{pipelining_run}); the simulator's step time against the measured one ({fidelity_run}), every "
+            f"trial: {'; '.join(rows)}; with `gpt_small` "
             f"as {' and '.join(shapes)} too, {within.group(1)} trials within 10% (largest error {within.group(2)}), "
             f"{calibrated.group(1)} with the prediction calibrated in the run's first round (largest "
             f"{calibrated.group(2)}); "
-            f"under an emulated 2x slowdown of one rank, rebalancing reaches at least {vs_static} the static "
+            f"under an emulated 2x slowdown of one rank ({rebalance_run}), rebalancing reaches at least "
+            f"{vs_static} the static "
             f"plan's throughput and {oracle} of an oracle plan's, {converged} "
             f"([bench-run.md](docs/bench-run.md)).")
 
