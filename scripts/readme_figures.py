@@ -83,8 +83,8 @@ def training(docs: Path) -> str:
     measured = [f"`{m.group(1)}`, {m.group(2)}" for m in re.finditer(r"^Measured by `([^`]+)`, finished ([^.]+)\.",
                                                                       text, re.M)]
     if len(measured) != 3:
-        raise SystemExit(f"readme_figures: {source} should date its 3 sections with 'Measured by ...', found "
-                         f"{len(measured)}; re-render it with python3 bench/run.py --render-only")
+        raise StaleReport(f"{source}: expected 3 sections dated 'Measured by ...', found {len(measured)}; the report's "
+                          f"format changed: update scripts/readme_figures.py to read it")
     pipelining_run, fidelity_run, rebalance_run = measured
     gain = _find(text, r"Gain: \*\*([0-9.]+x)\*\* \(target[^)]*\)\. Load: ([^.\n]+(?:\.\d[^.\n]*)*)\.", source)
     header = _header(text, "model", source)

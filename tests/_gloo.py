@@ -34,12 +34,9 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, store_path: str, args:
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 90.0) -> None:
     """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; raise if any fails or time runs out."""
-    import multiprocessing
+    from planner.runtime.launch.elastic import START_METHOD, preload_fork_server
 
-    from planner.runtime.launch import main
-    from planner.runtime.launch.elastic import START_METHOD
-
-    multiprocessing.set_forkserver_preload([main.__name__])  # as launch() asks, whichever starts the server first
+    preload_fork_server()  # as launch() does: whichever starts the server first, it holds the same runtime
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         ctx = mp.start_processes(_entry, args=(fn, world, store, args), nprocs=world, join=False,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "planner.examples.gpt:gpt_tiny"
@@ -53,7 +53,9 @@ def job(plan: Path, steps: int, options: dict[str, Any], *, restarts: int = 0, t
     config = RunConfig(plan=str(plan), model=MODEL, steps=steps, round_steps=2, timeout_s=timeout_s,
                        plugins=plugins, options=options, params_out=env.get("PLANNER_TEST_PARAMS_OUT") or None)
     start = time.monotonic()
-    with _environment(env):
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
         try:
             results = launch(config, LaunchOptions(nproc_per_node=nproc, max_restarts=restarts))
         except PlannerError as exc:
@@ -61,20 +63,6 @@ def job(plan: Path, steps: int, options: dict[str, Any], *, restarts: int = 0, t
     first = results[0]
     summary = {"losses": first["losses"], "plan": first["plan"], "first_step": first.get("first_step")}
     return 0, summary, time.monotonic() - start
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def reference_losses(plan: Path, steps: int) -> list[float]:

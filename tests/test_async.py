@@ -19,7 +19,6 @@ from tests._digits import digits_plan
 from tests._inproc import plan as plan_in_process
 
 
-
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 @pytest.mark.parametrize("m", [1, 2, 3, 5])
 def test_async_orders_run_every_pass_once_and_step_after_every_mth_backward(p: int, m: int) -> None:

@@ -121,13 +121,16 @@ def test_streams_that_slow_each_other_name_the_nics_they_shared():
 
 def test_two_hosts_of_two_ranks_record_their_shared_nic():
     infos = [info(0, "h0"), info(1, "h0"), info(2, "h1"), info(3, "h1")]
-    fits = [fit(a, b, 10e9 if (a < 2) == (b < 2) else 1e9, 5e-6) for a in range(4) for b in range(a + 1, 4)]
-    alone = 5e-6 + (1 << 24) / 1e9
-    shared = build_cluster("t", infos, fits, ConcurrentStreams(((0, 2), (1, 3)), 1 << 24, 2 * alone))
+    size = 1 << 24
+    fits = [PairFit(a, b, bw, 5e-6, ((1024, 5e-6 + 1024 / bw), (size, 5e-6 + size / bw)))
+            for a in range(4) for b in range(a + 1, 4) for bw in [10e9 if (a < 2) == (b < 2) else 1e9]]
+    fits[1] = PairFit(0, 2, 1e9, 5e-6, ((1024, 5e-6 + 1024 / 1e9), (size, 0.02)))  # the sweep's own time counts
+    alone = (0.02 + 5e-6 + size / 1e9) / 2  # median over the two streaming pairs (0, 2) and (1, 3)
+    shared = build_cluster("t", infos, fits, ConcurrentStreams(((0, 2), (1, 3)), size, 2 * alone))
     assert shared.nics_per_host == 1
     assert shared.extra["probe_streams"]["pairs"] == [["rank0", "rank2"], ["rank1", "rank3"]]
     assert shared.extra["probe_streams"]["alone_s"] == pytest.approx(alone)
-    own = build_cluster("t", infos, fits, ConcurrentStreams(((0, 2), (1, 3)), 1 << 24, alone))
+    own = build_cluster("t", infos, fits, ConcurrentStreams(((0, 2), (1, 3)), size, alone))
     assert own.nics_per_host == 0 and build_cluster("t", infos, fits).nics_per_host == 0
 
 

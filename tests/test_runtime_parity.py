@@ -3,8 +3,8 @@
 Each case profiles a tiny model, cuts its op list into a hand-made plan (GPT: the tied embedding on the
 first stage and the LM head on the last; U-Net: long skips crossing the cut), trains 3 steps with
 ``plan run`` (which starts its ranks with torch's elastic launcher on a free port; run inside the test process,
-``tests/_inproc.py``) or with ``torchrun --standalone -m planner.run``, and compares losses and every updated parameter with ``train_reference``
-(rtol 1e-5, atol 1e-5).
+``tests/_inproc.py``) or with ``torchrun --standalone -m planner.run``, and compares losses and every updated
+parameter with ``train_reference`` (rtol 1e-5, atol 1e-5).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ squares on relative residuals. Pairs on the same host give ``links.intra_host`` 
 
 With two hosts of two ranks or more, ``k`` ranks of one host then ping-pong the largest message with ``k`` ranks of
 the other, all at once. Streams that each keep a network interface of their own take as long as one stream alone;
-streams that share ``n`` interfaces take ``k / n`` times as long. ``links.inter_host.nics_per_host`` records ``n``
+streams that share ``n`` interfaces take ``k / n`` times as long as the same pairs took one at a time in the
+sweep. ``links.inter_host.nics_per_host`` records ``n``
 when it is below ``k`` (``nics_from_streams``); otherwise it stays absent (an interface per device, as far as
 ``k`` streams can tell). A rank's host is its host name, or ``PLANNER_HOST`` where set (containers that share one
 name; two emulated hosts on one machine).
@@ -107,7 +108,8 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
             raise DistributedError(f"cannot start the process group for link probing: {exc}; check the torchrun "
                                    f"rendezvous settings (MASTER_ADDR, MASTER_PORT)") from None
     try:
-        info = {"rank": rank, "host": os.environ.get(HOST_ENV) or socket.gethostname(), "type": detect_device_type(device),
+        host = os.environ.get(HOST_ENV) or socket.gethostname()
+        info = {"rank": rank, "host": host, "type": detect_device_type(device),
                 "memory_bytes": device_memory_bytes(device), "cores": usable_cores()}
         infos: list[Any] = [None] * world
         dist.all_gather_object(infos, info)
@@ -156,6 +158,15 @@ def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], 
     return samples
 
 
+@dataclass(frozen=True)
+class ConcurrentStreams:
+    """Cross-host ping-pongs run at once: the rank pairs, the message size and the median one-way seconds."""
+
+    pairs: tuple[tuple[int, int], ...]
+    bytes: int
+    one_way_s: float
+
+
 def _concurrent_streams(dist: Any, rank: int, infos: Sequence[dict[str, Any]], size: int, repeats: int,
                         device: torch.device) -> ConcurrentStreams | None:
     """The first two hosts (by their lowest rank) pair their ranks in order, and every pair ping-pongs ``size`` bytes
@@ -166,27 +177,18 @@ def _concurrent_streams(dist: Any, rank: int, infos: Sequence[dict[str, Any]], s
     if len(hosts) < 2:
         return None
     first, second = list(hosts.values())[:2]
-    streams = min(len(first), len(second))
-    if streams < 2:
+    pairs = tuple(zip(first, second))
+    if len(pairs) < 2:
         return None
-    pairs = list(zip(first, second))
     mine = next((pair for pair in pairs if rank in pair), None)
     dist.barrier()
-    samples = _sweep(dist, rank, mine[1] if rank == mine[0] else mine[0], rank == mine[0], [size], repeats,
-                     device) if mine else []
+    one_way = None
+    if mine is not None:
+        leader = rank == mine[0]
+        one_way = _sweep(dist, rank, mine[1] if leader else mine[0], leader, [size], repeats, device)[0][1]
     times: list[Any] = [None] * len(infos)
-    dist.all_gather_object(times, samples[0][1] if mine and rank == mine[0] else None)
-    per_stream = [t for t in times if t is not None]
-    return ConcurrentStreams(pairs=tuple(pairs), bytes=size, one_way_s=statistics.median(per_stream))
-
-
-@dataclass(frozen=True)
-class ConcurrentStreams:
-    """Cross-host ping-pongs run at once: the rank pairs, the message size and the median one-way seconds."""
-
-    pairs: tuple[tuple[int, int], ...]
-    bytes: int
-    one_way_s: float
+    dist.all_gather_object(times, one_way)
+    return ConcurrentStreams(pairs=pairs, bytes=size, one_way_s=statistics.median(times[a] for a, _ in pairs))
 
 
 def nics_from_streams(streams: int, alone_s: float, together_s: float) -> int:
@@ -227,8 +229,10 @@ def build_cluster(name: str, infos: Sequence[dict[str, Any]], fits: Sequence[Pai
         cores = min((int(i["cores"]) for i in infos if i.get("cores")), default=0)  # the ranks share these
     extra: dict[str, Any] = {"probe_samples": samples}
     nics = 0
-    if streams is not None and inter:
-        alone = statistics.median(f.latency_s + streams.bytes / f.bandwidth_Bps for f in inter)
+    if streams is not None:
+        # the same pairs at the same size, measured one pair at a time by the sweep
+        sweep = {(f.a, f.b): dict(f.samples) for f in fits}
+        alone = statistics.median(sweep[min(a, b), max(a, b)][streams.bytes] for a, b in streams.pairs)
         nics = nics_from_streams(len(streams.pairs), alone, streams.one_way_s)
         extra["probe_streams"] = {"pairs": [[f"rank{a}", f"rank{b}"] for a, b in streams.pairs],
                                   "bytes": streams.bytes, "one_way_s": streams.one_way_s, "alone_s": alone}

@@ -36,12 +36,17 @@ from planner.runtime.checkpoint import latest_checkpoint
 from planner.runtime.launch.config import RunConfig
 from planner.runtime.launch.main import INTERRUPTED_EXIT, elastic_main
 
-__all__ = ["LaunchOptions", "launch", "parse_nnodes", "START_METHOD"]
+__all__ = ["LaunchOptions", "launch", "parse_nnodes", "START_METHOD", "preload_fork_server"]
 
 log = logging.getLogger(__name__)
 
 START_METHOD = "forkserver"
 """How ranks start (module docstring); the server preloads ``main``, which imports the whole rank runtime."""
+
+
+def preload_fork_server() -> None:
+    """What the fork server imports when this process starts it (the first launch does; later ones reuse it)."""
+    multiprocessing.set_forkserver_preload([elastic_main.__module__])
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
     # Restarted workers must not reuse the agent's rendezvous store: their gloo groups would read the
     # dead attempt's addresses ("connectFullMesh ... Connection refused"); a fresh store per attempt works.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    multiprocessing.set_forkserver_preload([elastic_main.__module__])
+    preload_fork_server()
     try:
         with _omp_threads(options.nproc_per_node), _quiet_agent():
             results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config), dict(os.environ))
