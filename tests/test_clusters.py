@@ -13,7 +13,7 @@ from planner.formats.catalog import load_catalog
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "profiles" / "clusters"
 EXPECTED = {"cpu-2", "dgx-h100-8", "a100-2x8-ib", "mixed-a100-v100-pcie", "t4-4-pcie", "mixed-3type-2host",
-            "a100-4", "a100-8"}
+            "a100-4", "a100-8", "t4-2x4-eth"}
 
 
 def bundled() -> list[Path]:

@@ -261,7 +261,7 @@ def test_an_interleaved_plan_exported_as_a_single_stage_schedule_is_one_line(tmp
         assert "cannot be exported as 1f1b" in text and "Traceback" not in done.output
 
 
-@pytest.mark.parametrize("schedule", ["zb-h1", "zb-planned"])
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-planned", "zb-h2"])
 def test_zero_bubble_plans_export_their_recorded_order_and_torchtitans_name(tmp_path: Path, schedule: str) -> None:
     plan = _plan(tmp_path, "gpt_tiny", "a100-4", "-s", schedule, "--granularity", "layer")
     order = json.loads(plan.read_text())["schedule_order"]

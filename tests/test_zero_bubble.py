@@ -5,6 +5,9 @@
   (``m (F + B) + (p - 1)(F + I - W)`` when ``W <= I``; Qi et al., 2024, section 3);
 - ``zb-planned``'s generated orders pass torch's own ``_validate_schedule`` on random pipelines, are never slower
   than ``zb-h1`` on the same stages, and replaying the recorded order gives the same step;
+- ``zb-h2`` reaches the least step any one-stage-per-device flushing order can take on equal stages,
+  ``m (F + B) + (p - 1) F``, when there are enough weight gradients to fill the drain, holding
+  ``min(m, 2p - 1)`` micro-batches on every stage, and its orders pass torch's validation;
 - the memory rule counts activations alive until ``W``;
 - the profile's split of each op's backward adds up and is 0 for ops without parameters.
 """
@@ -65,6 +68,45 @@ def test_closed_form_step_of_1f1b_and_zb_h1_on_equal_stages(p: int, m: int, f: f
         assert stats.idle_s == pytest.approx(idle_zb)
     if b == 2 * w and f == w:  # the paper's T_F = T_B = T_W: a third of 1F1B's bubble
         assert idle_zb == pytest.approx(idle_1f1b / 3)
+
+
+@pytest.mark.parametrize("p,m,f,b,w,exact", [(2, 4, 1.0, 2.0, 1.0, True), (4, 8, 1.0, 2.0, 0.5, False),
+                                             (4, 12, 1.0, 2.2, 0.6, False), (4, 8, 1.0, 1.5, 0.5, True),
+                                             (8, 32, 1.0, 1.5, 0.5, True), (4, 8, 1.0, 1.8, 0.6, True),
+                                             (8, 16, 0.5, 1.0, 0.3, False), (6, 12, 1.0, 2.0, 1.2, True),
+                                             (3, 7, 1.0, 1.5, 0.2, False)])
+def test_zb_h2_reaches_the_bound_of_any_flushing_order_on_equal_stages(p: int, m: int, f: float, b: float, w: float,
+                                                                     exact: bool) -> None:
+    """Every flushing order's step on equal stages over free links is at least the last device's start, its forwards
+    and input gradients, and then the larger of its own weight gradients and the chain of the last input gradients back
+    to the first device. zb-h2 reaches it in the paper's regime (I and W of similar size; ``exact``), and is never
+    slower than zb-h1; with ``W < I`` it is faster. Where I is several times W, reaching the bound would need the last
+    stages to hold back nearly all their W's, more memory than ``2p - 1`` micro-batches."""
+    equal = stages([(f, b, w)] * p, act=10)
+    net = cluster(p, bandwidth_Bps=FREE)
+    i = b - w
+    start = (p - 1) * f + m * (f + i)  # the last device starts after p - 1 forwards, then runs m forwards and I's
+    bound = start + max(m * w, (p - 1) * i + w)  # then its W's, or the last I's chain back to the first device
+    h2 = simulate(equal, net, "zb-h2", m)
+    for schedule in ("1f1b", "zb-h1", "zb-planned", "zb-h2"):
+        assert simulate(equal, net, schedule, m).step_time_s >= bound - 1e-9
+    if exact:
+        assert h2.step_time_s == pytest.approx(bound) == pytest.approx(m * (f + b) + (p - 1) * f)
+    assert h2.step_time_s <= simulate(equal, net, "zb-h1", m).step_time_s + 1e-9
+    if w < i and m >= 2 * p:  # W < I: zb-h1 leaves (p - 1)(F + I - W), more than zb-h2
+        assert simulate(equal, net, "zb-h1", m).step_time_s > h2.step_time_s + 1e-9
+    for s, stats in enumerate(h2.devices.values()):
+        assert stats.peak_memory_bytes == 10 * inflight_microbatches("zb-h2", s, p, m) == 10 * min(m, 2 * p - 1)
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 5), (3, 3), (4, 4), (4, 9), (8, 8), (8, 20), (5, 2)])
+def test_zb_h2_orders_pass_torchs_validation_and_hold_2p_minus_1(p: int, m: int) -> None:
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    orders = device_orders("zb-h2", p, 1, m)
+    actions = {r: [schedules._Action.from_str(f"{s}{k}{j}") for k, s, j in order] for r, order in enumerate(orders)}
+    assert schedules._validate_schedule(actions, p, p, m) == {s: s for s in range(p)}
+    for r, order in enumerate(orders):
+        assert inflight_counts(order)[r] == inflight_microbatches("zb-h2", r, p, m) == min(m, 2 * p - 1)
 
 
 def test_halves_run_apart_send_at_the_input_gradient_and_free_at_the_weight_gradient() -> None:

@@ -2,8 +2,8 @@
 
 ``plan run`` hands a zero-bubble plan's ``schedule_order`` to torch's ``_PipelineScheduleRuntime``, which splits every
 backward into its input gradient and its weight gradient. Hand-made plans on gloo ranks, compared with
-``train_reference`` (rtol 1e-5): GPT with its tied embedding and head on different ranks under ``zb-h1`` and under an
-order that differs from it; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
+``train_reference`` (rtol 1e-5): GPT with its tied embedding and head on different ranks under ``zb-h1``, ``zb-h2``
+and an order that differs from both; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
 on 4 ranks (correctness only on this 2-core machine).
 """
 
@@ -34,7 +34,7 @@ def hand_order(microbatches: int) -> dict[str, list[str]]:
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("schedule", ["zb-h1", "zb-planned"])
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-planned", "zb-h2"])
 def test_gpt_with_tied_weights_under_zero_bubble(tmp_path, profiles, schedule):
     plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], schedule, microbatches=4)
     if schedule == "zb-planned":

@@ -42,8 +42,9 @@ TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "I
                         "zb-h1": "InterleavedZeroBubble"}
 """Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes;
 ``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order)."""
-CSV_SCHEDULES = (*TORCHTITAN_SCHEDULES, "zb-planned")
-"""Schedules ``schedule-csv`` writes: the flushing ones (``zb-planned``'s order exists only as the plan's own)."""
+CSV_SCHEDULES = (*TORCHTITAN_SCHEDULES, "zb-planned", "zb-h2")
+"""Schedules ``schedule-csv`` writes: the flushing ones (``zb-planned``'s order exists only as the plan's own, and
+torch ships no ZB-H2 class)."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,9 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
     shape = replica_violations(plan.schedule, plan.microbatches, plan.replicas(), plan.shares())
     if shape:  # e.g. an interleaved plan (several stages per device) under a single-stage schedule
         raise PlanMismatchError(f"{plan_path}: the plan cannot be exported as {plan.schedule}: {shape[0]}")
-    if plan.schedule == "zb-planned" and fmt == "torchtitan":
-        raise PlanMismatchError(f"{plan_path}: the plan's schedule is zb-planned, an order the planner generated, which "
-                                f"torchtitan has no name for; export it with --to schedule-csv and give the file to "
+    if plan.schedule in ("zb-planned", "zb-h2") and fmt == "torchtitan":
+        raise PlanMismatchError(f"{plan_path}: the plan's schedule is {plan.schedule}, an order torchtitan has no "
+                                f"schedule class for; export it with --to schedule-csv and give the file to "
                                 f"torchtitan's pipeline_parallel_schedule_csv, or re-partition with --schedule zb-h1")
     if plan.schedule not in CSV_SCHEDULES and fmt != "pipelining":
         raise PlanMismatchError(f"{plan_path}: the plan's schedule is {plan.schedule}, which has no flush between steps "

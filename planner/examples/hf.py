@@ -71,3 +71,12 @@ def llama_deep() -> tuple[nn.Module, tuple[torch.Tensor]]:
                                       use_cache=False)
     return _build(cfg, "LlamaForCausalLM", 4096, 2, 64)
 
+
+def llama_1b_slice() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """TinyLlama-1.1B's shape (width 2048, SwiGLU 5632, 32 heads over 4 KV heads, vocab 32000) at 2 of its 22 layers;
+    batch 1 x 512 tokens. ``bench/synth.py`` repeats its second layer to 22 for the memory-bound zero-bubble case
+    (``bench/schedules.py``): 1.1B parameters, more than a 16 GB device holds with Adam."""
+    cfg = _transformers().LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=2,
+                                      num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
+                                      use_cache=False)
+    return _build(cfg, "LlamaForCausalLM", 32000, 1, 512)

@@ -18,10 +18,14 @@ from planner.formats._validate import Checker
 from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-planned")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-planned", "zb-h2")
 """Schedules that split each backward into its input gradient (I) and its weight gradient (W) and fill the bubble
-with W's (Qi et al., 2024; docs/zero-bubble.md): torch's ZB1P order on one stage per device, and an order the
-planner generates from the stages' F, I and W times (recorded in the plan's ``schedule_order``)."""
+with W's (Qi et al., 2024; docs/zero-bubble.md): torch's ZB1P order on one stage per device, an order the planner
+generates from the stages' F, I and W times within the same memory (recorded in the plan's ``schedule_order``), and
+the paper's ZB-H2 pattern, which holds ``2p - 1`` micro-batches on every stage to leave less bubble."""
+GENERATED_ORDER_SCHEDULES = ("zb-planned",)
+"""Zero-bubble schedules whose order depends on the stages' times: a plan under them must carry its
+``schedule_order``; the others have a fixed pattern (``planner.partition.sim.schedules.device_orders``)."""
 FLUSHING_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b") + ZERO_BUBBLE_SCHEDULES
 """Schedules that finish every step's backwards before its optimizer step (torch.distributed.pipelining's)."""
 ASYNC_SCHEDULES = ("async-1f1b", "2bw")

@@ -16,7 +16,7 @@ from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, Plan
+from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, Plan
 from planner.formats.profile import Profile
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import infeasible_reason, step_time_s
@@ -138,7 +138,7 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
         extra["refine"] = result.record
     else:
         chosen, used = methods.get(method).fn(problem, weights=start, **method_options), start
-    if problem.schedule == "zb-planned":
+    if problem.schedule in GENERATED_ORDER_SCHEDULES:
         chosen = _planned_stages(problem, method, chosen, start, method_options, polish_on)
     else:
         chosen = guard.check(problem, chosen, polish_on)  # "optimal" (dp, ilp) never loses to a baseline when simulated

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 from planner.errors import PlanMismatchError, PlannerError
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import ACTION, ZERO_BUBBLE_SCHEDULES, Plan
+from planner.formats.plan import ACTION, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan
 from planner.formats.profile import Profile
 from planner.graph import backward_edges, op_graph
 from planner.partition.model.feasibility import memory_violations, replica_violations
@@ -153,8 +153,8 @@ def _schedule_order(plan: Plan) -> list[str]:
     that finishes (``order_violations``); keys number the devices by first appearance (``Plan.replica_devices``)."""
     order = plan.extra.get("schedule_order")
     if plan.schedule not in ZERO_BUBBLE_SCHEDULES or not order:
-        return [] if plan.schedule != "zb-planned" else ["a zb-planned plan must carry its schedule_order; "
-                                                         "re-partition with --schedule zb-planned"]
+        return [] if plan.schedule not in GENERATED_ORDER_SCHEDULES else [
+            f"a {plan.schedule} plan must carry its schedule_order; re-partition with --schedule {plan.schedule}"]
     rank = {dev: i for i, dev in enumerate(plan.replica_devices())}
     replicas, shares = plan.replicas(), plan.replica_shares()
     out: list[str] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import ASYNC_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
+from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, stage_weight_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
@@ -69,7 +69,7 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     """The plan's ``schedule_order`` (design.md section 5): per rank, its passes in torch's action notation
     (``"0F1"``: stage 0's forward of micro-batch 1; ``I`` and ``W`` the halves of a backward), what the runtime hands
     to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches:
-    ``zb-h1``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage times
+    ``zb-h1``'s or ``zb-h2``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage times
     (``planned_orders``). Ranks are numbered by first appearance of their devices over the stages, replica by
     replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``)."""
     degree = degree_of(partition)
@@ -78,7 +78,7 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     rank = {dev: i for i, dev in enumerate(dict.fromkeys(st.device for pipe in pipelines for st in pipe))}
     out: dict[str, list[str]] = {}
     for pipe, share in zip(pipelines, shares):
-        if problem.schedule == "zb-planned":
+        if problem.schedule in GENERATED_ORDER_SCHEDULES:
             orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share)
         else:
             orders = device_orders(problem.schedule, len(pipe), 1, share)

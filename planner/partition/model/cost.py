@@ -108,12 +108,14 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
                           num_devices: int | None = None) -> int:
     """Micro-batches whose activations stage ``stage_index`` holds at once at its peak.
 
-    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``. Interleaved 1F1B over ``num_devices`` devices (default: one
+    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``, ``zb-h2`` ``min(m, 2p - 1)``. Interleaved 1F1B over ``num_devices`` devices (default: one
     stage per device, which is 1F1B): counted by replaying the stage's device order.
     """
     devices = num_stages if num_devices is None else num_devices
     if schedule == "gpipe":
         return microbatches
+    if schedule == "zb-h2":  # warms up with 2 (p - 1 - s) forwards and holds back 2 s weight gradients
+        return min(microbatches, 2 * num_stages - 1)
     if schedule in ZERO_BUBBLE_SCHEDULES:  # activations live until W: zb-h1 holds min(m, p) on every stage, and
         return min(microbatches, num_stages)  # zb-planned's orders stay within zb-h1's counts (docs/zero-bubble.md)
     if schedule == "1f1b" or devices == num_stages:

@@ -138,10 +138,12 @@ def slot_inflight(schedule: str, stages_to_end: int, microbatches: int, num_devi
     run one stage per device, so under interleaved-1f1b they plan its one-chunk case, which is 1F1B. Zero-bubble
     schedules keep ``min(m, p)`` on every stage, which the stages to the end do not tell: the placers assume the
     most stages the cluster's ``num_devices`` allow, at least what the plan they find will keep (so what they
-    place fits; with fewer stages than devices they may refuse a tight stage the check would pass).
+    place fits; with fewer stages than devices they may refuse a tight stage the check would pass); ``zb-h2`` keeps
+    ``2p - 1``, assumed the same way.
     """
     if schedule in ZERO_BUBBLE_SCHEDULES:
-        return min(microbatches, max(stages_to_end, num_devices or stages_to_end))
+        most_stages = max(stages_to_end, num_devices or stages_to_end)
+        return min(microbatches, 2 * most_stages - 1 if schedule == "zb-h2" else most_stages)
     return inflight_microbatches("1f1b" if schedule == "interleaved-1f1b" else schedule,
                                  0, stages_to_end, microbatches)
 
@@ -233,8 +235,8 @@ def stages_room(problem: Problem, cls: DeviceClass, static: np.ndarray, act: np.
     room = cls.memory_bytes - static
     if problem.schedule == "gpipe":
         return np.where(room - act * m >= 0, big, 0).astype(np.int64)
-    if problem.schedule in ZERO_BUBBLE_SCHEDULES:  # min(m, devices) on every stage (slot_inflight)
-        held = min(m, len(problem.cluster.devices))
+    if problem.schedule in ZERO_BUBBLE_SCHEDULES:  # the same count on every stage (slot_inflight)
+        held = slot_inflight(problem.schedule, 1, m, len(problem.cluster.devices))
         return np.where(room - act * held >= 0, big, 0).astype(np.int64)
     # 1F1B keeps min(m, stages_to_end) micro-batches
     with np.errstate(divide="ignore"):

@@ -40,7 +40,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 from planner.errors import PlannerError
-from planner.formats.plan import ZERO_BUBBLE_SCHEDULES
+from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.partition.model.cost import stage_fwd_bwd_s, stage_update_s, stage_weight_s, step_time_s
 from planner.partition.model.feasibility import check_fits
 from planner.partition.model.problem import Partition, Problem, StageSpec
@@ -187,7 +187,7 @@ def _forwards_first(schedule: str, stages: int, microbatches: int, stage: int) -
     """Forwards that ``stage`` runs before its first backward (one stage per device); for ``zb-planned``, whose order
     depends on the times, the most it may run (its in-flight cap, ``zb-h1``'s count)."""
     order = device_orders(schedule, stages, 1, microbatches)[stage]
-    if schedule == "zb-planned":
+    if schedule in GENERATED_ORDER_SCHEDULES:
         return min(microbatches, inflight_counts(order)[stage])
     return next(i for i, (kind, _, _) in enumerate(order) if kind in (BWD, BWD_INPUT))
 

@@ -23,6 +23,11 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
   forward / input-gradient pairs, each followed by one weight gradient once ``r`` of them have been held back, and
   ends with the held-back weight gradients. Every device keeps up to ``p`` micro-batches' activations (they live
   until ``W``), the most 1F1B keeps on its first device.
+- ``zb-h2`` (the same paper's ZB-H2, Figure 3, which torch does not ship): device ``r`` warms up with ``2 (p - 1 - r)``
+  forwards and holds back ``2 r`` weight gradients, otherwise as ``zb-h1``. Every device keeps up to ``2p - 1``
+  micro-batches; the extra forwards fill the warm-up's bubble and the held-back weight gradients the drain's, so
+  with ``m >= 2p`` the step is ``m (F + I + W) + (p - 1) F`` even when ``W < I``, where ``zb-h1`` leaves
+  ``(p - 1)(F + I - W)`` idle.
 - ``zb-planned``: an order generated from the stages' own F, I and W times on their devices
   (``planner.partition.sim.simulate.planned_orders``) under the same in-flight cap as ``zb-h1``; for memory
   questions asked without times (``device_orders``) it is ``zb-h1``'s order, whose in-flight counts are the cap.
@@ -99,7 +104,9 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
     if schedule in ZERO_BUBBLE_SCHEDULES:
         if v != 1:
             raise PlannerError(f"{schedule} runs one stage per device")
-        return tuple(_zb_h1(r, p, m) for r in range(p))
+        if schedule == "zb-h2":
+            return tuple(_zero_bubble(r, m, 2 * (p - 1 - r), 2 * r) for r in range(p))
+        return tuple(_zero_bubble(r, m, p - 1 - r, r) for r in range(p))
     if schedule == "1f1b" or v == 1:
         if v != 1:
             raise PlannerError("1f1b runs one stage per device")
@@ -138,19 +145,20 @@ def _one_f_one_b(fwds: Sequence[tuple[int, int]], bwds: Sequence[tuple[int, int]
     return tuple(ops)
 
 
-def _zb_h1(rank: int, p: int, m: int) -> tuple[Op, ...]:
-    """``ScheduleInterleavedZeroBubble``'s order with one stage per device (torch's ``_get_1f1b_rank_ops`` with
-    zero bubble on, its idle slots left out): ``p - 1 - rank`` warm-up forwards; then per micro-batch a forward (while
-    any remain) and an input gradient, each followed by the oldest held-back weight gradient once ``rank`` are held;
-    then the rest of the weight gradients."""
-    warmup = min(p - 1 - rank, m)
+def _zero_bubble(rank: int, m: int, warmup: int, held: int) -> tuple[Op, ...]:
+    """A zero-bubble pattern on one stage per device: ``warmup`` forwards; then per micro-batch a forward (while any
+    remain) and an input gradient, each followed by the oldest held-back weight gradient once ``held`` are held; then
+    the rest of the weight gradients. ``zb-h1`` (``warmup = p - 1 - rank``, ``held = rank``) is torch's
+    ``ScheduleInterleavedZeroBubble`` order (its ``_get_1f1b_rank_ops`` with zero bubble on, idle slots left out);
+    ``zb-h2`` doubles both. At most ``warmup + 1 + held`` micro-batches are in flight."""
+    warmup = min(warmup, m)
     ops: list[Op] = [(FWD, rank, j) for j in range(warmup)]
     weights = 0
     for i in range(m):
         if warmup + i < m:
             ops.append((FWD, rank, warmup + i))
         ops.append((BWD_INPUT, rank, i))
-        if i >= rank:
+        if i >= held:
             ops.append((BWD_WEIGHT, rank, weights))
             weights += 1
     ops.extend((BWD_WEIGHT, rank, j) for j in range(weights, m))

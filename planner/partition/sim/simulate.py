@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
-from planner.formats.plan import ASYNC_SCHEDULES
+from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES
 from planner.partition.sim.schedules import (BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
                                              inflight_counts, pipeline_layout)
 
@@ -156,7 +156,7 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     _check_stages(stages)
     if schedule in ASYNC_SCHEDULES:
         return _simulate_async(stages, cluster, schedule, microbatches, ranks, record_events)
-    fixed = planned_orders(stages, cluster, microbatches) if schedule == "zb-planned" else None
+    fixed = planned_orders(stages, cluster, microbatches) if schedule in GENERATED_ORDER_SCHEDULES else None
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
     if fixed is not None:
         state.orders = fixed

@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from planner.errors import PlanMismatchError
-from planner.formats.plan import ZERO_BUBBLE_SCHEDULES, Plan
+from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan
 from planner.partition.model.feasibility import replica_violations
 from planner.partition.sim.schedules import device_orders
 from planner.profile.capture import Captured
@@ -282,11 +282,12 @@ def zero_bubble_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, 
 def zero_bubble_actions(plan: Plan, layout: Sequence[int], microbatches: int) -> dict[int, list[Any]]:
     """One replica pipeline's passes as torch's ``_Action`` s, keyed by rank in the pipeline's group: the plan's
     ``schedule_order`` (whose keys number the devices by first appearance, ``Plan.replica_devices``, so a re-plan's
-    ``device_ranks`` does not change them), or ``zb-h1``'s fixed pattern when a hand-made ``zb-h1`` plan has none."""
+    ``device_ranks`` does not change them), or the schedule's fixed pattern when a hand-made ``zb-h1`` or ``zb-h2``
+    plan has none."""
     from torch.distributed.pipelining.schedules import _Action
 
     order = plan.extra.get("schedule_order")
-    if not order and plan.schedule != "zb-h1":
+    if not order and plan.schedule in GENERATED_ORDER_SCHEDULES:
         raise PlanMismatchError(f"a {plan.schedule} plan must carry its schedule_order (plan partition writes it); "
                                 f"re-partition with --schedule {plan.schedule}")
     default = {dev: i for i, dev in enumerate(plan.replica_devices())}
@@ -303,7 +304,7 @@ def zero_bubble_actions(plan: Plan, layout: Sequence[int], microbatches: int) ->
         else:
             stage = list(layout).index(rank)
             actions[group_rank] = [_Action.from_str(f"{s}{kind}{j}") for kind, s, j in
-                                   device_orders("zb-h1", len(layout), 1, microbatches)[stage]]
+                                   device_orders(plan.schedule, len(layout), 1, microbatches)[stage]]
     return actions
 
 
