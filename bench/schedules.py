@@ -9,9 +9,15 @@
 2. Simulated, no runs: the bundled models on ``dgx-h100-8`` and the mixed clusters, one stage per device, at
    ``m = p`` and ``m = 4p``: step time, bubble (idle share of the step) and peak memory per schedule, each
    schedule's own dp plan.
+3. The memory-bound case, simulated: a Llama of TinyLlama-1.1B's shape (22 layers, synthesised by ``bench/synth.py``
+   from a measured 2-layer slice, ``planner.examples.hf:llama_1b_slice``), which no 16 GB device holds with Adam, on
+   ``t4-2x4-eth`` (two hosts of four T4s) at m = 8: ``plan partition -d auto`` under 1F1B, under each zero-bubble
+   schedule and under ``--schedule auto``, each step against the work bound (all compute spread evenly over the
+   devices, no bubble, no transfers: no plan is faster).
 
     python3 bench/schedules.py                        # both; writes docs/bench-schedules.md and .json
-    python3 bench/schedules.py --only simulated       # the simulated tables only (seconds)
+    python3 bench/schedules.py --only simulated       # the simulated tables only (minutes)
+    python3 bench/schedules.py --only memory-bound    # the memory-bound case (profiles the slice once, ~4 min)
     python3 bench/schedules.py --models gpt_small --microbatches 4 --steps 6
 """
 
@@ -50,6 +56,9 @@ SIM_MODELS = ("gpt_small", "gpt_medium", "resnet_small", "unet_small", "llama_sm
 SIM_CLUSTERS = ("dgx-h100-8", "mixed-a100-v100-pcie", "mixed-3type-2host")
 SIM_SCHEDULES = ("1f1b", "zb-h1", "zb-planned", "zb-h2")
 DEFAULT_OUTPUT = REPO / "docs" / "bench-schedules.md"
+MEMORY_BOUND = {"spec": "planner.examples.hf:llama_1b_slice", "layers": 22, "cluster": "t4-2x4-eth", "microbatches": 8,
+                "schedules": ("1f1b", "zb-h1", "zb-planned", "zb-h2", "auto")}
+"""The memory-bound case of issue 28: the model, its depth, the cluster, m, and the schedules asked for."""
 
 
 def same_stages(plan: Plan, profile: Path, schedule: str) -> Plan:
@@ -171,6 +180,46 @@ def simulated() -> list[dict[str, Any]]:
     return rows
 
 
+def memory_bound(reprofile: bool) -> dict[str, Any]:
+    """The memory-bound case (``MEMORY_BOUND``): each schedule's ``plan partition -d auto`` plan, its shape, step,
+    fullest device and step over the work bound."""
+    from synth import synthesize
+
+    from planner.app.partition import partition_file
+    from planner.formats.profile import save_profile
+
+    case = MEMORY_BOUND
+    slice_path = CACHE / "llama_1b_slice.profile.json"
+    if reprofile or not slice_path.is_file():
+        from planner.profile import profile_model
+
+        save_profile(profile_model(case["spec"], repeats=3, warmup=1, estimate=("t4",), estimate_precision="fp32"),
+                     slice_path)
+    deep = CACHE / f"llama_1b_{case['layers']}L.profile.json"
+    profile = synthesize(load_profile(slice_path), case["layers"])
+    save_profile(profile, deep)
+    params = sum(n.param_bytes for n in profile.nodes)
+    memory = min(d.memory_bytes for d in load_cluster(REPO / "profiles" / "clusters" / f"{case['cluster']}.json").devices)
+    rows = []
+    for schedule in case["schedules"]:
+        began = time.perf_counter()
+        try:
+            plan = partition_file(deep, case["cluster"], CACHE / f"memory-bound-{schedule}.plan.json", method="dp",
+                                  microbatches=case["microbatches"], schedule=schedule, data_parallel="auto")
+        except Exception as exc:  # noqa: BLE001 - recorded in the table
+            rows.append({"asked": schedule, "error": str(exc).splitlines()[0][:100]})
+            continue
+        devices = plan.predicted.get("devices", {})
+        busy = sum(float(d.get("busy_s", 0.0)) for d in devices.values())
+        rows.append({"asked": schedule, "schedule": plan.schedule, "stages": len(plan.stages),
+                     "degree": int((plan.extra.get("data_parallel") or {}).get("degree", 1)),
+                     "step_s": plan.step_time_s, "bound_s": busy / len(devices),
+                     "peak_bytes": max(int(d.get("peak_memory_bytes", 0)) for d in devices.values()),
+                     "plan_s": time.perf_counter() - began})
+        print(f"memory-bound {schedule}: {rows[-1]}", file=sys.stderr)
+    return {"params": params // 4, "static_bytes": params * 4, "device_memory_bytes": memory, "rows": rows}
+
+
 def render(results: dict[str, Any]) -> str:
     lines = ["# Schedules benchmark: 1F1B, interleaved 1F1B and the zero-bubble schedules", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
@@ -230,6 +279,26 @@ def render(results: dict[str, Any]) -> str:
                              f"{r['peak_bytes'] / 2**20:.1f} | {gain} |")
         lines.append("")
         lines += _sim_summary(results["simulated"])
+    if results.get("memory_bound"):
+        case, mb = MEMORY_BOUND, results["memory_bound"]
+        lines += ["## 3. The memory-bound case (simulated)", "", _made(results, "memory-bound"), "",
+                  f"A Llama of TinyLlama-1.1B's shape, {case['layers']} layers synthesised from the measured 2-layer "
+                  f"slice `{case['spec']}` (bench/synth.py; T4 times from the roofline): {mb['params'] / 1e9:.2f}B "
+                  f"parameters, {mb['static_bytes'] / 2**30:.1f} GiB of weights, gradients and Adam state against "
+                  f"{mb['device_memory_bytes'] / 2**30:.0f} GiB per device, so no device holds it alone. Cluster "
+                  f"`{case['cluster']}`, m = {case['microbatches']}, `plan partition --method dp -d auto -s "
+                  f"SCHEDULE`. *Work bound*: the plan's compute spread evenly over the 8 devices with no bubble and no "
+                  f"transfers, which no plan beats.", "",
+                  "| asked | chosen schedule | stages x replicas | step (s) | work bound (s) | step / bound | "
+                  "fullest device (GiB) | planning (s) |", "|---|---|---|---:|---:|---:|---:|---:|"]
+        for r in mb["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['asked']} | {r['error']} | | | | | | |")
+                continue
+            lines.append(f"| {r['asked']} | {r['schedule']} | {r['stages']} x {r['degree']} | {r['step_s']:.3f} | "
+                         f"{r['bound_s']:.3f} | {r['step_s'] / r['bound_s']:.2f}x | {r['peak_bytes'] / 2**30:.2f} | "
+                         f"{r['plan_s']:.0f} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -264,7 +333,7 @@ def _sim_summary(rows: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("measured", "simulated"), action="append")
+    parser.add_argument("--only", choices=("measured", "simulated", "memory-bound"), action="append")
     parser.add_argument("--models", nargs="+", default=list(MEASURED_MODELS), choices=sorted(MEASURED_MODELS))
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--steps", type=int, default=8)
@@ -273,12 +342,14 @@ def main() -> None:
     parser.add_argument("--reprofile", action="store_true")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT))
     args = parser.parse_args()
-    only = set(args.only or ("measured", "simulated"))
+    only = set(args.only or ("measured", "simulated", "memory-bound"))
     CACHE.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.output).with_suffix(".json")
     results: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
     if "simulated" in only:
         results["simulated"] = simulated()
+    if "memory-bound" in only:
+        results["memory_bound"] = memory_bound(args.reprofile)
     if "measured" in only:
         results["measured"] = measured(args)
     made = {"command": "python3 bench/schedules.py " + " ".join(sys.argv[1:]),
