@@ -108,8 +108,9 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
                           num_devices: int | None = None) -> int:
     """Micro-batches whose activations stage ``stage_index`` holds at once at its peak.
 
-    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``, ``zb-h2`` ``min(m, 2p - 1)``. Interleaved 1F1B over ``num_devices`` devices (default: one
-    stage per device, which is 1F1B): counted by replaying the stage's device order.
+    GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``, and ``min(m, 2p - 1)`` under ``zb-h2``.
+    Interleaved 1F1B over ``num_devices`` devices (default: one stage per device, which is 1F1B): counted by
+    replaying the stage's device order.
     """
     devices = num_stages if num_devices is None else num_devices
     if schedule == "gpipe":

@@ -25,9 +25,10 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
   until ``W``), the most 1F1B keeps on its first device.
 - ``zb-h2`` (the same paper's ZB-H2, Figure 3, which torch does not ship): device ``r`` warms up with ``2 (p - 1 - r)``
   forwards and holds back ``2 r`` weight gradients, otherwise as ``zb-h1``. Every device keeps up to ``2p - 1``
-  micro-batches; the extra forwards fill the warm-up's bubble and the held-back weight gradients the drain's, so
-  with ``m >= 2p`` the step is ``m (F + I + W) + (p - 1) F`` even when ``W < I``, where ``zb-h1`` leaves
-  ``(p - 1)(F + I - W)`` idle.
+  micro-batches; the extra forwards fill the warm-up's bubble and the held-back weight gradients the drain's. On
+  equal stages with ``m >= 2p`` and I and W of similar size (the paper's regime) the step is
+  ``m (F + I + W) + (p - 1) F``, the least any flushing order takes, where ``zb-h1`` leaves ``(p - 1)(F + I - W)``
+  idle when ``W < I`` (docs/zero-bubble.md).
 - ``zb-planned``: an order generated from the stages' own F, I and W times on their devices
   (``planner.partition.sim.simulate.planned_orders``) under the same in-flight cap as ``zb-h1``; for memory
   questions asked without times (``device_orders``) it is ``zb-h1``'s order, whose in-flight counts are the cap.
