@@ -313,6 +313,23 @@ def test_2_ctrl_c_stops_every_rank_and_says_what_resumes(tmp_path: Path) -> None
         time.sleep(0.5)
 
 
+# 2b. `plan run` from a directory holding a file named like a standard module: the ranks' fork server started as
+#     `python -c` there, so the user's profile.py shadowed the `profile` that torch imports, and every rank failed.
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_2b_a_users_profile_py_does_not_break_the_ranks_which_still_import_the_users_model(tmp_path: Path) -> None:
+    code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", "cpu-2", "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    (tmp_path / "profile.py").write_text("raise RuntimeError('the user profile.py was imported')\n")
+    (tmp_path / "usermodel.py").write_text("from planner.examples.gpt import gpt_tiny as build  # noqa: F401\n")
+    done = subprocess.run([Path(sys.executable).parent / "plan", "run", "plan.json", "usermodel.py:build", "--profile",
+                           GPT_TINY, "--steps", "2", "--timeout-s", "60", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the user profile.py was imported" not in done.stderr
+    assert json.loads(done.stdout)["steps"] == 2
+
+
 # 6. Resuming: the checkpoint records what the run depends on; a change is refused naming the checkpoint,
 #    --steps at or below the checkpoint's step is refused, and the summary says what resumed from where.
 def test_6_resume_is_checked_against_what_the_checkpoint_recorded(tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -45,8 +47,21 @@ START_METHOD = "forkserver"
 
 
 def preload_fork_server() -> None:
-    """What the fork server imports when this process starts it (the first launch does; later ones reuse it)."""
+    """Start the fork server (once per process; later launches reuse it) with ``main`` preloaded.
+
+    multiprocessing starts the server as ``python -c``, whose ``sys.path`` begins with the working directory, and
+    Python 3.11 does not hand it this process's path. Started from a user's directory, a file there named like a
+    standard module (``profile.py`` shadowed ``profile``, which torch imports through ``cProfile``) broke every
+    rank. So the server starts in the directory that holds the ``planner`` package: the runtime imports from there,
+    and nothing of the user's shadows the standard library. Ranks still run in the launcher's working directory
+    (multiprocessing's preparation data carries it), where they import the user's modules."""
     multiprocessing.set_forkserver_preload([elastic_main.__module__])
+    here = os.getcwd()
+    os.chdir(Path(errors.__file__).resolve().parent.parent)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.chdir(here)
 
 
 @dataclass(frozen=True)
