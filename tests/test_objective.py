@@ -6,10 +6,11 @@ skips moves that cannot win) and the exact methods' formula (``objective.step_ti
 per-stage terms a DP or an ILP can carry). On 200 random plans of the bundled models and clusters:
 
 - the lower bound never exceeds the simulated step (else polish would skip a move that wins);
-- the formula stays within a factor of 2 of the simulated step either way. It is a surrogate, not a bound:
-  it overlaps nothing (GPU transfers run beside compute in the simulator) and leaves out the per-pass
-  runtime overhead, host copies and the optimizer step (which the simulator charges on CPU clusters);
-  docs/exact-methods.md says where, and the guard (``search/guard.py``) keeps "optimal" honest about it.
+- the simulated step stays between 0.5 and 1.5 times the formula (0.63-1.20 on this sample). The formula is a
+  surrogate, not a bound: it overlaps nothing (GPU transfers run beside compute in the simulator) and leaves out
+  the optimizer step and the 1F1B warm-up's absorption; it counts the runtime's cost per pass and per byte as the
+  simulator does (without them the CPU clusters reached 2.5x). docs/exact-methods.md says where, and the guard
+  (``search/guard.py``) keeps "optimal" honest about it.
 """
 
 from __future__ import annotations
@@ -54,4 +55,4 @@ def test_closed_forms_against_the_simulated_step_on_200_random_plans() -> None:
         simulated = step_time_s(problem, plan)
         assert _lower_bound_s(problem, bounds, chosen) <= simulated * (1 + 1e-9), key
         ratios.append(simulated / step_time_formula_s(problem, plan))
-    assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
+    assert 0.5 <= min(ratios) and max(ratios) <= 1.5, (min(ratios), max(ratios))

@@ -34,7 +34,6 @@ from planner.partition.model.cost import (
     stage_compute_s,
     stage_stash_bytes_t,
     stage_static_bytes_t,
-    transfer_s,
 )
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
@@ -106,21 +105,34 @@ def class_link(problem: Problem, a: DeviceClass, b: DeviceClass) -> Link | None:
     return problem.cluster.link(a.devices[0], b.devices[0])
 
 
-def boundary_s(link: Link, fwd_bytes: int, bwd_bytes: int) -> float:
-    """Activations forward plus gradients backward across one stage boundary on ``link``."""
-    return link.transfer_s(fwd_bytes) + link.transfer_s(bwd_bytes)
+def boundary_s(link: Link, fwd_bytes: int, bwd_bytes: int, per_byte_s: float = 0.0) -> float:
+    """Activations forward plus gradients backward across one stage boundary on ``link``, and what the two
+    endpoints' passes pay for them beside the link: on a ``host_copy`` link the other endpoint's copy, and on any
+    link the runtime's cost per byte sent or received on both (``Cluster.pass_byte_overhead_s``; the simulator's
+    ``_transfer_times``). The formula charges it all to the stage before the cut."""
+    moved = fwd_bytes + bwd_bytes
+    return (link.transfer_s(fwd_bytes) + link.transfer_s(bwd_bytes) + link.copy_s(fwd_bytes) + link.copy_s(bwd_bytes)
+            + 2 * per_byte_s * moved)
+
+
+def pass_pair_s(problem: Problem) -> float:
+    """The runtime's fixed cost of a stage's forward and backward of one micro-batch (``Cluster.pass_overhead_s``
+    per pass, as the simulator charges it): part of every stage's latency in the formula."""
+    return 2 * problem.cluster.pass_overhead_s
 
 
 def stage_latencies_s(problem: Problem, partition: Partition) -> tuple[float, ...]:
-    """Per stage: compute per micro-batch plus the transfer across its outgoing boundary (both ways)."""
+    """Per stage: compute per micro-batch and the runtime's cost of its two passes, plus the transfer across its
+    outgoing boundary (both ways, ``boundary_s``)."""
     tables, out = problem.tables, []
     for k, st in enumerate(partition):
-        latency = stage_compute_s(tables, st.device, st.start, st.stop)
+        latency = stage_compute_s(tables, st.device, st.start, st.stop) + pass_pair_s(problem)
         if k + 1 < len(partition):
             nxt = partition[k + 1].device
             cut = st.stop - 1
-            latency += transfer_s(tables, st.device, nxt, problem.cut_fwd_bytes[cut])
-            latency += transfer_s(tables, nxt, st.device, problem.cut_bwd_bytes[cut])
+            if nxt != st.device:
+                latency += boundary_s(tables.links[(st.device, nxt)], problem.cut_fwd_bytes[cut],
+                                      problem.cut_bwd_bytes[cut], problem.cluster.pass_byte_overhead_s)
         out.append(latency)
     return tuple(out)
 
@@ -180,13 +192,16 @@ class ClassTables:
     ``boundary_s[c, d, b]``: both-way transfer across the cut after block ``b`` between a stage on class
     ``c`` and the next on class ``d`` (``inf`` where no such device pair exists).
     ``max_stages_to_end[c, b, e]``: the largest ``stages_to_end`` for which ``[b, e)`` fits class ``c``'s
-    memory (0: never fits; ``BIG``: always fits).
+    memory (0: never fits; ``BIG``: always fits). ``pass_pair_s``: the runtime's cost of a stage's two passes per
+    micro-batch, added to every stage latency (``stage_latencies``), not to ``compute_s``, whose per-block sums
+    give the placers' lower bounds.
     """
 
     classes: tuple[DeviceClass, ...]
     compute_s: np.ndarray
     boundary_s: np.ndarray
     max_stages_to_end: np.ndarray
+    pass_pair_s: float = 0.0
 
     BIG = 1 << 30
 
@@ -209,8 +224,9 @@ def class_tables(problem: Problem) -> ClassTables:
         for d, b in enumerate(classes):
             link = class_link(problem, a, b)
             if link is not None:
-                boundary[c, d] = [boundary_s(link, f, g) for f, g in zip(problem.cut_fwd_bytes, problem.cut_bwd_bytes)]
-    return ClassTables(classes, compute, boundary, _max_stages_to_end(problem, classes))
+                boundary[c, d] = [boundary_s(link, f, g, problem.cluster.pass_byte_overhead_s)
+                                  for f, g in zip(problem.cut_fwd_bytes, problem.cut_bwd_bytes)]
+    return ClassTables(classes, compute, boundary, _max_stages_to_end(problem, classes), pass_pair_s(problem))
 
 
 def _max_stages_to_end(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray:
@@ -275,10 +291,10 @@ def stage_latencies(tab: ClassTables, nblocks: int, segments: Collection[tuple[i
         for d in range(ncls):
             # a stage [b, e) with e < B pays the cut after block e - 1 on link (c, d)
             cross = np.concatenate([[np.inf], tab.boundary_s[c, d], [np.inf]])
-            value = tab.compute_s[c] + cross[None, :]
+            value = tab.compute_s[c] + tab.pass_pair_s + cross[None, :]
             ok = allowed & (tab.max_stages_to_end[c] >= 2)
             ok[:, nblocks] = False
             mid[c, d] = np.where(ok, value, np.inf)
     last = np.where(allowed[None, :, nblocks] & (tab.max_stages_to_end[:, :, nblocks] >= 1),
-                    tab.compute_s[:, :, nblocks], np.inf)
+                    tab.compute_s[:, :, nblocks] + tab.pass_pair_s, np.inf)
     return StageLatencies(mid, last, tab.max_stages_to_end)

@@ -30,6 +30,7 @@ from planner.partition.model.objective import (
     boundary_s,
     class_link,
     device_classes,
+    pass_pair_s,
     stage_latencies,
     stages_room,
     step_time_formula_s,
@@ -97,7 +98,8 @@ def _stage_tables(problem: Problem, partition: Partition) -> ClassTables:
         for d, b in enumerate(classes):
             link = class_link(problem, a, b)
             if link is not None:
-                boundary[c, d] = [boundary_s(link, problem.cut_fwd_bytes[j], problem.cut_bwd_bytes[j]) for j in cuts]
+                boundary[c, d] = [boundary_s(link, problem.cut_fwd_bytes[j], problem.cut_bwd_bytes[j],
+                                             problem.cluster.pass_byte_overhead_s) for j in cuts]
     params = tables.param_prefix
     static = np.zeros((count + 1, count + 1), dtype=np.int64)
     act = np.zeros((count + 1, count + 1), dtype=np.int64)
@@ -106,7 +108,7 @@ def _stage_tables(problem: Problem, partition: Partition) -> ClassTables:
         static[k, k + 1] = (params[st.stop] - params[st.start]) * tables.static_per_param_byte + once
         act[k, k + 1] = kept
     room = np.stack([stages_room(problem, cls, static, act) for cls in classes])
-    return ClassTables(classes, compute, boundary, room)
+    return ClassTables(classes, compute, boundary, room, pass_pair_s(problem))
 
 
 def id_order(problem: Problem, partition: Partition) -> Partition:
