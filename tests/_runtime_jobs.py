@@ -65,6 +65,19 @@ def job(plan: Path, steps: int, options: dict[str, Any], *, restarts: int = 0, t
     return 0, summary, time.monotonic() - start
 
 
+def stopped_and_resumed(plan: Path, tmp: Path, stop: int, steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A job that checkpoints every 2 steps and stops at ``stop``, then the same job run on to ``steps``, which
+    resumes from the checkpoint; the parameters go to ``tmp / "params"`` (for ``assert_parity``). Their summaries."""
+    options = {"rebalance": False, "checkpoint_dir": str(tmp / "ckpt"), "checkpoint_every": 2}
+    env = {"PLANNER_TEST_PARAMS_OUT": str(tmp / "params")}
+    code, first, _ = job(plan, stop, options, env=env)
+    assert code == 0, first
+    code, second, _ = job(plan, steps, options, env=env)
+    assert code == 0, second
+    assert second["first_step"] == stop and second["losses"][:stop] == pytest.approx(first["losses"], rel=1e-6)
+    return first, second
+
+
 def reference_losses(plan: Path, steps: int) -> list[float]:
     """The same training in one process (the pipeline's parity baseline)."""
     import torch

@@ -134,14 +134,8 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
 def test_a_hybrid_run_checkpoints_and_resumes_with_unchanged_training(tmp_path, gpt_profile):
     """Data 2 at shares 3:1 checkpoints every 2 steps (each replica's copy of every tensor); a second job resumes
     at step 4 under the checkpoint's plan and trains to step 8 exactly as one uninterrupted process would."""
-    from tests._runtime_jobs import job
+    from tests._runtime_jobs import stopped_and_resumed
 
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu1"]], [3, 1], "gpipe")
-    options = {"rebalance": False, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 2}
-    env = {"PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, first, _ = job(plan, 4, options, env=env)
-    assert code == 0, first
-    code, second, _ = job(plan, 8, options, env=env)
-    assert code == 0, second
-    assert second["first_step"] == 4 and second["losses"][:4] == pytest.approx(first["losses"], rel=1e-6)
+    _, second = stopped_and_resumed(plan, tmp_path, 4, 8)
     assert_parity(tmp_path, plan, GPT, second, steps=8)

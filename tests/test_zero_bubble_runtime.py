@@ -90,15 +90,9 @@ def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_traini
 def test_a_zero_bubble_run_checkpoints_and_resumes_with_unchanged_training(tmp_path, profiles):
     """zb-h2 on 2 ranks checkpoints every 2 steps; a second job resumes at step 4 and trains to step 8 exactly as one
     uninterrupted process would (the weight gradients held back within a step leave nothing for a checkpoint to miss)."""
-    from tests._runtime_jobs import job
+    from tests._runtime_jobs import stopped_and_resumed
 
     plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], "zb-h2", microbatches=4)
-    options = {"rebalance": False, "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_every": 2}
-    env = {"PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
-    code, first, _ = job(plan, 4, options, env=env)
-    assert code == 0, first
-    code, second, _ = job(plan, 8, options, env=env)
-    assert code == 0, second
-    assert second["plan"]["schedule"] == "zb-h2" and second["first_step"] == 4
-    assert second["losses"][:4] == pytest.approx(first["losses"], rel=1e-6)
+    _, second = stopped_and_resumed(plan, tmp_path, 4, 8)
+    assert second["plan"]["schedule"] == "zb-h2"
     assert_parity(tmp_path, plan, GPT, second, steps=8)
