@@ -197,7 +197,7 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
     deep = CACHE / f"llama_1b_{case['layers']}L.profile.json"
     profile = synthesize(load_profile(slice_path), case["layers"])
     save_profile(profile, deep)
-    params = sum(n.param_bytes for n in profile.nodes)
+    params = sum(n.param_bytes for n in profile.nodes)  # bytes, fp32: 4 a parameter; with gradients and Adam, 16
     memory = min(d.memory_bytes for d in load_cluster(REPO / "profiles" / "clusters" / f"{case['cluster']}.json").devices)
     began = time.perf_counter()
     plan = partition_file(deep, case["cluster"], CACHE / "memory-bound-auto.plan.json", method="dp",
