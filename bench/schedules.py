@@ -11,13 +11,13 @@
    schedule's own dp plan.
 3. The memory-bound case, simulated: a Llama of TinyLlama-1.1B's shape (22 layers, synthesised by ``bench/synth.py``
    from a measured 2-layer slice, ``planner.examples.hf:llama_1b_slice``), which no 16 GB device holds with Adam, on
-   ``t4-2x4-eth`` (two hosts of four T4s) at m = 8: ``plan partition -d auto`` under 1F1B, under each zero-bubble
-   schedule and under ``--schedule auto``, each step against the work bound (all compute spread evenly over the
-   devices, no bubble, no transfers: no plan is faster).
+   ``t4-2x4-eth`` (two hosts of four T4s) at m = 8: ``plan partition -d auto --schedule auto`` and the candidate of
+   every schedule it weighed, each step against the work bound (all compute spread evenly over the devices, no
+   bubble, no transfers: no plan is faster).
 
     python3 bench/schedules.py                        # both; writes docs/bench-schedules.md and .json
     python3 bench/schedules.py --only simulated       # the simulated tables only (minutes)
-    python3 bench/schedules.py --only memory-bound    # the memory-bound case (profiles the slice once, ~4 min)
+    python3 bench/schedules.py --only memory-bound    # the memory-bound case (~14 min; the slice's profile is cached)
     python3 bench/schedules.py --models gpt_small --microbatches 4 --steps 6
 """
 
@@ -35,14 +35,14 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
-from run import (CACHE, calibrated_in_first_round, load1, parallel_capacity, profile_path, run_job,  # noqa: E402
+from run import (CACHE, calibrated_in_first_round, parallel_capacity, profile_path, run_job,  # noqa: E402
                  steady_step_s, with_extra)
 
 from planner.app.partition import profile_ref  # noqa: E402
 from planner.examples import BUNDLED  # noqa: E402
 from planner.formats.catalog import load_catalog  # noqa: E402
 from planner.formats.cluster import load_cluster  # noqa: E402
-from planner.formats.plan import Plan, save_plan  # noqa: E402
+from planner.formats.plan import ASYNC_SCHEDULES, Plan, save_plan  # noqa: E402
 from planner.formats.profile import load_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
 from planner.partition.model.convert import build_plan, partition_of  # noqa: E402
@@ -210,7 +210,7 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
              "chosen": c["schedule"] == plan.schedule}
             for c in plan.extra["choices"]["candidates"]]
     return {"params": params // 4, "static_bytes": params * 4, "device_memory_bytes": memory, "rows": rows,
-            "planning_s": planning_s}
+            "planning_s": planning_s, "devices": len(devices)}
 
 
 def render(results: dict[str, Any]) -> str:
@@ -281,8 +281,8 @@ def render(results: dict[str, Any]) -> str:
                   f"{mb['device_memory_bytes'] / 2**30:.0f} GiB per device, so no device holds it alone. Cluster "
                   f"`{case['cluster']}`, m = {case['microbatches']}: `plan partition --method dp -d auto --schedule "
                   f"auto`, whose candidates (each schedule's fastest shape that fits) are the rows; it chose the one "
-                  f"marked, in {mb['planning_s']:.0f} s. *Work bound*: the plan's compute spread evenly over the 8 "
-                  f"devices with no bubble and no transfers, which no plan beats. The asynchronous schedules have no "
+                  f"marked, in {mb['planning_s']:.0f} s. *Work bound*: the plan's compute spread evenly over the "
+                  f"{mb['devices']} devices with no bubble and no transfers, which no plan beats. The asynchronous schedules have no "
                   f"flush between steps and train on stale weights (docs/async.md); name a flushing schedule to keep "
                   f"synchronous training.", "",
                   "| schedule | stages x replicas | step (s) | work bound (s) | step / bound | fullest device (GiB) "
@@ -291,7 +291,7 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {r['schedule']} | {r['stages']} x {r['degree']}{' (recompute)' if r['recompute'] else ''} "
                          f"| {r['step_s']:.3f} | {r['bound_s']:.3f} | {r['step_s'] / r['bound_s']:.2f}x | "
                          f"{r['peak_bytes'] / 2**30:.2f} | {'yes' if r['chosen'] else ''} |")
-        flushing = [r for r in mb["rows"] if r["schedule"] not in ("async-1f1b", "2bw")]
+        flushing = [r for r in mb["rows"] if r["schedule"] not in ASYNC_SCHEDULES]
         best = min(flushing, key=lambda r: r["step_s"])
         one = next((r for r in mb["rows"] if r["schedule"] == "1f1b"), None)
         if one:
@@ -302,9 +302,8 @@ def render(results: dict[str, Any]) -> str:
 
 
 def _made(results: dict[str, Any], section: str) -> str:
-    """Which command made a section and when (older pages kept one pair for the whole page)."""
-    made = results.get("sections", {}).get(section) or {"command": results.get("command", "?"),
-                                                         "finished": results.get("finished", "?")}
+    """Which command made a section and when."""
+    made = results["sections"][section]
     return f"Reproduce: `{made['command']}`, finished {made['finished']}."
 
 
@@ -312,7 +311,7 @@ def _made_rows(rows: list[dict[str, Any]]) -> str:
     """Which command made which measured rows, and when."""
     groups: dict[tuple[str, str], list[str]] = {}
     for row in rows:
-        made = row.get("made", {"command": "?", "finished": "?"})
+        made = row["made"]
         groups.setdefault((made["command"], made["finished"]), []).append(f"{row['model']} m={row['microbatches']}")
     return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}." for (cmd, when), names in groups.items())
 
@@ -354,12 +353,7 @@ def main() -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.output).with_suffix(".json")
     results: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
-    sections = results.setdefault("sections", {})
-    for section in ("measured", "simulated"):  # what an older page made, under its one command
-        if section in results and section not in sections and "command" in results:
-            sections[section] = {"command": results["command"], "finished": results.get("finished", "?")}
-    made = {"command": "python3 bench/schedules.py " + " ".join(sys.argv[1:]),
-            "finished": "?"}
+    made = {"command": "python3 bench/schedules.py " + " ".join(sys.argv[1:]), "finished": "?"}
     if "simulated" in only:
         results["simulated"] = simulated()
     if "memory-bound" in only:
@@ -369,16 +363,12 @@ def main() -> None:
         for row in new:
             row["made"] = made
         fresh = {(r["model"], r["microbatches"]) for r in new}
-        for row in results.get("measured", []):
-            row.setdefault("made", sections.get("measured") or made)
         results["measured"] = sorted([r for r in results.get("measured", []) if (r["model"], r["microbatches"]) not in
                                       fresh] + new, key=lambda r: (list(MEASURED_MODELS).index(r["model"]),
                                                                    r["microbatches"]))
     made["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())  # also in the new measured rows
-    for section in only:
-        sections[section] = made
-    results["command"], results["finished"] = made["command"], made["finished"]
-    results["load"] = load1()
+    for section in only - {"measured"}:  # measured rows each carry their own
+        results.setdefault("sections", {})[section] = made
     json_path.write_text(json.dumps(results, indent=1) + "\n")
     Path(args.output).write_text(render(results))
     print(f"wrote {args.output}")

@@ -31,7 +31,7 @@ from planner.errors import PlanMismatchError, PlannerError, UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.cluster import cluster_from_dict
 from planner.formats.jsonio import check_writable, write_bytes_atomic
-from planner.formats.plan import Plan, load_plan
+from planner.formats.plan import ZERO_BUBBLE_SCHEDULES, Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.partition.model.problem import layer_of
 
@@ -42,9 +42,11 @@ TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "I
                         "zb-h1": "InterleavedZeroBubble"}
 """Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes;
 ``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order)."""
-CSV_SCHEDULES = (*TORCHTITAN_SCHEDULES, "zb-planned", "zb-h2")
-"""Schedules ``schedule-csv`` writes: the flushing ones (``zb-planned``'s order exists only as the plan's own, and
-torch ships no ZB-H2 class)."""
+CSV_ONLY_SCHEDULES = tuple(s for s in ZERO_BUBBLE_SCHEDULES if s not in TORCHTITAN_SCHEDULES)
+"""Zero-bubble schedules torchtitan has no class for (``zb-planned``'s order exists only as the plan's own; torch
+ships no ZB-H2): exported as the plan's order, which torchtitan reads from a CSV."""
+CSV_SCHEDULES = (*TORCHTITAN_SCHEDULES, *CSV_ONLY_SCHEDULES)
+"""Schedules ``schedule-csv`` writes: the flushing ones."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def export_file(plan_path: str | Path, fmt: str, output: str | Path | None = Non
     shape = replica_violations(plan.schedule, plan.microbatches, plan.replicas(), plan.shares())
     if shape:  # e.g. an interleaved plan (several stages per device) under a single-stage schedule
         raise PlanMismatchError(f"{plan_path}: the plan cannot be exported as {plan.schedule}: {shape[0]}")
-    if plan.schedule in ("zb-planned", "zb-h2") and fmt == "torchtitan":
+    if plan.schedule in CSV_ONLY_SCHEDULES and fmt == "torchtitan":
         raise PlanMismatchError(f"{plan_path}: the plan's schedule is {plan.schedule}, an order torchtitan has no "
                                 f"schedule class for; export it with --to schedule-csv and give the file to "
                                 f"torchtitan's pipeline_parallel_schedule_csv, or re-partition with --schedule zb-h1")

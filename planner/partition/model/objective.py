@@ -124,9 +124,9 @@ def pass_pair_s(problem: Problem) -> float:
 def stage_latencies_s(problem: Problem, partition: Partition) -> tuple[float, ...]:
     """Per stage: compute per micro-batch and the runtime's cost of its two passes, plus the transfer across its
     outgoing boundary (both ways, ``boundary_s``)."""
-    tables, out = problem.tables, []
+    tables, passes, out = problem.tables, pass_pair_s(problem), []
     for k, st in enumerate(partition):
-        latency = stage_compute_s(tables, st.device, st.start, st.stop) + pass_pair_s(problem)
+        latency = stage_compute_s(tables, st.device, st.start, st.stop) + passes
         if k + 1 < len(partition):
             nxt = partition[k + 1].device
             cut = st.stop - 1
@@ -153,9 +153,8 @@ def slot_inflight(schedule: str, stages_to_end: int, microbatches: int, num_devi
     place fits; with fewer stages than devices they may refuse a tight stage the check would pass); ``zb-h2`` keeps
     ``2p - 1``, assumed the same way.
     """
-    if schedule in ZERO_BUBBLE_SCHEDULES:
-        most_stages = max(stages_to_end, num_devices or stages_to_end)
-        return min(microbatches, 2 * most_stages - 1 if schedule == "zb-h2" else most_stages)
+    if schedule in ZERO_BUBBLE_SCHEDULES:  # the same count on every stage, so stage 0 of the most stages
+        return inflight_microbatches(schedule, 0, max(stages_to_end, num_devices or stages_to_end), microbatches)
     return inflight_microbatches("1f1b" if schedule == "interleaved-1f1b" else schedule,
                                  0, stages_to_end, microbatches)
 

@@ -46,6 +46,10 @@ START_METHOD = "forkserver"
 """How ranks start (module docstring); the server preloads ``main``, which imports the whole rank runtime."""
 
 
+PACKAGE_PARENT = Path(__file__).resolve().parents[3]
+"""The directory holding the ``planner`` package, where the fork server starts (``preload_fork_server``)."""
+
+
 def preload_fork_server() -> None:
     """Start the fork server (once per process; later launches reuse it) with ``main`` preloaded.
 
@@ -57,7 +61,7 @@ def preload_fork_server() -> None:
     (multiprocessing's preparation data carries it), where they import the user's modules."""
     multiprocessing.set_forkserver_preload([elastic_main.__module__])
     here = os.getcwd()
-    os.chdir(Path(errors.__file__).resolve().parent.parent)
+    os.chdir(PACKAGE_PARENT)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
