@@ -158,9 +158,12 @@ def test_optimal_never_loses_to_a_rival_in_the_simulator(model: str, kinds: tupl
             rival = min(partition(profile, cluster, method=b, microbatches=m, schedule="1f1b",
                                   catalog=catalog).step_time_s
                         for b in ("greedy", "uniform", "params", "time-balance"))
-            # the ILP where it proves its optimum quickly (at most 8 devices of one or two types); dp everywhere
-            exact = (("dp", {}), ("ilp", {"time_limit_s": 2.0})) if len(cluster.devices) <= 8 and \
-                len({d.type for d in cluster.devices}) <= 2 else (("dp", {}),)
+            # the ILP where it reaches a claim within its 2 s limit (at most 4 devices, or 8 of one type on one host;
+            # on two hosts or three types it stops at the limit and reports "feasible", which claims nothing and so
+            # checks nothing); dp everywhere
+            quick = len(cluster.devices) <= 4 or (len({d.type for d in cluster.devices}) == 1
+                                                  and len({d.host for d in cluster.devices}) == 1)
+            exact = (("dp", {}), ("ilp", {"time_limit_s": 2.0})) if quick else (("dp", {}),)
             for method, options in exact:
                 plan = partition(profile, cluster, method=method, microbatches=m, schedule="1f1b",
                                  catalog=catalog, **options)
