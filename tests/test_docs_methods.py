@@ -25,7 +25,8 @@ IMPLEMENTED_WHEN = {
     "DASP parameter server": "dasp" in SYNC_MODES,
     "asynchronous pipeline across iterations": "async-1f1b" in SCHEDULES,
     "zero-bubble schedules (ZB-H1, ZB-H2, a planned order)": {"zb-h1", "zb-h2", "zb-planned"} <= set(SCHEDULES),
-    "V-shaped zero-bubble schedules (ZBV, DualPipeV)": {"zbv", "dualpipev"} <= set(SCHEDULES),
+    "V-shaped zero-bubble schedule ZB-V": "zbv" in SCHEDULES,
+    "DualPipeV": "dualpipev" in SCHEDULES,
 }
 
 

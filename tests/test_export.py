@@ -276,3 +276,23 @@ def test_zero_bubble_plans_export_their_recorded_order_and_torchtitans_name(tmp_
     else:
         assert titan.exit_code == 1 and "pipeline_parallel_schedule_csv" in titan.output
         assert len(titan.output.strip().splitlines()) == 1
+
+
+def test_a_zbv_plan_exports_its_v_to_torchtitan_and_its_order_to_csv(tmp_path: Path) -> None:
+    """A ``zbv`` plan with two stages per device names torchtitan's ``ZBVZeroBubble`` with one module list per stage
+    (torchtitan lays them out in a V itself); one that kept a stage per device runs ``zb-h1``'s order there."""
+    plan = _plan(tmp_path, "resnet_small", "a100-4", "-s", "zbv", "--granularity", "layer")
+    doc = json.loads(plan.read_text())
+    assert doc["interleave"]["chunks"] == 2 and len(doc["stages"]) == 8
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 0, result.output
+    table = tomllib.loads((tmp_path / "p.toml").read_text())["parallelism"]
+    assert table["pipeline_parallel_schedule"] == "ZBVZeroBubble" and table["pipeline_parallel_degree"] == 4
+    assert len(table["module_fqns_per_model_part"]) == 8
+    result = runner.invoke(app, ["export", str(plan), "--to", "schedule-csv", "-o", str(tmp_path / "s.csv")])
+    rows = [line.split(",") for line in (tmp_path / "s.csv").read_text().splitlines()]
+    assert rows[0][:2] == ["0F0", "0F1"] and {a[0] for a in rows[0]} == {"0", "7"}  # device 0: stages 0 and 7
+    one = _plan(tmp_path, "gpt_tiny", "a100-4", "-s", "zbv", "--granularity", "layer")
+    assert json.loads(one.read_text())["interleave"]["chunks"] == 1
+    titan = runner.invoke(app, ["export", str(one), "--to", "torchtitan"])
+    assert titan.exit_code == 0 and '"InterleavedZeroBubble"' in titan.output

@@ -23,7 +23,7 @@ import torch
 from _partition_cases import FREE, cluster
 from planner.formats.profile import Node, OpTime
 from planner.partition.model.cost import inflight_microbatches
-from planner.partition.sim.schedules import BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts
+from planner.partition.sim.schedules import BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts, order_violations
 from planner.partition.sim.simulate import SimStage, planned_orders, simulate
 from planner.roofline import weight_share
 
@@ -265,3 +265,98 @@ def test_plan_check_refuses_an_order_that_deadlocks_or_drops_a_pass() -> None:
     dropped = {k: [a for a in v if a != "1W3"] for k, v in plan.extra["schedule_order"].items()}
     found = validate_plan(replace(plan, extra={**plan.extra, "schedule_order": dropped}), prof, net)
     assert found and "micro-batch 3" in found[0]
+
+
+def test_a_stage_output_that_an_op_inside_the_stage_saved_keeps_its_weight_gradient() -> None:
+    """torch's runtime detaches a stage's outputs in place after the input gradient; an output that a later op of the
+    same stage saved (the residual stream at a cut inside a transformer block) then breaks the weight gradient.
+    ``OwnOutputs`` (every zero-bubble stage's wrapper) returns copies, and the weight gradient is the whole
+    backward's."""
+    from torch import nn
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from planner.runtime.pipeline.stages import OwnOutputs
+
+    class Stage(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = self.a(x)
+            return y, self.b(y)  # y leaves the stage and b saved it for its weight gradient
+
+    torch.manual_seed(0)
+    x, grads = torch.randn(3, 4), (torch.randn(3, 4), torch.randn(3, 4))
+    reference = Stage()
+    torch.autograd.backward(reference(x.requires_grad_()), grads)
+    for wrap, works in ((lambda m: m, False), (OwnOutputs, True)):
+        inner = Stage()
+        inner.load_state_dict(reference.state_dict())
+        stage = wrap(inner)
+        inp = x.detach().requires_grad_()
+        outputs = stage(inp)
+        _, groups = stage_backward_input(list(outputs), list(grads), [inp], stage.parameters())
+        if not works:
+            with pytest.raises(RuntimeError, match="detached in-place"):
+                stage_backward_weight(stage.parameters(), groups)
+            continue
+        stage_backward_weight(stage.parameters(), groups)
+        for mine, theirs in zip(stage.parameters(), reference.parameters()):
+            torch.testing.assert_close(mine.grad, theirs.grad)
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 4), (3, 5), (4, 4), (4, 8), (8, 8), (8, 16), (5, 3), (4, 2)])
+def test_zbv_order_is_torchs_and_passes_its_validation(p: int, m: int) -> None:
+    """``zbv``'s order is ``ScheduleZBVZeroBubble``'s (its per-rank builder reads only the pipeline size, the stage
+    count and the micro-batch count, so it is called on a stand-in), with torch's idle slots left out; torch
+    validates it on the V, and every stage holds what the memory rule counts."""
+    from types import SimpleNamespace
+
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    orders = device_orders("zbv", p, 2, m)
+    stand_in = SimpleNamespace(pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
+    for rank in range(p):
+        theirs = schedules.ScheduleZBVZeroBubble._calculate_single_rank_operations(stand_in, rank)
+        assert [f"{s}{k}{j}" for k, s, j in orders[rank]] == [str(a) for a in theirs if a is not None]
+    actions = {r: [schedules._Action.from_str(f"{s}{k}{j}") for k, s, j in order] for r, order in enumerate(orders)}
+    layout = schedules._validate_schedule(actions, p, 2 * p, m)
+    assert layout == {s: s if s < p else 2 * p - 1 - s for s in range(2 * p)}
+    assert order_violations(orders, m, [layout[s] for s in range(2 * p)]) == []
+    for s in range(2 * p):
+        assert inflight_microbatches("zbv", s, 2 * p, m, p) == inflight_counts(orders[layout[s]])[s]
+
+
+@pytest.mark.parametrize("p,m,w", [(2, 4, 1.0), (4, 8, 1.0), (4, 8, 0.5), (8, 8, 1.0), (8, 16, 1.0), (8, 16, 0.5)])
+def test_zbv_is_no_slower_than_zb_h1_at_the_same_activation_memory(p: int, m: int, w: float) -> None:
+    """The paper's claim for ZB-V (Qi et al., 2024, section 6): on the same model cut into ``2p`` equal halves in a
+    V, no more activation memory per device than ZB-H1 on ``p`` whole stages (1F1B's peak), and no more step."""
+    f, b = 1.0, 2.0
+    net = cluster(p, bandwidth_Bps=FREE)
+    whole = stages([(f, b, w)] * p, act=2)
+    halves = [SimStage(f"d{s if s < p else 2 * p - 1 - s}", f / 2, b / 2, 0, 0, 0, 1, bwd_weight_s=w / 2)
+              for s in range(2 * p)]
+    zb, v = simulate(whole, net, "zb-h1", m), simulate(halves, net, "zbv", m)
+    assert v.step_time_s <= zb.step_time_s + 1e-9
+    assert max(d.peak_memory_bytes for d in v.devices.values()) <= max(d.peak_memory_bytes for d in zb.devices.values())
+    if w == 1.0 and m >= 2 * p:  # F = I = W: less bubble than ZB-H1's (p - 1)(F + I - W) = (p - 1) F
+        assert v.step_time_s < zb.step_time_s - 1e-9
+
+
+def test_zbv_plans_put_two_stages_per_device_in_a_v_when_faster_and_pass_the_check() -> None:
+    from _partition_cases import cluster as make_cluster
+    from planner.errors import UsageError
+    from planner.partition import partition
+    from planner.partition.validate import validate_plan
+
+    prof = _random_profile(1, 16)
+    net = make_cluster(4, bandwidth_Bps=FREE)
+    fixed = partition(prof, net, method="dp", microbatches=8, schedule="zb-h1", data_parallel=1)
+    plan = partition(prof, net, method="dp", microbatches=8, schedule="zbv", data_parallel=1)
+    devices = [st.device for st in plan.stages]
+    assert plan.extra["interleave"]["chunks"] == 2 and devices == devices[:4] + devices[:4][::-1]
+    assert plan.step_time_s < fixed.step_time_s
+    assert validate_plan(plan, prof, net) == []
+    assert sorted(plan.extra["schedule_order"], key=int) == ["0", "1", "2", "3"]
+    with pytest.raises(UsageError, match="zbv"):
+        partition(prof, net, method="dp", microbatches=8, schedule="zbv", data_parallel=2)

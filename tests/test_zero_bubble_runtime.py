@@ -3,7 +3,7 @@
 ``plan run`` hands a zero-bubble plan's ``schedule_order`` to torch's ``_PipelineScheduleRuntime``, which splits every
 backward into its input gradient and its weight gradient. Hand-made plans on gloo ranks, compared with
 ``train_reference`` (rtol 1e-5): GPT with its tied embedding and head on different ranks under ``zb-h1``, ``zb-h2``
-and an order that differs from both; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
+and an order that differs from both, and on one rank under ``zbv``'s V; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
 on 4 ranks (correctness only on this 2-core machine).
 """
 
@@ -43,6 +43,16 @@ def test_gpt_with_tied_weights_under_zero_bubble(tmp_path, profiles, schedule):
         plan.write_text(json.dumps(doc))
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
     assert summary["schedule"] == schedule and summary["world_size"] == 2
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_gpt_in_a_v_under_zbv_with_embedding_and_head_on_one_rank(tmp_path, profiles):
+    """ZB-V: 4 stages on 2 ranks in a V, so rank 0 holds the first stage (the embedding) and the last (the tied
+    head, and the loss); stage 1 hands its output to stage 2 on the same rank without a message."""
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1", "cpu1", "cpu0"], "zbv", microbatches=4)
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
+    assert summary["schedule"] == "zbv" and summary["world_size"] == 2
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
 
 

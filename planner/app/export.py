@@ -31,7 +31,7 @@ from planner.errors import PlanMismatchError, PlannerError, UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.cluster import cluster_from_dict
 from planner.formats.jsonio import check_writable, write_bytes_atomic
-from planner.formats.plan import ZERO_BUBBLE_SCHEDULES, Plan, load_plan
+from planner.formats.plan import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.partition.model.problem import layer_of
 
@@ -39,9 +39,10 @@ __all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module
 
 FORMATS = ("torchtitan", "pipelining", "schedule-csv")
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                        "zb-h1": "InterleavedZeroBubble"}
+                        "zb-h1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
 """Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes;
-``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order)."""
+``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order, and so a ``zbv`` plan that kept one
+stage per device; torchtitan lays ``ZBVZeroBubble``'s two stages per rank out in a V itself)."""
 CSV_ONLY_SCHEDULES = tuple(s for s in ZERO_BUBBLE_SCHEDULES if s not in TORCHTITAN_SCHEDULES)
 """Zero-bubble schedules torchtitan has no class for (``zb-planned``'s order exists only as the plan's own; torch
 ships no ZB-H2): exported as the plan's order, which torchtitan reads from a CSV."""
@@ -167,7 +168,8 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
     order = [devices[r] for devices in replicas for r in range(degree)]
     return {"parallelism": {
         "pipeline_parallel_degree": len(_devices(plan)),
-        "pipeline_parallel_schedule": TORCHTITAN_SCHEDULES[plan.schedule],
+        "pipeline_parallel_schedule": TORCHTITAN_SCHEDULES[
+            "zb-h1" if plan.schedule in V_SCHEDULES and len(parts) == len(_devices(plan)) else plan.schedule],
         "pipeline_parallel_microbatch_size": rows,
         "module_fqns_per_model_part": parts,
         "data_parallel_replicate_degree": degree,

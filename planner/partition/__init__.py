@@ -16,7 +16,7 @@ from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, Plan
+from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES, Plan
 from planner.formats.profile import Profile
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import infeasible_reason, step_time_s
@@ -74,10 +74,11 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
     requested = parse_degree(data_parallel)
-    if requested != 1 and schedule == "interleaved-1f1b":
+    if requested != 1 and schedule in ("interleaved-1f1b",) + V_SCHEDULES:
         if requested is not None:
-            raise UsageError(f"--data-parallel {requested} needs --schedule gpipe or 1f1b: replicated interleaved "
-                             f"stages are not supported; use --data-parallel 1 with interleaved-1f1b")
+            raise UsageError(f"--data-parallel {requested} needs one stage per device (gpipe, 1f1b or a zero-bubble "
+                             f"schedule other than zbv): replicated {schedule} stages, several per device, are not "
+                             f"supported; use --data-parallel 1 with {schedule}")
         requested = 1
     if sync != DEFAULT_SYNC and requested == 1:
         raise UsageError(f"--sync {sync} combines replicas, but --data-parallel 1 makes a pure pipeline with none; "
@@ -143,7 +144,7 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
     else:
         chosen = guard.check(problem, chosen, polish_on)  # "optimal" (dp, ilp) never loses to a baseline when simulated
     extra.update(methods.facts_of(chosen))
-    chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b: v chunks per device when faster
+    chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b, zbv: several chunks per device when faster
     if interleaved:
         extra["interleave"] = interleaved
     return chosen, used

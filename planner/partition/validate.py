@@ -159,7 +159,8 @@ def _schedule_order(plan: Plan) -> list[str]:
     replicas, shares = plan.replicas(), plan.replica_shares()
     out: list[str] = []
     for r, share in enumerate(shares):
-        keys = [str(rank[devices[r]]) for devices in replicas]
+        stage_keys = [str(rank[devices[r]]) for devices in replicas]
+        keys = list(dict.fromkeys(stage_keys))  # a device holding two stages (zbv) has one order
         missing = [k for k in keys if k not in order]
         if missing:
             out.append(f"schedule_order has no passes for rank(s) {missing}; re-partition with --schedule {plan.schedule}")
@@ -167,7 +168,7 @@ def _schedule_order(plan: Plan) -> list[str]:
         parsed = [[_action(a) for a in order[k]] for k in keys]
         where = f" (replica {r})" if len(shares) > 1 else ""
         out += [f"schedule_order{where}: {v}; re-partition with --schedule {plan.schedule}"
-                for v in order_violations(parsed, share)]
+                for v in order_violations(parsed, share, [keys.index(k) for k in stage_keys])]
     return out
 
 

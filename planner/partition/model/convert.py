@@ -16,7 +16,8 @@ from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, s
 from planner.partition.model.feasibility import check_fits
 from planner.errors import InfeasibleError, PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
-from planner.partition.sim.schedules import async_staleness, async_violation, device_orders, stashed_versions
+from planner.partition.sim.schedules import (async_staleness, async_violation, device_orders, pipeline_layout,
+                                             stashed_versions)
 from planner.partition.sim.simulate import SimResult, SimStage, planned_orders
 
 
@@ -69,7 +70,7 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     """The plan's ``schedule_order`` (design.md section 5): per rank, its passes in torch's action notation
     (``"0F1"``: stage 0's forward of micro-batch 1; ``I`` and ``W`` the halves of a backward), what the runtime hands
     to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches:
-    ``zb-h1``'s or ``zb-h2``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage times
+    ``zb-h1``'s, ``zb-h2``'s or ``zbv``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage times
     (``planned_orders``). Ranks are numbered by first appearance of their devices over the stages, replica by
     replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``)."""
     degree = degree_of(partition)
@@ -78,12 +79,13 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     rank = {dev: i for i, dev in enumerate(dict.fromkeys(st.device for pipe in pipelines for st in pipe))}
     out: dict[str, list[str]] = {}
     for pipe, share in zip(pipelines, shares):
+        devices, chunks = pipeline_layout([st.device for st in pipe], problem.schedule)
         if problem.schedule in GENERATED_ORDER_SCHEDULES:
             orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share)
         else:
-            orders = device_orders(problem.schedule, len(pipe), 1, share)
-        for st, order in zip(pipe, orders):
-            out[str(rank[st.device])] = [f"{s}{kind}{j}" for kind, s, j in order]
+            orders = device_orders(problem.schedule, len(devices), chunks, share)
+        for device, order in zip(devices, orders):
+            out[str(rank[device])] = [f"{s}{kind}{j}" for kind, s, j in order]
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 

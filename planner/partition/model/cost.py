@@ -15,12 +15,12 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, ZERO_BUBBLE_SCHEDULES, ParallelShape
+from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, ParallelShape
 from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
-from planner.partition.sim.schedules import (device_orders, inflight_counts, peak_activation_bytes, pipeline_layout,
+from planner.partition.sim.schedules import (device_orders, inflight_counts, peak_activation_bytes, pipeline_layout, stage_ranks,
                                              version_copies)
 from planner.partition.sim.simulate import SimResult, SimStage
 from planner.partition.sim.step import compute_only_s, exposed_sync_s, simulate_step
@@ -109,12 +109,18 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
     """Micro-batches whose activations stage ``stage_index`` holds at once at its peak.
 
     GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``, and ``min(m, 2p - 1)`` under ``zb-h2``.
-    Interleaved 1F1B over ``num_devices`` devices (default: one stage per device, which is 1F1B): counted by
-    replaying the stage's device order.
+    Interleaved 1F1B over ``num_devices`` devices (default: one stage per device, which is 1F1B) and ``zbv`` with two
+    stages per device: counted by replaying the stage's device order.
     """
     devices = num_stages if num_devices is None else num_devices
     if schedule == "gpipe":
         return microbatches
+    if schedule in V_SCHEDULES and devices != num_stages:  # two stages per device in a V: replay its order
+        if num_stages != 2 * devices:
+            raise PlannerError(f"{schedule} puts 1 or 2 stages on each device, but found {num_stages} on {devices} "
+                               f"devices; re-partition with --schedule {schedule}")
+        rank = stage_ranks(schedule, devices, num_stages)[stage_index]
+        return inflight_counts(device_orders(schedule, devices, 2, microbatches)[rank])[stage_index]
     if schedule == "zb-h2":  # warms up with 2 (p - 1 - s) forwards and holds back 2 s weight gradients
         return min(microbatches, 2 * num_stages - 1)
     if schedule in ZERO_BUBBLE_SCHEDULES:  # activations live until W: zb-h1 holds min(m, p) on every stage, and

@@ -10,6 +10,10 @@ chunk ``k`` runs on its own device, and the cuts are the smallest per-chunk time
 each chunk up to ``T`` on its device covers the model in ``p * v`` chunks (bisection, as
 ``baselines.min_max_split`` does for one device type), so each device does about ``v * T``.
 
+Under ``zbv`` (ZB-V, Qi et al., 2024) each device holds exactly two chunks in a V (stage ``r`` and ``2p - 1 - r``
+on the ``r``-th device, ``planner.partition.sim.schedules.stage_ranks``), cut the same way; its one-chunk case is
+``zb-h1``'s order, kept when the V does not simulate faster or does not fit.
+
 What was tried and why the choice is recorded in the plan as ``interleave`` (``chunks``, the simulated
 step time of each ``v``, and a sentence), so a plan that stays at one chunk says why.
 """
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from planner.formats.plan import V_SCHEDULES
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem, StageSpec
+from planner.partition.sim.schedules import stage_ranks
 
 __all__ = ["INTERLEAVED", "MAX_CHUNKS", "interleave", "chunked"]
 
@@ -35,12 +41,13 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
     ``base`` must have one stage per device; other partitions (a hand-made interleaved plan) are returned
     as they are."""
     devices = [s.device for s in base]
-    if problem.schedule != INTERLEAVED or len(set(devices)) != len(devices):
+    if problem.schedule not in (INTERLEAVED,) + V_SCHEDULES or len(set(devices)) != len(devices):
         return base, {}
+    one_chunk = "1F1B" if problem.schedule == INTERLEAVED else "zb-h1's order"
     times = {1: step_time_s(problem, base)}
     best, best_v = base, 1
     skipped: dict[int, str] = {}
-    for v in range(2, max_chunks + 1):
+    for v in range(2, (max_chunks if problem.schedule == INTERLEAVED else 2) + 1):
         candidate = chunked(problem, devices, v)
         if candidate is None:
             skipped[v] = f"the model has fewer than {len(devices) * v} blocks"
@@ -57,10 +64,10 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
         why = f"{best_v} chunks per device simulate fastest ({tried})"
     elif len(times) > 1:
         why = (f"one chunk per device simulates fastest ({tried}): the extra transfers of more chunks cost more "
-               f"than the bubble they save, so the plan runs as 1F1B")
+               f"than the bubble they save, so the plan runs as {one_chunk}")
     else:
         reason = next(iter(skipped.values()), "no other chunk count was possible")
-        why = f"one chunk per device: 2 chunks per device cannot run ({reason}); the plan runs as 1F1B"
+        why = f"one chunk per device: 2 chunks per device cannot run ({reason}); the plan runs as {one_chunk}"
     record = {"chunks": best_v, "step_time_s": {str(v): t for v, t in sorted(times.items())}, "reason": why}
     if skipped:
         record["skipped"] = {str(v): text for v, text in sorted(skipped.items())}
@@ -68,14 +75,14 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
 
 
 def chunked(problem: Problem, devices: Sequence[str], v: int) -> Partition | None:
-    """``len(devices) * v`` contiguous chunks, chunk ``k`` on ``devices[k % p]``, cut so that the largest chunk
-    time on its own device is smallest (``None`` when there are fewer blocks than chunks)."""
+    """``len(devices) * v`` contiguous chunks, chunk ``k`` on ``devices[k % p]`` (under a V schedule, in a V), cut so
+    that the largest chunk time on its own device is smallest (``None`` when there are fewer blocks than chunks)."""
     p, n = len(devices), len(problem.blocks)
     parts = p * v
     if n < parts:
         return None
     tables = problem.tables
-    owner = [devices[k % p] for k in range(parts)]
+    owner = [devices[r] for r in stage_ranks(problem.schedule, p, parts)]
 
     def fill(limit: float) -> list[int] | None:
         """Cuts when every chunk takes blocks while it stays within ``limit`` (and leaves one block for each

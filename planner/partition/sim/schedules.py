@@ -32,6 +32,12 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
 - ``zb-planned``: an order generated from the stages' own F, I and W times on their devices
   (``planner.partition.sim.simulate.planned_orders``) under the same in-flight cap as ``zb-h1``; for memory
   questions asked without times (``device_orders``) it is ``zb-h1``'s order, whose in-flight counts are the cap.
+- ``zbv`` (the same paper's ZB-V, section 6; ``torch.distributed.pipelining.ScheduleZBVZeroBubble``'s order): each
+  of the ``p`` devices holds two stages in a V, stage ``r`` and stage ``2p - 1 - r`` (``stage_ranks``), so the first
+  device also runs the loss. The order is torch's: ``2 (p - r) - 1`` forwards of the first chunk, ``r`` pairs of
+  forwards of both chunks, ``p - r`` forward / input / weight triples of the second chunk, then both chunks in turn,
+  and the cool-down's input gradients before the held-back weight gradients. With one stage per device (the
+  placers' one-chunk case, as for ``interleaved-1f1b``) it is ``zb-h1``.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
-from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES, ZERO_BUBBLE_SCHEDULES
+from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 
 FWD = "F"
 BWD = "B"
@@ -60,7 +66,7 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
     """Distinct devices in pipeline order and ``v``, the number of stages each holds.
 
     Raises ``PlannerError`` when a device holds several stages under a schedule that cannot run them,
-    or when the stages of an interleaved plan are not round-robin over its devices.
+    or when the stages of an interleaved plan are not round-robin over its devices (of a ``zbv`` plan: not in a V).
     """
     if schedule not in SCHEDULES:
         raise PlannerError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
@@ -69,7 +75,7 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
     ranks = tuple(dict.fromkeys(devices))
     if len(ranks) == len(devices):
         return ranks, 1
-    if schedule != "interleaved-1f1b":
+    if schedule not in ("interleaved-1f1b",) + V_SCHEDULES:
         first: dict[str, int] = {}
         for i, dev in enumerate(devices):
             if dev in first:
@@ -79,6 +85,15 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
                 )
             first[dev] = i
     p = len(ranks)
+    if schedule in V_SCHEDULES:
+        wanted = stage_ranks(schedule, p, 2 * p)
+        for s, dev in enumerate(devices):
+            if len(devices) != 2 * p or dev != ranks[wanted[s]]:
+                raise PlannerError(
+                    f"{schedule} needs two stages on each device in a V (stage s on device s, then stage 2p-1-s on "
+                    f"device s: {', '.join(ranks)}, then back); stage {s} is on {dev!r}. Re-partition with "
+                    f"--schedule {schedule}")
+        return ranks, 2
     for s, dev in enumerate(devices):
         if len(devices) % p or dev != ranks[s % p]:
             raise PlannerError(
@@ -88,9 +103,20 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
     return ranks, len(devices) // p
 
 
+def stage_ranks(schedule: str, num_devices: int, num_stages: int) -> tuple[int, ...]:
+    """The device rank of each stage: round-robin (stage ``s`` on rank ``s mod p``; one stage per device is its
+    ``v = 1`` case), or under a V schedule with two stages per device, stage ``s`` on rank ``s`` and then
+    ``2p - 1 - s``."""
+    p = num_devices
+    if schedule in V_SCHEDULES and num_stages == 2 * p:
+        return tuple(s if s < p else 2 * p - 1 - s for s in range(num_stages))
+    return tuple(s % p for s in range(num_stages))
+
+
 @lru_cache(maxsize=256)
 def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: int) -> tuple[tuple[Op, ...], ...]:
-    """The order of passes on each device rank (stage ``c * num_devices + r`` is chunk ``c`` of rank ``r``).
+    """The order of passes on each device rank (stage ``c * num_devices + r`` is chunk ``c`` of rank ``r``; under a
+    V schedule, ``stage_ranks``).
 
     Cached: every simulation and memory check asks for it, and the polish asks thousands of times for
     the same few layouts; the result is immutable.
@@ -102,9 +128,12 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
         if v != 1:
             raise PlannerError("gpipe runs one stage per device")
         return tuple(tuple([(FWD, r, j) for j in range(m)] + [(BWD, r, j) for j in range(m)]) for r in range(p))
+    if schedule in V_SCHEDULES and v == 2:
+        return tuple(_zbv(r, p, m) for r in range(p))
     if schedule in ZERO_BUBBLE_SCHEDULES:
         if v != 1:
-            raise PlannerError(f"{schedule} runs one stage per device")
+            layouts = "one stage per device, or two in a V" if schedule in V_SCHEDULES else "one stage per device"
+            raise PlannerError(f"{schedule} runs {layouts}")
         if schedule == "zb-h2":
             return tuple(_zero_bubble(r, m, 2 * (p - 1 - r), 2 * r) for r in range(p))
         return tuple(_zero_bubble(r, m, p - 1 - r, r) for r in range(p))
@@ -164,6 +193,42 @@ def _zero_bubble(rank: int, m: int, warmup: int, held: int) -> tuple[Op, ...]:
             weights += 1
     ops.extend((BWD_WEIGHT, rank, j) for j in range(weights, m))
     return tuple(ops)
+
+
+def _zbv(rank: int, p: int, m: int) -> tuple[Op, ...]:
+    """ZB-V's order on device ``rank`` of ``p`` (stages ``rank`` and ``2p - 1 - rank``), as torch's
+    ``ScheduleZBVZeroBubble._calculate_single_rank_operations`` builds it: over ``max(m, 2p - 1)`` micro-batches,
+    with the passes of micro-batches beyond ``m`` left out (torch leaves them as idle slots; tests compare the two)."""
+    n = max(2 * p - 1, m)
+    first, second = rank, 2 * p - 1 - rank
+    ops: list[Op] = []
+    f0 = f1 = b0 = b1 = 0
+    for _ in range(2 * (p - rank) - 1):
+        ops.append((FWD, first, f0))
+        f0 += 1
+    for _ in range(rank):
+        ops += [(FWD, second, f1), (FWD, first, f0)]
+        f0, f1 = f0 + 1, f1 + 1
+    for _ in range(p - rank):
+        ops += [(FWD, second, f1), (BWD_INPUT, second, b1), (BWD_WEIGHT, second, b1)]
+        f1, b1 = f1 + 1, b1 + 1
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            ops.append((FWD, first, f0))
+            f0 += 1
+        ops += [(BWD_INPUT, first, b0), (BWD_WEIGHT, first, b0), (FWD, second, f1), (BWD_INPUT, second, b1),
+                (BWD_WEIGHT, second, b1)]
+        b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
+    w0, w1 = b0, b1
+    for _ in range(rank):
+        ops += [(BWD_INPUT, first, b0), (BWD_INPUT, second, b1)]
+        b0, b1 = b0 + 1, b1 + 1
+    for _ in range(p - rank):
+        ops += [(BWD_INPUT, first, b0), (BWD_WEIGHT, first, w0)]
+        b0, w0 = b0 + 1, w0 + 1
+    ops += [(BWD_WEIGHT, second, j) for j in range(w1, b1)]
+    ops += [(BWD_WEIGHT, first, j) for j in range(w0, b0)]
+    return tuple(op for op in ops if op[2] < m)
 
 
 def _interleaved(rank: int, p: int, v: int, m: int, group: int) -> tuple[Op, ...]:
@@ -299,28 +364,39 @@ def async_violation(schedule: str, num_stages: int, num_devices: int, microbatch
     return None
 
 
-def order_violations(orders: Sequence[Sequence[Op]], microbatches: int) -> list[str]:
-    """Why one pipeline's per-device orders (device ``r`` runs stage ``r``) cannot run (empty when they can): each
-    stage must run every micro-batch's forward once and its backward once, whole (``B``) or as ``I`` then ``W``;
-    and the devices, each following its order, must finish (no device waits for a pass that another device runs
-    only after it: a deadlock). Pure: no times, only the passes' dependencies."""
+def order_violations(orders: Sequence[Sequence[Op]], microbatches: int,
+                     rank_of_stage: Sequence[int] | None = None) -> list[str]:
+    """Why one pipeline's per-device orders cannot run (empty when they can). Device ``r`` holds the stages
+    ``rank_of_stage`` gives it (default: stage ``r``). Each of its stages must run every micro-batch's forward once
+    and its backward once, whole (``B``) or as ``I`` then ``W``; and the devices, each following its order, must
+    finish (no device waits for a pass that another device runs only after it: a deadlock). Pure: no times, only the
+    passes' dependencies."""
     p, m = len(orders), microbatches
+    owner = list(rank_of_stage) if rank_of_stage is not None else list(range(p))
+    last = len(owner) - 1
     out: list[str] = []
     for r, order in enumerate(orders):
-        stray = sorted({s for _, s, _ in order} - {r})
+        held = [s for s, o in enumerate(owner) if o == r]
+        stray = sorted({s for _, s, _ in order} - set(held))
         if stray:
-            out.append(f"rank {r} runs stage(s) {stray}, but it holds stage {r} only")
+            out.append(f"rank {r} runs stage(s) {stray}, but it holds stage(s) {held} only")
             continue
-        seen = [(kind, j) for kind, _, j in order]
-        for j in range(m):
-            kinds = sorted(kind for kind, jj in seen if jj == j)
-            if kinds not in ([BWD, FWD], [FWD, BWD_INPUT, BWD_WEIGHT]):
-                out.append(f"rank {r} runs micro-batch {j} as {''.join(kinds) or 'nothing'}; each micro-batch needs one "
-                           f"F and either one B or one I and one W")
+        for stage in held:
+            seen = [(kind, j) for kind, s, j in order if s == stage]
+            broken = False
+            for j in range(m):
+                kinds = sorted(kind for kind, jj in seen if jj == j)
+                if kinds not in ([BWD, FWD], [FWD, BWD_INPUT, BWD_WEIGHT]):
+                    which = f"stage {stage}'s " if len(held) > 1 else ""
+                    out.append(f"rank {r} runs {which}micro-batch {j} as {''.join(kinds) or 'nothing'}; each "
+                               f"micro-batch needs one F and either one B or one I and one W")
+                    broken = True
+                    break
+            extra = sorted({j for _, j in seen if not 0 <= j < m})
+            if extra:
+                out.append(f"rank {r} names micro-batch(es) {extra[:5]} outside 0..{m - 1}")
+            if broken or extra:
                 break
-        extra = sorted({j for _, j in seen if not 0 <= j < m})
-        if extra:
-            out.append(f"rank {r} names micro-batch(es) {extra[:5]} outside 0..{m - 1}")
     if out:
         return out
     done: set[tuple[str, int, int]] = set()
@@ -336,14 +412,13 @@ def order_violations(orders: Sequence[Sequence[Op]], microbatches: int) -> list[
                 elif kind == BWD_WEIGHT:
                     ready = (BWD_INPUT, s, j) in done
                 else:
-                    ready = (FWD, s, j) in done and (s == p - 1 or (BWD, s + 1, j) in done
+                    ready = (FWD, s, j) in done and (s == last or (BWD, s + 1, j) in done
                                                       or (BWD_INPUT, s + 1, j) in done)
                 if not ready:
                     break
                 done.add((kind, s, j))
                 position[r] += 1
                 progress = True
-    stuck = [f"rank {r} at {orders[r][position[r]][0]}{orders[r][position[r]][2]}" for r in range(p)
-             if position[r] < len(orders[r])]
+    stuck = [f"rank {r} at {orders[r][position[r]][1]}{orders[r][position[r]][0]}{orders[r][position[r]][2]}"
+             for r in range(p) if position[r] < len(orders[r])]
     return [f"the order deadlocks: {', '.join(stuck)} wait for passes that come later in other ranks' orders"] if stuck else []
-

@@ -28,7 +28,7 @@ from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES
 from planner.partition.sim.schedules import (BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
-                                             inflight_counts, pipeline_layout)
+                                             inflight_counts, pipeline_layout, stage_ranks)
 
 EVENT_KINDS = {FWD: "fwd", "B": "bwd", BWD_INPUT: "bwd_input", BWD_WEIGHT: "bwd_weight"}
 
@@ -316,7 +316,7 @@ def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: i
     fwd_ready[0] = [0.0] * m
     return _State(
         orders=device_orders(schedule, p, chunks, m),
-        rank_of_stage=[s % p for s in range(n)],
+        rank_of_stage=list(stage_ranks(schedule, p, n)),
         fwd_ready=fwd_ready,
         bwd_ready=[[None] * m for _ in range(n)],
         position=[0] * p, free_at=[0.0] * p, running=[False] * p, busy_s=[0.0] * p,

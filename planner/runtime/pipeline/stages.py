@@ -2,7 +2,8 @@
 
 Ranks follow the plan: devices numbered in order of first appearance over the stages, so stage 0's
 device is rank 0. GPipe and 1F1B put one stage on each rank; interleaved 1F1B puts stage ``i`` on rank
-``i % world_size`` (the loop placement ``ScheduleInterleaved1F1B`` runs). Schedules are
+``i % world_size`` (the loop placement ``ScheduleInterleaved1F1B`` runs), and ``zbv`` stages ``i`` and
+``2 world_size - 1 - i`` on rank ``i`` (the V placement ``ScheduleZBVZeroBubble`` runs). Schedules are
 ``torch.distributed.pipelining``'s own; stages wrap ``graph_split`` modules in ``PipelineStage``. Per-stage timing and the emulated
 slowdown wrap these stages' compute methods (``planner.runtime.timing.instrument_stage``).
 
@@ -27,13 +28,13 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from planner.errors import PlanMismatchError
-from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan
+from planner.formats.plan import GENERATED_ORDER_SCHEDULES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan
 from planner.partition.model.feasibility import replica_violations
-from planner.partition.sim.schedules import device_orders
+from planner.partition.sim.schedules import device_orders, stage_ranks
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
-__all__ = ["ContiguousStage", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
+__all__ = ["ContiguousStage", "OwnOutputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
            "check_zero_bubble", "zero_bubble_actions",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
@@ -72,6 +73,29 @@ class Recomputed(nn.Module):
         from torch.utils.checkpoint import checkpoint
 
         return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+
+class OwnOutputs(nn.Module):
+    """A stage whose outputs are tensors of their own (a copy), for the zero-bubble schedules.
+
+    torch's runtime splits a backward into the input gradient (``stage_backward_input``) and the weight gradient,
+    run later on the retained graph; after the first it detaches the stage's outputs in place. An output that an op
+    inside the stage also saved for its backward (the residual stream at a cut inside a transformer block feeds
+    the next ``layer_norm`` here and the ``add`` on the next stage) then breaks the weight gradient: "Trying to use
+    a saved tensor that has been detached in-place". Returning a copy of each output that needs a gradient leaves
+    the saved tensors alone, at the cost of one copy of the activations the stage sends."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.inner(*args, **kwargs)
+
+        def own(t: Any) -> Any:
+            return t.clone() if isinstance(t, torch.Tensor) and t.requires_grad else t
+
+        return tuple(own(t) for t in out) if isinstance(out, tuple) else own(out)
 
 
 @dataclass(frozen=True)
@@ -173,11 +197,12 @@ def rank_of_stages(plan: Plan) -> tuple[int, ...]:
     result = layout[0]
     world = len(set(result))
     # The shape rule already holds; what remains is the runtime's own: with ``device_ranks`` reordering the
-    # ranks, interleaved stages must still go round-robin over the *ranks*.
-    if plan.schedule == "interleaved-1f1b" and result != tuple(i % world for i in range(len(result))):
+    # ranks, interleaved stages must still go round-robin over the *ranks*, and zbv's in a V.
+    if plan.schedule in ("interleaved-1f1b",) + V_SCHEDULES and result != stage_ranks(plan.schedule, world, len(result)):
+        rule = "in a V (stage i on device i, then 2p-1-i)" if plan.schedule in V_SCHEDULES else f"on device i mod {world}"
         raise PlanMismatchError(
-            f"interleaved-1f1b runs stage i on device i mod {world} (devices {list(rank_devices(plan))}), but the plan "
-            f"places stages on ranks {list(result)}; re-partition with --schedule interleaved-1f1b")
+            f"{plan.schedule} runs stage i {rule} (devices {list(rank_devices(plan))}), but the plan "
+            f"places stages on ranks {list(result)}; re-partition with --schedule {plan.schedule}")
     return result
 
 
@@ -212,8 +237,13 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
     else:
         stage_rank = dict(enumerate(layout))  # a fixed device order (device_ranks) may put stage i on a rank other than i
     recompute = bool(plan.extra.get("recompute"))
-    stages = tuple(ContiguousStage(Recomputed(g.module) if recompute else g.module, g.index, num, device, group=group)
-                   for g in local)
+    split = plan.schedule in ZERO_BUBBLE_SCHEDULES
+
+    def wrapped(module: nn.Module) -> nn.Module:
+        module = Recomputed(module) if recompute else module
+        return OwnOutputs(module) if split else module
+
+    stages = tuple(ContiguousStage(wrapped(g.module), g.index, num, device, group=group) for g in local)
     for st in stages:
         st.stage_index_to_group_rank = dict(stage_rank)
     canonical = canonical_param_names(module)
@@ -302,9 +332,8 @@ def zero_bubble_actions(plan: Plan, layout: Sequence[int], microbatches: int) ->
                                         f"{devices[rank]!r}); re-partition with --schedule {plan.schedule}")
             actions[group_rank] = [_Action.from_str(a) for a in order[key]]
         else:
-            stage = list(layout).index(rank)
-            actions[group_rank] = [_Action.from_str(f"{s}{kind}{j}") for kind, s, j in
-                                   device_orders(plan.schedule, len(layout), 1, microbatches)[stage]]
+            orders = device_orders(plan.schedule, len(ranks), len(layout) // len(ranks), microbatches)
+            actions[group_rank] = [_Action.from_str(f"{s}{kind}{j}") for kind, s, j in orders[group_rank]]
     return actions
 
 
