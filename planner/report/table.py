@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.clusters import embedded_cluster
-from planner.formats.plan import Plan, Stage
+from planner.formats.plan import V_SCHEDULES, Plan, Stage
 
 
 def stage_table(plan: Plan, title: str | None = None) -> Table:
@@ -110,7 +110,7 @@ def summary_text(plan: Plan) -> Text:
         text.append(f" · not used: {', '.join(idle)} ({len(idle)} of {total} devices; {why})", style="yellow")
     interleaved = plan.extra.get("interleave")
     if isinstance(interleaved, Mapping) and interleaved.get("reason"):
-        text.append(f" · interleaved: {interleaved['reason']}",
+        text.append(f" · {'V' if plan.schedule in V_SCHEDULES else 'interleaved'}: {interleaved['reason']}",
                     style="yellow" if interleaved.get("chunks") == 1 else "")
     return text
 
