@@ -138,9 +138,9 @@ def test_max_evaluations_bounds_the_search() -> None:
                                          ("unet_small", ("optimal", "best found"))])  # one test each: xdist spreads them
 def test_optimal_never_loses_to_a_rival_in_the_simulator(model: str, kinds: tuple[str, ...]) -> None:
     """Issues 12 and 22: no method reports "optimal" for a plan the simulator rates slower than greedy's or a
-    baseline's, on every bundled model x cluster at 8 and 32 micro-batches (the ILP with a short time limit:
-    when it stops early it reports "feasible", which makes no claim). A formula optimum that a rival or the
-    polish beats is reported as "best found" and is then no slower than the fastest rival."""
+    baseline's, on every bundled model x cluster at 8 and 32 micro-batches (8 only on the 16-device cluster; the
+    ILP with a short time limit: when it stops early it reports "feasible", which makes no claim). A formula optimum
+    that a rival or the polish beats is reported as "best found" and is then no slower than the fastest rival."""
     from pathlib import Path
 
     from planner.clusters import bundled_clusters, resolve_cluster
@@ -154,7 +154,7 @@ def test_optimal_never_loses_to_a_rival_in_the_simulator(model: str, kinds: tupl
     profile = load_profile(root / f"{model}.json")
     for name in bundled_clusters():
         cluster = load_cluster(resolve_cluster(name))
-        for m in (8, 32):
+        for m in (8, 32) if len(cluster.devices) <= 8 else (8,):  # 16 stages x 32: the polish alone takes 15 s
             rival = min(partition(profile, cluster, method=b, microbatches=m, schedule="1f1b",
                                   catalog=catalog).step_time_s
                         for b in ("greedy", "uniform", "params", "time-balance"))
