@@ -344,6 +344,8 @@ def test_zbv_is_no_slower_than_zb_h1_at_the_same_activation_memory(p: int, m: in
 
 
 def test_zbv_plans_put_two_stages_per_device_in_a_v_when_faster_and_pass_the_check() -> None:
+    from dataclasses import replace
+
     from _partition_cases import cluster as make_cluster
     from planner.errors import UsageError
     from planner.partition import partition
@@ -358,5 +360,9 @@ def test_zbv_plans_put_two_stages_per_device_in_a_v_when_faster_and_pass_the_che
     assert plan.step_time_s < fixed.step_time_s
     assert validate_plan(plan, prof, net) == []
     assert sorted(plan.extra["schedule_order"], key=int) == ["0", "1", "2", "3"]
+    swapped = list(plan.stages)
+    swapped[4], swapped[5] = replace(swapped[4], device=swapped[5].device), replace(swapped[5], device=swapped[4].device)
+    found = validate_plan(replace(plan, stages=tuple(swapped)), prof, net)
+    assert found and "in a V" in found[0] and "stage 4" in found[0]
     with pytest.raises(UsageError, match="zbv"):
         partition(prof, net, method="dp", microbatches=8, schedule="zbv", data_parallel=2)

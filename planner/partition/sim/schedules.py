@@ -90,8 +90,8 @@ def pipeline_layout(devices: Sequence[str], schedule: str) -> tuple[tuple[str, .
         for s, dev in enumerate(devices):
             if len(devices) != 2 * p or dev != ranks[wanted[s]]:
                 raise PlannerError(
-                    f"{schedule} needs two stages on each device in a V (stage s on device s, then stage 2p-1-s on "
-                    f"device s: {', '.join(ranks)}, then back); stage {s} is on {dev!r}. Re-partition with "
+                    f"{schedule} needs two stages on each device in a V, stages s and 2p-1-s on the s-th device "
+                    f"({', '.join(ranks)}, then back in reverse); stage {s} is on {dev!r}. Re-partition with "
                     f"--schedule {schedule}")
         return ranks, 2
     for s, dev in enumerate(devices):
