@@ -3,7 +3,7 @@
 ``plan run`` hands a zero-bubble plan's ``schedule_order`` to torch's ``_PipelineScheduleRuntime``, which splits every
 backward into its input gradient and its weight gradient. Hand-made plans on gloo ranks, compared with
 ``train_reference`` (rtol 1e-5): GPT with its tied embedding and head on different ranks under ``zb-h1``, ``zb-h2``
-and an order that differs from both, and on one rank under ``zbv``'s V; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
+and an order that differs from both, and on one rank in a V under ``zbv`` and a generated ``zb-planned`` order; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
 on 4 ranks (correctness only on this 2-core machine).
 """
 
@@ -46,13 +46,31 @@ def test_gpt_with_tied_weights_under_zero_bubble(tmp_path, profiles, schedule):
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
 
 
+def v_order(microbatches: int) -> dict[str, list[str]]:
+    """A ``zb-planned`` order for 4 stages in a V on 2 ranks, generated for uneven stages, unlike ``zbv``'s."""
+    from planner.partition.sim.simulate import SimStage, planned_orders
+    from tests._partition_cases import FREE, cluster
+
+    times = [(1.0, 2.0), (3.0, 6.0), (0.5, 1.0), (1.0, 2.0)]
+    pipe = [SimStage(f"d{(0, 1, 1, 0)[s]}", f, b, 0, 0, 0, 1, bwd_weight_s=b / 2) for s, (f, b) in enumerate(times)]
+    orders = planned_orders(pipe, cluster(2, bandwidth_Bps=FREE), microbatches)
+    assert orders != device_orders("zbv", 2, 2, microbatches)
+    return {str(r): [f"{s}{k}{j}" for k, s, j in order] for r, order in enumerate(orders)}
+
+
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_gpt_in_a_v_under_zbv_with_embedding_and_head_on_one_rank(tmp_path, profiles):
-    """ZB-V: 4 stages on 2 ranks in a V, so rank 0 holds the first stage (the embedding) and the last (the tied
-    head, and the loss); stage 1 hands its output to stage 2 on the same rank without a message."""
-    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1", "cpu1", "cpu0"], "zbv", microbatches=4)
+@pytest.mark.parametrize("schedule", ["zbv", "zb-planned"])
+def test_gpt_in_a_v_with_embedding_and_head_on_one_rank(tmp_path, profiles, schedule):
+    """4 stages on 2 ranks in a V, so rank 0 holds the first stage (the embedding) and the last (the tied head, and
+    the loss); stage 1 hands its output to stage 2 on the same rank without a message. ``zbv`` runs ZB-V's order,
+    ``zb-planned`` one the planner generated for uneven stages."""
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1", "cpu1", "cpu0"], schedule, microbatches=4)
+    if schedule == "zb-planned":
+        doc = json.loads(plan.read_text())
+        doc["schedule_order"] = v_order(4)
+        plan.write_text(json.dumps(doc))
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
-    assert summary["schedule"] == "zbv" and summary["world_size"] == 2
+    assert summary["schedule"] == schedule and summary["world_size"] == 2
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
 
 

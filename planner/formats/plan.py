@@ -24,9 +24,10 @@ with W's (Qi et al., 2024; docs/zero-bubble.md): torch's ZB1P order on one stage
 generates from the stages' F, I and W times within the same memory (recorded in the plan's ``schedule_order``),
 the paper's ZB-H2 pattern, which holds ``2p - 1`` micro-batches on every stage to leave less bubble, and ZB-V
 (torch's ``ScheduleZBVZeroBubble``), two stages per device in a V."""
-V_SCHEDULES = ("zbv",)
-"""Schedules that put two stages on each of the ``p`` devices in a V: stage ``s`` on device ``s`` for ``s < p`` and
-on device ``2p - 1 - s`` after, so the first device holds the first and the last stage (torch's ``style="v"``)."""
+V_SCHEDULES = ("zb-planned", "zbv")
+"""Schedules that may put two stages on each of the ``p`` devices in a V (or one on each): stage ``s`` on device ``s``
+for ``s < p`` and on device ``2p - 1 - s`` after, so the first device holds the first and the last stage (torch's
+``style="v"``). ``zbv`` runs ZB-V's order there, ``zb-planned`` its own order generated for the V."""
 GENERATED_ORDER_SCHEDULES = ("zb-planned",)
 """Zero-bubble schedules whose order depends on the stages' times: a plan under them must carry its
 ``schedule_order``; the others have a fixed pattern (``planner.partition.sim.schedules.device_orders``)."""

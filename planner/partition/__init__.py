@@ -16,7 +16,7 @@ from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Problem
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
-from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES, Plan
+from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, Plan
 from planner.formats.profile import Profile
 from planner.partition.placers import registry as methods
 from planner.partition.model.cost import infeasible_reason, step_time_s
@@ -74,7 +74,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
     requested = parse_degree(data_parallel)
-    if requested != 1 and schedule in ("interleaved-1f1b",) + V_SCHEDULES:
+    if requested != 1 and schedule in ("interleaved-1f1b", "zbv"):  # zb-planned: replicas of one stage per device
         if requested is not None:
             raise UsageError(f"--data-parallel {requested} needs one stage per device (gpipe, 1f1b or a zero-bubble "
                              f"schedule other than zbv): replicated {schedule} stages, several per device, are not "
@@ -140,25 +140,28 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
     else:
         chosen, used = methods.get(method).fn(problem, weights=start, **method_options), start
     if problem.schedule in GENERATED_ORDER_SCHEDULES:
-        chosen = _planned_stages(problem, method, chosen, start, method_options, polish_on)
+        bases = _planned_stages(problem, method, chosen, start, method_options, polish_on)
     else:
-        chosen = guard.check(problem, chosen, polish_on)  # "optimal" (dp, ilp) never loses to a baseline when simulated
-    extra.update(methods.facts_of(chosen))
-    chosen, interleaved = interleave(problem, chosen)  # interleaved-1f1b, zbv: several chunks per device when faster
+        bases = (guard.check(problem, chosen, polish_on),)  # "optimal" (dp, ilp) never loses to a baseline when simulated
+    # interleaved-1f1b, zbv and zb-planned: several chunks per device when faster (from each base; the first wins ties)
+    options = [(base, *interleave(problem, base)) for base in bases]
+    base, chosen, interleaved = min(options, key=lambda option: step_time_s(problem, option[1]))
+    extra.update(methods.facts_of(base))
     if interleaved:
         extra["interleave"] = interleaved
     return chosen, used
 
 
 def _planned_stages(problem: Problem, method: str, placed: Partition, start: Mapping[str, float],
-                    method_options: Mapping[str, Any], polish_on: bool) -> Partition:
-    """``zb-planned``'s stages. Its order is generated per candidate set of stages (five simulations for one step
-    time), too dear for the polish's thousand moves; so the stages are also placed, checked and polished under
-    ``zb-h1``'s fixed order (one simulation each), and the placer's own stages are checked without the polish. The
-    faster of the two under ``zb-planned`` wins (the placer's own on ties). Since the planned order on any stages is
-    at least as fast as ``zb-h1``'s, the plan is never slower than ``zb-h1``'s plan of the same problem."""
+                    method_options: Mapping[str, Any], polish_on: bool) -> tuple[Partition, Partition]:
+    """``zb-planned``'s candidate stages, one stage per device. Its order is generated per candidate set of stages
+    (five simulations for one step time), too dear for the polish's thousand moves; so the stages are also placed,
+    checked and polished under ``zb-h1``'s fixed order (one simulation each), and the placer's own stages are checked
+    without the polish. Both go on to the V (``interleave``), and the faster under ``zb-planned`` wins (the placer's
+    own on ties). Since the planned order on any stages is at least as fast as ``zb-h1``'s (one stage per device) or
+    ``zbv``'s (in a V), and ``zb-h1``'s and ``zbv``'s plans start from the same polished stages, the plan is never
+    slower than either's plan of the same problem."""
     fixed = replace(problem, schedule="zb-h1")
     under_fixed = guard.check(fixed, methods.get(method).fn(fixed, weights=start, **method_options), polish_on)
     own = guard.check(problem, placed, False)
-    return min((own, under_fixed), key=lambda candidate: step_time_s(problem, candidate))
-
+    return own, under_fixed

@@ -160,7 +160,7 @@ def _schedule_order(plan: Plan) -> list[str]:
     out: list[str] = []
     for r, share in enumerate(shares):
         stage_keys = [str(rank[devices[r]]) for devices in replicas]
-        keys = list(dict.fromkeys(stage_keys))  # a device holding two stages (zbv) has one order
+        keys = list(dict.fromkeys(stage_keys))  # a device holding two stages (a V) has one order
         missing = [k for k in keys if k not in order]
         if missing:
             out.append(f"schedule_order has no passes for rank(s) {missing}; re-partition with --schedule {plan.schedule}")

@@ -7,7 +7,7 @@ Every consumer asks here and so gives the same message: the placers (through ``c
 1. the schedule is one the runtime has (``SCHEDULES``) and there is at least one micro-batch;
 2. there is at least one stage;
 3. devices per stage: one stage per device, except ``interleaved-1f1b``, whose stages go round-robin
-   over its devices with the same number on each, and ``zbv``, which may put two on each in a V
+   over its devices with the same number on each, and ``zbv`` and ``zb-planned``, which may put two on each in a V
    (``schedules.pipeline_layout``);
 4. micro-batch count: ``1f1b`` needs at least as many micro-batches as stages (torch's
    ``Schedule1F1B`` refuses fewer); ``interleaved-1f1b`` needs a count that splits into its rounds

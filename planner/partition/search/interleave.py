@@ -10,9 +10,10 @@ chunk ``k`` runs on its own device, and the cuts are the smallest per-chunk time
 each chunk up to ``T`` on its device covers the model in ``p * v`` chunks (bisection, as
 ``baselines.min_max_split`` does for one device type), so each device does about ``v * T``.
 
-Under ``zbv`` (ZB-V, Qi et al., 2024) each device holds exactly two chunks in a V (stage ``r`` and ``2p - 1 - r``
-on the ``r``-th device, ``planner.partition.sim.schedules.stage_ranks``), cut the same way; its one-chunk case is
-``zb-h1``'s order, kept when the V does not simulate faster or does not fit.
+Under ``zbv`` (ZB-V, Qi et al., 2024) and ``zb-planned`` each device may hold exactly two chunks in a V (stage ``r``
+and ``2p - 1 - r`` on the ``r``-th device, ``planner.partition.sim.schedules.stage_ranks``), cut the same way; the
+one-chunk case (``zb-h1``'s order, or ``zb-planned``'s own on one stage per device) is kept when the V does not
+simulate faster or does not fit.
 
 What was tried and why the choice is recorded in the plan as ``interleave`` (``chunks``, the simulated
 step time of each ``v``, and a sentence), so a plan that stays at one chunk says why.
@@ -43,7 +44,7 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
     devices = [s.device for s in base]
     if problem.schedule not in (INTERLEAVED,) + V_SCHEDULES or len(set(devices)) != len(devices):
         return base, {}
-    one_chunk = "1F1B" if problem.schedule == INTERLEAVED else "zb-h1's order"
+    one_chunk = {INTERLEAVED: "1F1B", "zbv": "zb-h1's order"}.get(problem.schedule, "its order on one stage per device")
     times = {1: step_time_s(problem, base)}
     best, best_v = base, 1
     skipped: dict[int, str] = {}

@@ -30,8 +30,9 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
   ``m (F + I + W) + (p - 1) F``, the least any flushing order takes, where ``zb-h1`` leaves ``(p - 1)(F + I - W)``
   idle when ``W < I`` (docs/zero-bubble.md).
 - ``zb-planned``: an order generated from the stages' own F, I and W times on their devices
-  (``planner.partition.sim.simulate.planned_orders``) under the same in-flight cap as ``zb-h1``; for memory
-  questions asked without times (``device_orders``) it is ``zb-h1``'s order, whose in-flight counts are the cap.
+  (``planner.partition.sim.simulate.planned_orders``) under the same in-flight cap as ``zb-h1`` on one stage per
+  device, or as ``zbv`` on two in a V; for memory questions asked without times (``device_orders``) it is that
+  schedule's order, whose in-flight counts are the cap.
 - ``zbv`` (the same paper's ZB-V, section 6; ``torch.distributed.pipelining.ScheduleZBVZeroBubble``'s order): each
   of the ``p`` devices holds two stages in a V, stage ``r`` and stage ``2p - 1 - r`` (``stage_ranks``), so the first
   device also runs the loss. The order is torch's: ``2 (p - r) - 1`` forwards of the first chunk, ``r`` pairs of

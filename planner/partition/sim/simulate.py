@@ -165,26 +165,33 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
 
 
 PLANNED_VARIANTS = ((True, "zb-h1"), (False, "zb-h1"), (True, "1f1b"), (False, "1f1b"))
-"""The ``_OrderPlanner`` settings ``planned_orders`` tries: input gradients before forwards or after, and the
-in-flight caps of ``zb-h1`` (``p`` micro-batches on every stage) or of ``1f1b`` (``p - s``, less memory)."""
+"""The ``_OrderPlanner`` settings ``planned_orders`` tries on one stage per device: input gradients before forwards
+or after, and the in-flight caps of ``zb-h1`` (``p`` micro-batches on every stage) or of ``1f1b`` (``p - s``, less
+memory). On two stages per device in a V the caps are ``zbv``'s (``PLANNED_V_VARIANTS``)."""
+PLANNED_V_VARIANTS = ((True, "zbv"), (False, "zbv"))
 
 
 def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int) -> tuple[tuple[Op, ...], ...]:
-    """The ``zb-planned`` order of every device: the fastest of ``zb-h1``'s fixed order and the greedy orders
-    ``_OrderPlanner`` builds under each of ``PLANNED_VARIANTS`` (first listed wins ties), simulated on these stages'
-    own F, I and W times and links. What ``simulate`` runs for that schedule, what a plan records
-    (``schedule_order``) and what torch's runtime is handed. Deterministic: the same stages give the same order."""
+    """The ``zb-planned`` order of every device: the fastest of the torch order for the layout (``zb-h1``'s on one
+    stage per device, ``zbv``'s on two in a V) and the greedy orders ``_OrderPlanner`` builds under each of the
+    layout's variants (first listed wins ties), simulated on these stages' own F, I and W times and links. What
+    ``simulate`` runs for that schedule, what a plan records (``schedule_order``) and what torch's runtime is handed.
+    Deterministic: the same stages give the same order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
     _check_stages(stages)
-    best = device_orders("zb-h1", len(ranks), chunks, microbatches)
-    state = _initial_state(stages, ranks, chunks, "zb-h1", microbatches, False)
-    _run(state, stages, cluster, ranks, "zb-h1")
+    fixed = "zbv" if chunks == 2 else "zb-h1"
+    best = device_orders(fixed, len(ranks), chunks, microbatches)
+    state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
+    _run(state, stages, cluster, ranks, fixed)
     best_step = max(state.free_at)
-    for inputs_first, caps in PLANNED_VARIANTS:
-        state = _initial_state(stages, ranks, chunks, "zb-h1", microbatches, False)
-        limits = [inflight_counts(order)[r] for r, order in enumerate(device_orders(caps, len(ranks), 1, microbatches))]
+    for inputs_first, caps in (PLANNED_V_VARIANTS if chunks == 2 else PLANNED_VARIANTS):
+        state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
+        limits = [0] * len(stages)
+        for r, order in enumerate(device_orders(caps, len(ranks), chunks, microbatches)):
+            for s, count in inflight_counts(order).items():
+                limits[s] = count
         state.orders = tuple([] for _ in ranks)  # type: ignore[assignment]
-        state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first)
+        state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first, state.rank_of_stage)
         _run(state, stages, cluster, ranks, "zb-planned")
         if max(state.free_at) < best_step - 1e-12:
             best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
@@ -195,45 +202,50 @@ class _OrderPlanner:
     """Chooses each device's next pass while the simulation runs (``zb-planned``; docs/zero-bubble.md).
 
     Greedy list scheduling in the spirit of the zero-bubble paper's heuristic (Qi et al., 2024, section 3.1): when
-    its device is free, a stage runs an input gradient whose output gradient has arrived, or a forward whose input
-    has arrived while the stage holds fewer micro-batches than its cap (which first, ``inputs_first``); otherwise a
-    held-back
-    weight gradient when one fits before the next known arrival (or nothing is known to come); otherwise it waits for
-    the earliest known arrival. Weight gradients fill what would be bubbles. The passes it picks become the device's
-    order."""
+    its device is free, a stage of the device runs an input gradient whose output gradient has arrived, or a forward
+    whose input has arrived while the stage holds fewer micro-batches than its cap (which first, ``inputs_first``;
+    between a device's two stages in a V, the later stage first, whose passes the pipeline's end waits for);
+    otherwise a held-back weight gradient when one fits before the next known arrival (or nothing is known to come);
+    otherwise it waits for the earliest known arrival. Weight gradients fill what would be bubbles. The passes it
+    picks become the device's order."""
 
-    def __init__(self, stages: Sequence[SimStage], microbatches: int, caps: Sequence[int], inputs_first: bool) -> None:
+    def __init__(self, stages: Sequence[SimStage], microbatches: int, caps: Sequence[int], inputs_first: bool,
+                 rank_of_stage: Sequence[int]) -> None:
         self.stages, self.m, self.caps, self.inputs_first = stages, microbatches, caps, inputs_first
         n = len(stages)
         self.next_fwd, self.next_input, self.next_weight = [0] * n, [0] * n, [0] * n
+        self.local: dict[int, list[int]] = {}
+        """Per rank, its stages, the later first."""
+        for s in reversed(range(n)):
+            self.local.setdefault(rank_of_stage[s], []).append(s)
 
     def choose(self, state: _State, rank: int, now: float) -> Op | None:
-        s, m = rank, self.m  # one stage per device
-        held = self.next_fwd[s] - self.next_weight[s]
-        known: list[tuple[float, int, Op]] = []
-        if self.next_input[s] < self.next_fwd[s]:
-            ready = state.bwd_ready[s][self.next_input[s]]
-            if ready is not None:
-                known.append((ready, 0 if self.inputs_first else 1, (BWD_INPUT, s, self.next_input[s])))
-        if self.next_fwd[s] < m and held < self.caps[s]:
-            ready = state.fwd_ready[s][self.next_fwd[s]]
-            if ready is not None:
-                known.append((ready, 1 if self.inputs_first else 0, (FWD, s, self.next_fwd[s])))
+        m = self.m
+        known: list[tuple[float, int, int, Op]] = []
+        for preference, s in enumerate(self.local[rank]):
+            if self.next_input[s] < self.next_fwd[s]:
+                ready = state.bwd_ready[s][self.next_input[s]]
+                if ready is not None:
+                    known.append((ready, 0 if self.inputs_first else 1, preference, (BWD_INPUT, s, self.next_input[s])))
+            if self.next_fwd[s] < m and self.next_fwd[s] - self.next_weight[s] < self.caps[s]:
+                ready = state.fwd_ready[s][self.next_fwd[s]]
+                if ready is not None:
+                    known.append((ready, 1 if self.inputs_first else 0, preference, (FWD, s, self.next_fwd[s])))
+        waiting = next((s for s in self.local[rank] if self.next_weight[s] < self.next_input[s]), None)
         now_ready = [k for k in known if k[0] <= now]
         pick: Op | None = None
         if now_ready:
-            pick = min(now_ready, key=lambda k: k[1])[2]
-        elif self.next_weight[s] < self.next_input[s] and (
-                not known or now + self.stages[s].bwd_weight_s <= min(k[0] for k in known)):
-            pick = (BWD_WEIGHT, s, self.next_weight[s])
+            pick = min(now_ready, key=lambda k: (k[1], k[2]))[3]
+        elif waiting is not None and (not known or now + self.stages[waiting].bwd_weight_s <= min(k[0] for k in known)):
+            pick = (BWD_WEIGHT, waiting, self.next_weight[waiting])
         elif known:
-            pick = min(known, key=lambda k: (k[0], k[1]))[2]
-        elif self.next_weight[s] < self.next_input[s]:
-            pick = (BWD_WEIGHT, s, self.next_weight[s])
+            pick = min(known, key=lambda k: (k[0], k[1], k[2]))[3]
+        elif waiting is not None:
+            pick = (BWD_WEIGHT, waiting, self.next_weight[waiting])
         if pick is None:
             return None
         counter = {FWD: self.next_fwd, BWD_INPUT: self.next_input, BWD_WEIGHT: self.next_weight}[pick[0]]
-        counter[s] += 1
+        counter[pick[1]] += 1
         return pick
 
 
@@ -287,9 +299,10 @@ def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tup
     while state.heap:
         now, _, rank = heapq.heappop(state.heap)
         _finish(state, stages, ranks, rank, now)
-    expected = 3 * len(state.fwd_ready[0]) if state.planner is not None else None  # F, I and W per micro-batch
-    stuck = [ranks[r] for r in range(len(ranks))
-             if state.position[r] < (expected if expected is not None else len(state.orders[r]))]
+    m = len(state.fwd_ready[0])
+    held = [state.rank_of_stage.count(r) for r in range(len(ranks))]
+    stuck = [ranks[r] for r in range(len(ranks))  # a planned order: F, I and W per micro-batch of each stage held
+             if state.position[r] < (3 * m * held[r] if state.planner is not None else len(state.orders[r]))]
     if stuck:
         raise PlannerError(f"schedule {schedule!r} deadlocked with {len(state.fwd_ready[0])} micro-batches on "
                            f"{len(ranks)} devices (stuck: {', '.join(stuck)}); the schedule's order is wrong for this "
