@@ -51,8 +51,8 @@ def v_order(microbatches: int) -> dict[str, list[str]]:
     from planner.partition.sim.simulate import SimStage, planned_orders
     from tests._partition_cases import FREE, cluster
 
-    times = [(1.0, 2.0), (3.0, 6.0), (0.5, 1.0), (1.0, 2.0)]
-    pipe = [SimStage(f"d{(0, 1, 1, 0)[s]}", f, b, 0, 0, 0, 1, bwd_weight_s=b / 2) for s, (f, b) in enumerate(times)]
+    times = [(1.0, 2.0), (1.0, 2.0), (2.0, 4.0), (1.0, 2.0)]  # the third stage twice the others, W a fifth of B
+    pipe = [SimStage(f"d{(0, 1, 1, 0)[s]}", f, b, 0, 0, 0, 1, bwd_weight_s=b / 5) for s, (f, b) in enumerate(times)]
     orders = planned_orders(pipe, cluster(2, bandwidth_Bps=FREE), microbatches)
     assert orders != device_orders("zbv", 2, 2, microbatches)
     return {str(r): [f"{s}{k}{j}" for k, s, j in order] for r, order in enumerate(orders)}
