@@ -91,9 +91,9 @@ def test_pipeline_2_by_data_2_under_zero_bubble(tmp_path, profiles):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_training_exact(tmp_path, profiles):
-    """Rank 1 emulated 3x slower: the re-plan (the test placer cutting at blocks.1.mlp) moves the cut, the new plan
-    carries its own generated order, the ranks switch to it mid-run, and losses and parameters still equal one
-    process's."""
+    """Rank 1 emulated 3x slower: the re-plan (the test placer cutting at blocks.1.mlp, then re-cut into a V of two
+    stages per rank, which simulates faster) changes the layout mid-run; the new plan carries its own generated order,
+    the ranks switch to it, and losses and parameters still equal one process's."""
     from tests._runtime_jobs import job
 
     nodes = json.loads(profiles[GPT].read_text())["nodes"]
@@ -109,8 +109,11 @@ def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_traini
     code, summary, _ = job(plan, 10, options, env=env)
     assert code == 0, summary
     final = summary["plan"]
-    assert len(final["stages"][0]["nodes"]) == cut and final["schedule"] == "zb-planned"
-    assert final["schedule_order"] != doc["schedule_order"]  # the re-plan's own order, generated for the new cut
+    # the placer's cut, which the re-plan then re-cuts into 4 stages in a V (2 per rank) because that simulates faster
+    devices = [st["device"] for st in final["stages"]]
+    assert final["schedule"] == "zb-planned" and devices == ["cpu0", "cpu1", "cpu1", "cpu0"], devices
+    assert final["interleave"]["chunks"] == 2
+    assert final["schedule_order"] != doc["schedule_order"]  # the re-plan's own order, generated for the V
     assert_parity(tmp_path, plan, GPT, summary, steps=10)
 
 
