@@ -33,19 +33,6 @@ def hand_order(microbatches: int) -> dict[str, list[str]]:
     return order
 
 
-@pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("schedule", ["zb-h1", "zb-planned"])  # zb-h2: the resume test below
-def test_gpt_with_tied_weights_under_zero_bubble(tmp_path, profiles, schedule):
-    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], schedule, microbatches=4)
-    if schedule == "zb-planned":
-        doc = json.loads(plan.read_text())
-        doc["schedule_order"] = hand_order(4)
-        plan.write_text(json.dumps(doc))
-    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
-    assert summary["schedule"] == schedule and summary["world_size"] == 2
-    assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
-
-
 def v_order(microbatches: int) -> dict[str, list[str]]:
     """A ``zb-planned`` order for 4 stages in a V on 2 ranks, generated for uneven stages, unlike ``zbv``'s."""
     from planner.partition.sim.simulate import SimStage, planned_orders
@@ -58,16 +45,22 @@ def v_order(microbatches: int) -> dict[str, list[str]]:
     return {str(r): [f"{s}{k}{j}" for k, s, j in order] for r, order in enumerate(orders)}
 
 
+ONE_PER_RANK, V = ["cpu0", "cpu1"], ["cpu0", "cpu1", "cpu1", "cpu0"]
+GPT_CASES = {"zb-h1": ("zb-h1", ONE_PER_RANK, None), "zb-planned": ("zb-planned", ONE_PER_RANK, hand_order),
+             "zbv": ("zbv", V, None), "zb-planned-v": ("zb-planned", V, v_order)}
+"""Case -> (schedule, stage devices, the order written into the plan). In a V, rank 0 holds the first stage (the
+embedding) and the last (the tied head, and the loss), and stage 1 hands its output to stage 2 on the same rank
+without a message. zb-h2: the resume test below."""
+
+
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("schedule", ["zbv", "zb-planned"])
-def test_gpt_in_a_v_with_embedding_and_head_on_one_rank(tmp_path, profiles, schedule):
-    """4 stages on 2 ranks in a V, so rank 0 holds the first stage (the embedding) and the last (the tied head, and
-    the loss); stage 1 hands its output to stage 2 on the same rank without a message. ``zbv`` runs ZB-V's order,
-    ``zb-planned`` one the planner generated for uneven stages."""
-    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1", "cpu1", "cpu0"], schedule, microbatches=4)
-    if schedule == "zb-planned":
+@pytest.mark.parametrize("case", list(GPT_CASES))
+def test_gpt_with_tied_weights_under_zero_bubble(tmp_path, profiles, case):
+    schedule, devices, order = GPT_CASES[case]
+    plan = write_case(tmp_path, profiles[GPT], devices, schedule, microbatches=4)
+    if order is not None:
         doc = json.loads(plan.read_text())
-        doc["schedule_order"] = v_order(4)
+        doc["schedule_order"] = order(4)
         plan.write_text(json.dumps(doc))
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
     assert summary["schedule"] == schedule and summary["world_size"] == 2
