@@ -3,8 +3,9 @@
 1. Measured, 2 CPU ranks (gloo, one intra-op thread each), per model x micro-batch count: the dp plan under 1F1B,
    then the same stages under ``zb-h1`` (torch's ZB1P order), ``zb-planned`` (the planner's order from the
    stages' F, I and W times) and ``zb-h2`` (the paper's ZB-H2 pattern, 2p - 1 micro-batches in flight); and the
-   dp plans of interleaved 1F1B and ``zbv`` (ZB-V), each its own 4 stages, 2 per rank (round-robin, in a V). Each row: the
-   measured step time (mean over the rounds after the first, rebalancing off; the median of ``--repeats`` runs, the
+   dp plans of interleaved 1F1B and ``zbv`` (ZB-V), each its own 4 stages, 2 per rank (round-robin, in a V).
+   Each row: the measured step time (mean over the rounds after the first, rebalancing off; the median of
+   ``--repeats`` runs, the
    schedules taking turns in a rotated order), the plan's predicted step, and the speed-up over 1F1B on the same
    stages, all from the same run of this script; the machine's load beside it.
 2. Simulated, no runs: the bundled models on ``dgx-h100-8`` and the mixed clusters (one stage per device; ``zbv``
@@ -226,7 +227,8 @@ def render(results: dict[str, Any]) -> str:
     if results.get("measured"):
         lines += ["## 1. Measured on 2 CPU ranks (gloo, one intra-op thread each)", "", _made_rows(results["measured"]), "",
                   "Same stages for 1F1B, zb-h1, zb-planned and zb-h2 (the dp plan under 1F1B); interleaved 1F1B and zbv "
-                  "run their own dp plans, two stages per rank when that simulates faster (round-robin, in a V). *measured*: the median of the runs listed under *runs* (each the "
+                  "run their own dp plans, two stages per rank when that simulates faster (round-robin, in a V). "
+                  "*measured*: the median of the runs listed under *runs* (each the "
                   "mean step over its rounds after the first; the schedules took turns). "
                   "*speed-up*: 1F1B's measured step over the row's, same run of the script. *calibrated*: the plan "
                   "re-simulated with each rank's compute factor measured in the run's first round after the warm-up, "
@@ -339,14 +341,15 @@ def _sim_summary(rows: list[dict[str, Any]]) -> list[str]:
     ratios = {s: [r[s]["idle_s"] / r["1f1b"]["idle_s"] for r in at_p if "idle_s" in r.get(s, {})]
               for s in ("zb-h1", "zb-h2", "zbv")}
     out = [f"zb-planned against torch's best fixed order on the same problem (the faster of zb-h1 and zbv): slower on "
-           f"{', '.join(map(str, slower)) or 'no row'}; faster on {len(faster)} of {len(rated)} rows, {len(faster_mixed)} "
-           f"of {len(mixed)} on the mixed clusters."]
+           f"{', '.join(map(str, slower)) or 'no row'}; faster on {len(faster)} of {len(rated)} rows, "
+           f"{len(faster_mixed)} of {len(mixed)} on the mixed clusters."]
     if ratios["zb-h1"]:
         out.append(f"dgx-h100-8 at m = p, the most idle device over 1F1B's (each schedule's own plan): zb-h1 "
                    f"{', '.join(f'{x:.2f}' for x in ratios['zb-h1'])}; zb-h2 "
                    f"{', '.join(f'{x:.2f}' for x in ratios['zb-h2'])}; zbv "
                    f"{', '.join(f'{x:.2f}' for x in ratios['zbv'])}. The paper's 1/3 for zb-h1 holds when F, I and "
-                   f"W take equal time; no flushing order with one stage per device goes below F / (F + B) (docs/zero-bubble.md).")
+                   f"W take equal time; no flushing order with one stage per device goes below F / (F + B) "
+                   f"(docs/zero-bubble.md).")
     return out + [""]
 
 

@@ -8,6 +8,10 @@
 - ``zb-h2`` reaches the least step any one-stage-per-device flushing order can take on equal stages,
   ``m (F + B) + (p - 1) F``, when there are enough weight gradients to fill the drain, holding
   ``min(m, 2p - 1)`` micro-batches on every stage, and its orders pass torch's validation;
+- ``zbv``'s order is torch's ``ScheduleZBVZeroBubble`` order on a V, torch validates it, and on equal halves it is
+  no slower than ``zb-h1`` on whole stages at no more memory; ``zb-planned`` in a V is never slower than ``zbv``, and
+  its plans never slower than ``zb-h1``'s or ``zbv``'s;
+- a stage output that an op of the same stage saved keeps its weight gradient (``OwnOutputs``);
 - the memory rule counts activations alive until ``W``;
 - the profile's split of each op's backward adds up and is 0 for ops without parameters.
 """

@@ -20,8 +20,8 @@ from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
-from planner.partition.sim.schedules import (device_orders, inflight_counts, peak_activation_bytes, pipeline_layout, stage_ranks,
-                                             version_copies)
+from planner.partition.sim.schedules import (device_orders, inflight_counts, peak_activation_bytes, pipeline_layout,
+                                             stage_ranks, version_copies)
 from planner.partition.sim.simulate import SimResult, SimStage
 from planner.partition.sim.step import compute_only_s, exposed_sync_s, simulate_step
 
