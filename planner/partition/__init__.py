@@ -142,10 +142,11 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
     if problem.schedule in GENERATED_ORDER_SCHEDULES:
         bases = _planned_stages(problem, method, chosen, start, method_options, polish_on)
     else:
-        bases = (guard.check(problem, chosen, polish_on),)  # "optimal" (dp, ilp) never loses to a baseline when simulated
+        bases = (guard.check(problem, chosen, polish_on),)  # "optimal" (dp, ilp) never loses to a baseline, simulated
     # interleaved-1f1b, zbv and zb-planned: several chunks per device when faster (from each base; the first wins ties)
     options = [(base, *interleave(problem, base)) for base in bases]
-    base, chosen, interleaved = min(options, key=lambda option: step_time_s(problem, option[1]))
+    base, chosen, interleaved = options[0] if len(options) == 1 else \
+        min(options, key=lambda option: step_time_s(problem, option[1]))
     extra.update(methods.facts_of(base))
     if interleaved:
         extra["interleave"] = interleaved

@@ -384,19 +384,17 @@ def order_violations(orders: Sequence[Sequence[Op]], microbatches: int,
             continue
         for stage in held:
             seen = [(kind, j) for kind, s, j in order if s == stage]
-            broken = False
-            for j in range(m):
-                kinds = sorted(kind for kind, jj in seen if jj == j)
-                if kinds not in ([BWD, FWD], [FWD, BWD_INPUT, BWD_WEIGHT]):
-                    which = f"stage {stage}'s " if len(held) > 1 else ""
-                    out.append(f"rank {r} runs {which}micro-batch {j} as {''.join(kinds) or 'nothing'}; each "
-                               f"micro-batch needs one F and either one B or one I and one W")
-                    broken = True
-                    break
             extra = sorted({j for _, j in seen if not 0 <= j < m})
+            broken = next((j for j in range(m) if sorted(k for k, jj in seen if jj == j)
+                           not in ([BWD, FWD], [FWD, BWD_INPUT, BWD_WEIGHT])), None)
+            if broken is not None:
+                kinds = "".join(sorted(k for k, jj in seen if jj == broken)) or "nothing"
+                which = f"stage {stage}'s " if len(held) > 1 else ""
+                out.append(f"rank {r} runs {which}micro-batch {broken} as {kinds}; each micro-batch needs one F and "
+                           f"either one B or one I and one W")
             if extra:
                 out.append(f"rank {r} names micro-batch(es) {extra[:5]} outside 0..{m - 1}")
-            if broken or extra:
+            if broken is not None or extra:
                 break
     if out:
         return out

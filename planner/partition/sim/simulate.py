@@ -299,10 +299,11 @@ def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tup
     while state.heap:
         now, _, rank = heapq.heappop(state.heap)
         _finish(state, stages, ranks, rank, now)
-    m = len(state.fwd_ready[0])
-    held = [state.rank_of_stage.count(r) for r in range(len(ranks))]
-    stuck = [ranks[r] for r in range(len(ranks))  # a planned order: F, I and W per micro-batch of each stage held
-             if state.position[r] < (3 * m * held[r] if state.planner is not None else len(state.orders[r]))]
+    if state.planner is None:
+        expected = [len(order) for order in state.orders]
+    else:  # a planned order: F, I and W per micro-batch of each stage the device holds
+        expected = [3 * len(state.fwd_ready[0]) * state.rank_of_stage.count(r) for r in range(len(ranks))]
+    stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < expected[r]]
     if stuck:
         raise PlannerError(f"schedule {schedule!r} deadlocked with {len(state.fwd_ready[0])} micro-batches on "
                            f"{len(ranks)} devices (stuck: {', '.join(stuck)}); the schedule's order is wrong for this "

@@ -34,8 +34,8 @@ from planner.partition.sim.schedules import device_orders, stage_ranks
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
-__all__ = ["ContiguousStage", "OwnOutputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages", "build_schedule",
-           "check_zero_bubble", "zero_bubble_actions",
+__all__ = ["ContiguousStage", "OwnOutputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages",
+           "build_schedule", "check_zero_bubble", "zero_bubble_actions",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
 
@@ -198,8 +198,10 @@ def rank_of_stages(plan: Plan) -> tuple[int, ...]:
     world = len(set(result))
     # The shape rule already holds; what remains is the runtime's own: with ``device_ranks`` reordering the
     # ranks, interleaved stages must still go round-robin over the *ranks*, and zbv's in a V.
-    if plan.schedule in ("interleaved-1f1b",) + V_SCHEDULES and result != stage_ranks(plan.schedule, world, len(result)):
-        rule = "in a V (stage i on device i, then 2p-1-i)" if plan.schedule in V_SCHEDULES else f"on device i mod {world}"
+    several = ("interleaved-1f1b",) + V_SCHEDULES
+    if plan.schedule in several and result != stage_ranks(plan.schedule, world, len(result)):
+        rule = ("in a V (stage i on device i, then 2p-1-i)" if plan.schedule in V_SCHEDULES
+                else f"on device i mod {world}")
         raise PlanMismatchError(
             f"{plan.schedule} runs stage i {rule} (devices {list(rank_devices(plan))}), but the plan "
             f"places stages on ranks {list(result)}; re-partition with --schedule {plan.schedule}")
