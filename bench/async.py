@@ -33,6 +33,7 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
 from learning import median_of_all, plan_cli, train
+from planner.formats.plan import ASYNC_SCHEDULES
 
 WORK = REPO / "bench" / ".cache" / "async"
 OUTPUT = REPO / "docs" / "bench-async.md"
@@ -77,8 +78,9 @@ def make_plan(profile: Path, name: str, microbatches: int, variant: str) -> Path
         flushing = json.loads(make_plan(profile, name, microbatches, "1f1b").read_text())
         out.write_text(json.dumps({**flushing, "schedule": "gpipe", "microbatches": 1}))  # 1F1B needs m >= p
     elif not out.exists():
+        drains = ["--round-steps", str(ROUND_STEPS)] if schedule in ASYNC_SCHEDULES else []
         plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "1", "-n", str(microbatches),
-                 "-s", schedule, "--async-correction", correction, "-o", str(out), "--json", work=WORK)
+                 "-s", schedule, "--async-correction", correction, *drains, "-o", str(out), "--json", work=WORK)
     return out
 
 
@@ -169,7 +171,8 @@ def render(results: dict[str, Any]) -> str:
     if speed:
         lines += ["## Throughput", "",
                   "Samples per second from the steady step time (rounds after the first), beside the plan's predicted "
-                  "step (the simulator's steady state for the asynchronous schedules). *vs 1f1b*: its samples/s over "
+                  "step (for the asynchronous schedules: simulated over rounds of the run's length, each from an empty "
+                  "pipeline to a drained one, `plan partition --round-steps`). *vs 1f1b*: its samples/s over "
                   "1f1b's; *vs MP*: over plain model parallelism's (the step's rows as one micro-batch, no pipelining). "
                   f"Rounds of {ROUND_STEPS} steps: the asynchronous schedules drain the pipeline once per round.", ""]
         for key in speed:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from _partition_cases import FREE, chain, cluster
+from planner.errors import PlannerError
 from planner.formats.catalog import load_catalog
 from planner.partition import partition
 from planner.partition.sim.schedules import (BWD, FWD, UPD, async_orders, async_staleness, forward_version,
@@ -85,6 +86,29 @@ def test_the_simulator_has_no_bubble_in_the_steady_state_and_counts_the_updates(
     assert simulate(slow, cluster(2, bandwidth_Bps=FREE), "async-1f1b", 4).step_time_s == pytest.approx(4 * 6.0)
 
 
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_rounds_that_drain_pay_the_fill_and_drain_once_per_round(m: int) -> None:
+    """``plan run`` drains an asynchronous pipeline at every round end: a round of one step is 1F1B's flushing step,
+    longer rounds approach the steady state from above, and a round of R steps costs its makespan over R."""
+    stages = [SimStage("d0", 1.0, 2.0, 0, 0, 0, 0, update_s=0.5), SimStage("d1", 1.5, 2.5, 0, 0, 0, 0, update_s=0.5),
+              SimStage("d2", 1.0, 2.0, 0, 0, 0, 0, update_s=0.25)]
+    free = cluster(3, bandwidth_Bps=FREE)
+    steady = simulate(stages, free, "async-1f1b", m).step_time_s
+    flush = simulate(stages, free, "1f1b", m).step_time_s
+    assert simulate(stages, free, "async-1f1b", m, drain_every=1).step_time_s == pytest.approx(flush)
+    rounds = [simulate(stages, free, "async-1f1b", m, drain_every=r).step_time_s for r in (1, 2, 5, 20, 80)]
+    assert all(a >= b - 1e-9 for a, b in zip(rounds, rounds[1:]))  # longer rounds, never a slower step
+    assert all(r >= steady - 1e-9 for r in rounds)
+    assert rounds[-1] == pytest.approx(steady, rel=0.05)
+    # 2 stages, one micro-batch a step, free links: the fill and drain of a round cost one F and B of the other stage
+    two = stages[:2]
+    round_s = simulate(two, cluster(2, bandwidth_Bps=FREE), "async-1f1b", 1, drain_every=5).step_time_s * 5
+    steady_two = simulate(two, cluster(2, bandwidth_Bps=FREE), "async-1f1b", 1).step_time_s
+    assert round_s > 5 * steady_two
+    with pytest.raises(PlannerError, match="drain_every must be at least 1"):
+        simulate(two, cluster(2, bandwidth_Bps=FREE), "async-1f1b", 1, drain_every=0)
+
+
 def test_the_memory_model_counts_the_stashed_versions_and_refuses_what_cannot_hold_them() -> None:
     from planner.errors import InfeasibleError
 
@@ -143,6 +167,46 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode != 0 and len(lines) == 1 and "memory" in lines[0], done.stderr
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_a_plan_records_the_rounds_its_prediction_drains_at_and_every_reader_prices_them(tmp_path: Path) -> None:
+    """``plan partition --round-steps R`` predicts rounds of R steps (``async.drain_every``); ``plan show`` replays the
+    same step; ``plan run`` re-predicts a steady-state plan for its own ``--round-steps`` before ranks start."""
+    from planner.formats.plan import load_plan
+    from planner.formats.profile import load_profile
+    from planner.report.replay import simulate_plan
+    from planner.runtime.launch.config import RunConfig
+    from planner.runtime.launch.prepare import with_round_drains
+
+    digits_plan(tmp_path)
+    profile = str(tmp_path / "profile.json")
+    args = ["partition", profile, "-c", "cpu-2", "-m", "uniform", "-n", "2", "-d", "1", "-s", "async-1f1b"]
+    assert _cli(*args, "-o", str(tmp_path / "steady.json")).returncode == 0
+    made = _cli(*args, "--round-steps", "3", "-o", str(tmp_path / "drained.json"))
+    assert made.returncode == 0, made.stderr
+    steady, drained = load_plan(tmp_path / "steady.json"), load_plan(tmp_path / "drained.json")
+    assert steady.drain_every is None and drained.drain_every == 3
+    assert drained.step_time_s > steady.step_time_s
+    assert simulate_plan(drained).step_time_s == pytest.approx(drained.step_time_s, rel=1e-9)
+    assert simulate_plan(steady).step_time_s == pytest.approx(steady.step_time_s, rel=1e-9)
+    config = RunConfig(plan=str(tmp_path / "steady.json"), model="planner.examples.digits:digits_mlp", steps=6,
+                       round_steps=3)
+    again = with_round_drains(steady, load_profile(profile), config)
+    assert again.drain_every == 3 and again.step_time_s == pytest.approx(drained.step_time_s, rel=1e-6)
+    assert with_round_drains(drained, load_profile(profile), config) is drained  # already priced for these rounds
+    flushing = load_plan(tmp_path / "plan.json")
+    assert with_round_drains(flushing, load_profile(profile), config) is flushing  # 1f1b drains every step anyway
+    # bad values: one line each, nothing written
+    done = _cli(*args, "--round-steps", "0", "-o", str(tmp_path / "bad.json"))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and "--round-steps" in lines[0], done.stderr
+    assert not (tmp_path / "bad.json").exists()
+    doc = json.loads((tmp_path / "drained.json").read_text())
+    doc["async"]["drain_every"] = 0
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    checked = _cli("check", str(tmp_path / "bad.json"))
+    lines = [line for line in checked.stderr.splitlines() if line.strip()]
+    assert checked.returncode != 0 and len(lines) == 1 and "async.drain_every" in lines[0], checked.stderr
 
 
 CASES = [("digits", "async-1f1b", "predict", None, "sgd"), ("digits", "async-1f1b", "none", None, "adam"),

@@ -78,6 +78,24 @@ def test_dry_run_picks_the_fastest_recorded_candidate_and_the_plan_passes_check(
         assert chosen["sync"] == ("adaptive" if sync["ssgd_sync_share"] > 0.1 else "ssgd")
 
 
+def test_the_search_prices_an_asynchronous_schedule_for_the_rounds_the_run_drains_at(tmp_path: Path) -> None:
+    """``plan train`` drains an asynchronous pipeline at every round end: its plan is predicted for ``--round-steps``
+    (``async.drain_every``), and shorter rounds predict a slower step."""
+    model = "planner.examples.gpt:gpt_tiny"
+    cache = tmp_path / "cache"
+    seed_cache(cache, model, "cpu-2", "gpt_tiny")
+    steps = {}
+    for rounds in (1, 4):
+        out = tmp_path / f"out{rounds}"
+        code, _, stderr = invoke(model, "--cluster", "cpu-2", "--schedule", "async-1f1b", "--microbatches", "2",
+                                 "--round-steps", str(rounds), "-o", out, "--dry-run", "--json", cache=cache)
+        assert code == 0, stderr
+        plan = json.loads((out / "plan.json").read_text())
+        assert plan["async"]["drain_every"] == rounds
+        steps[rounds] = plan["predicted"]["step_time_s"]
+    assert steps[1] > steps[4]
+
+
 MODEL_SOURCE = '''
 import torch
 from torch import nn

@@ -58,7 +58,8 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                    granularity: str | None = None, time_limit_s: float | None = None,
                    estimate_precision: str | None = None, data_parallel: str | int = "auto",
                    global_batch: int | None = None, sync: str = "ssgd", sync_period: int | None = None,
-                   staleness: int | None = None, async_correction: str = "predict", recompute: str = "off") -> Plan:
+                   staleness: int | None = None, async_correction: str = "predict", recompute: str = "off",
+                   round_steps: int | None = None) -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). ``schedule="auto"`` and ``microbatches="auto"`` (with
     ``global_batch`` samples) are chosen by simulated step time (``planner.partition.search.settings``). Raises
@@ -66,7 +67,8 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
     schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field. ``recompute``:
     activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (on for a candidate only when nothing
-    fits without it)."""
+    fits without it). ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
+    (``Problem.drain_every``; ``None``: the steady state)."""
     from planner.partition import partition
     from planner.partition.search.settings import choose, parse_microbatches
 
@@ -86,6 +88,9 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
 
     check_sync(sync, sync_period, staleness)
     check_recompute(recompute, schedule)
+    from planner.partition.model.problem import check_drain_every
+
+    check_drain_every(round_steps)
     if count is None and degree is not None and global_batch is not None:
         from planner.partition.search.settings import microbatch_counts
 
@@ -122,7 +127,8 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                              optimizer=optimizer, refine=refine, granularity=granularity,
                              estimate_precision=estimate_precision, catalog=catalog,
                              data_parallel=1 if asynchronous else data_parallel, profile_ref=ref, sync=sync,
-                             sync_period=sync_period, sync_staleness=staleness, recompute=again, **options)
+                             sync_period=sync_period, sync_staleness=staleness, recompute=again,
+                             drain_every=round_steps if asynchronous else None, **options)
 
         if recompute == "on":
             if asynchronous:

@@ -142,7 +142,8 @@ def check_request(request: TrainRequest) -> Checked:
         raise UsageError(f"--timeout-s must be positive, found {request.timeout_s}")
     if request.microbatches != "auto" and request.global_batch is not None:
         raise UsageError("--global-batch goes with --microbatches auto (the default); drop one of them")
-    parse_microbatches(request.microbatches, request.global_batch or 1)
+    # auto needs a global batch (the search's default stands in here); a fixed count takes none
+    parse_microbatches(request.microbatches, request.global_batch or 1 if request.microbatches == "auto" else None)
     check_settings(request.method, None, request.schedule, "adam")
     check_recompute(request.recompute, request.schedule)
     parse_degree(request.data_parallel)
@@ -278,7 +279,7 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest) -> Strategy:
         return partition_file(profile_path, request.cluster, None, method=request.method,
                               microbatches=request.microbatches, schedule=request.schedule, refine=True,
                               data_parallel=request.data_parallel, global_batch=global_batch, sync=sync,
-                              sync_period=period, recompute=request.recompute)
+                              sync_period=period, recompute=request.recompute, round_steps=request.round_steps)
 
     chosen = plan_with("ssgd" if request.sync == "auto" else request.sync, request.sync_period)
     sync = None

@@ -62,6 +62,10 @@ def partition_cmd(
     recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: off, on (every stage keeps "
                          "only its inputs and runs its forward again before the backward), or auto (on only when "
                          "nothing fits without it).")] = "off",
+    round_steps: Annotated[Optional[int], typer.Option("--round-steps", help="async-1f1b and 2bw: the steps plan run "
+                           "will run per round (its --round-steps), where the pipeline drains; each round then pays "
+                           "one fill and drain in the prediction. Default: never drains (the steady state).",
+                           show_default=False)] = None,
     as_json: _JSON = False,
 ) -> None:
     """Split a profiled model into pipeline stages over a cluster and write the plan.
@@ -93,7 +97,7 @@ def partition_cmd(
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
                               data_parallel=data_parallel, global_batch=global_batch, sync=sync,
                               sync_period=sync_period, staleness=staleness, async_correction=async_correction,
-                              recompute=recompute)
+                              recompute=recompute, round_steps=round_steps)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

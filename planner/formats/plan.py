@@ -196,6 +196,14 @@ class Plan:
                              str(dp.get("sync") or DEFAULT_SYNC), int(dp.get("period") or 1),
                              int(dp.get("staleness", DEFAULT_STALENESS)))
 
+    @property
+    def drain_every(self) -> int | None:
+        """An asynchronous plan's steps between pipeline drains that its prediction assumed (``async.drain_every``,
+        validated when the plan was read); ``None``: the steady state."""
+        record = self.extra.get("async")
+        value = record.get("drain_every") if isinstance(record, Mapping) else None
+        return int(value) if value is not None else None
+
     def replica_devices(self) -> list[str]:
         """Every device once, replica by replica (replica 0's stages in order, then replica 1's, ...): the rank
         order of ``plan run`` and the device rows of ``plan show``."""
@@ -251,6 +259,7 @@ def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
         ))
     _check_data_parallel(check, data, microbatches, stages)
     _check_schedule_order(check, data, schedule, len(stages))
+    _check_async(check, data)
     predicted = check.get(data, "predicted", dict)
     check.get(predicted, "step_time_s", float, "predicted.step_time_s")
     extra = {k: v for k, v in data.items()
@@ -291,6 +300,19 @@ def _check_schedule_order(check: Checker, data: Mapping[str, Any], schedule: str
             if found is None or int(found.group(1)) >= num_stages:
                 check.fail(f"schedule_order.{rank}[{i}]", f"a pass like \"0F1\" (stage < {num_stages}, F, B, I or W, "
                            f"micro-batch)", action, hint)
+
+
+def _check_async(check: Checker, data: Mapping[str, Any]) -> None:
+    """``async``, when present: an object whose ``drain_every``, when present, is a whole number of steps >= 1."""
+    record = data.get("async")
+    if record is None:
+        return
+    if not isinstance(record, dict):
+        check.fail("async", "an object", record)
+    value = record.get("drain_every")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        check.fail("async.drain_every", "a whole number of steps >= 1 (or absent: the steady state)", value,
+                   "fix it, or re-partition with `plan partition --round-steps N`")
 
 
 def _check_data_parallel(check: Checker, data: Mapping[str, Any], microbatches: int, stages: list[Stage]) -> None:

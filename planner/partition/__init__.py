@@ -39,7 +39,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
               sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
-              recompute: bool = False, **method_options: Any) -> Plan:
+              recompute: bool = False, drain_every: int | None = None, **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
@@ -59,6 +59,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     spreads each aggregation over its period, and a mode other than ``ssgd`` makes ``auto`` consider replicated
     shapes only. ``recompute``: activation recomputation in every stage (``Problem.recompute``: each stage keeps its
     input per micro-batch and runs its forward again before the backward), recorded as the plan's ``recompute``.
+    ``drain_every``: under an asynchronous schedule, the steps ``plan run`` will run between pipeline drains (its
+    round length; ``Problem.drain_every``), recorded in the plan's ``async`` field; ``None``: the steady state.
     The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
     replicas of the whole model: one stage, one replica per device. Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
@@ -67,7 +69,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
-                            catalog=catalog, corrections=corrections, recompute=recompute)
+                            catalog=catalog, corrections=corrections, recompute=recompute, drain_every=drain_every)
     problem = with_sync(problem, sync, sync_period, sync_staleness)
     reason = infeasible_reason(problem)
     if reason is not None:

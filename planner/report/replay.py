@@ -43,7 +43,8 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
     stages = [sim_stage(stage, what) for stage in plan.stages]
     shape = plan.shape()
     if not shape.replicated:
-        return simulate_step([stages], [plan.microbatches], [], embedded_cluster(plan, what), plan.schedule)
+        return simulate_step([stages], [plan.microbatches], [], embedded_cluster(plan, what), plan.schedule,
+                             drain_every=plan.drain_every)
     pipelines = []
     for r in range(shape.degree):
         pipelines.append([dataclasses.replace(sim, device=devices[r], **_replica_figures(stage, r, what))

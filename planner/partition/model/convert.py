@@ -90,8 +90,9 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
 
 
 def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The plan's ``async`` field (docs/formats.md): the correction (``given``'s, else ``predict``), and per stage
-    the staleness its gradients have in the steady state and the weight versions it keeps besides its live ones.
+    """The plan's ``async`` field (docs/formats.md): the correction (``given``'s, else ``predict``), per stage
+    the staleness its gradients have in the steady state and the weight versions it keeps besides its live ones,
+    and the steps between drains the prediction assumed (``drain_every``, absent for the steady state).
     Raises ``InfeasibleError`` when the runtime cannot run the schedule on this shape."""
     p, m = len(partition), problem.microbatches
     found = async_violation(problem.schedule, p, len({st.device for st in partition}), m, degree_of(partition))
@@ -99,7 +100,8 @@ def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any
         raise InfeasibleError(found)
     return {"correction": "predict", **dict(given or {}),
             "staleness": [async_staleness(problem.schedule, s, p, m) for s in range(p)],
-            "weight_versions": [stashed_versions(problem.schedule, s, p, m) for s in range(p)]}
+            "weight_versions": [stashed_versions(problem.schedule, s, p, m) for s in range(p)],
+            **({"drain_every": problem.drain_every} if problem.drain_every is not None else {})}
 
 
 def predicted(result: SimResult) -> dict[str, Any]:

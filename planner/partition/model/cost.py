@@ -285,7 +285,7 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
     degree = degree_of(partition)
     if degree == 1:
         return simulate_step([stage_sims(problem, partition)], [problem.microbatches], [], problem.cluster,
-                             problem.schedule, record_events=record_events)
+                             problem.schedule, record_events=record_events, drain_every=problem.drain_every)
     pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
     shares = shares_of(partition, problem.microbatches)
     syncs, period = _charged_syncs(problem, partition, pipelines, shares)

@@ -89,6 +89,10 @@ class Problem:
     recompute: bool = False
     """Activation recomputation: every stage keeps only its input per micro-batch in flight and runs its forward
     again before each backward (the blocks' backward times include it; ``cost.stage_activation_terms_t``)."""
+    drain_every: int | None = None
+    """Asynchronous schedules: the steps between pipeline drains, i.e. the run's round length (``plan run`` drains at
+    every round end); each round then pays the pipeline's fill and drain (``simulate(drain_every=...)``). ``None``:
+    never, the steady state. Flushing schedules drain every step whatever it says."""
 
     def time_on(self, block: int, device_id: str) -> tuple[float, float]:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
@@ -287,6 +291,7 @@ def build_problem(
     catalog: Mapping[str, DeviceSpec] | None = None,
     corrections: Sequence[tuple[int, int, float]] = (),
     recompute: bool = False,
+    drain_every: int | None = None,
 ) -> Problem:
     """Build the placers' problem: blocks with per-device-type times, cut bytes, the cluster and settings.
 
@@ -298,7 +303,8 @@ def build_problem(
     are re-estimated in it too (measured times are never touched). ``corrections`` (``(start, stop, factor)``,
     from the run-time speed fit, ``planner.partition.search.speed``) multiply the times of profile nodes
     ``[start, stop)`` on every device type. ``recompute``: activation recomputation in every stage (``Problem.recompute``):
-    each block's backward also pays its forward again.
+    each block's backward also pays its forward again. ``drain_every``: an asynchronous schedule's steps between
+    pipeline drains (``Problem.drain_every``).
     Work is per node and per device *type*, never per device. ``catalog`` (``planner.formats.catalog.load_catalog``,
     loaded by the caller) is needed only to estimate types the profile did not measure; without it such a
     type is refused with a message that says so.
@@ -346,7 +352,16 @@ def build_problem(
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
         recompute=recompute,
+        drain_every=check_drain_every(drain_every),
     )
+
+
+def check_drain_every(drain_every: int | None) -> int | None:
+    """``drain_every`` as given, refused as a usage error unless ``None`` or a whole number of steps >= 1."""
+    if drain_every is not None and (isinstance(drain_every, bool) or not isinstance(drain_every, int) or drain_every < 1):
+        raise UsageError(f"the steps between pipeline drains (--round-steps) must be a whole number >= 1, found "
+                         f"{drain_every!r}")
+    return drain_every
 
 
 def _check_corrections(count: int, corrections: Sequence[tuple[int, int, float]]) -> list[tuple[int, int, float]]:

@@ -145,9 +145,11 @@ class _State:
 
 
 def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
-             *, record_events: bool = True, updates: bool = True) -> SimResult:
+             *, record_events: bool = True, updates: bool = True, drain_every: int | None = None) -> SimResult:
     """Simulate one training step of ``stages`` (in pipeline order) under ``schedule``; ``updates=False`` leaves
-    out the optimizer steps (``planner.partition.sim.hybrid`` adds them after the replicas' sync)."""
+    out the optimizer steps (``planner.partition.sim.hybrid`` adds them after the replicas' sync).
+    ``drain_every``: an asynchronous schedule's steps between pipeline drains (the run's round length: the
+    runtime drains at every round end); ``None``, never: the steady state. Flushing schedules ignore it."""
     if microbatches < 1:
         raise PlannerError(f"microbatches must be at least 1, found {microbatches}")
     ranks, chunks = pipeline_layout([st.device for st in stages], schedule)
@@ -155,6 +157,8 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
         cluster.device(dev)  # raises a clear error for an unknown device
     _check_stages(stages)
     if schedule in ASYNC_SCHEDULES:
+        if drain_every is not None:
+            return _simulate_async_rounds(stages, cluster, schedule, microbatches, ranks, record_events, drain_every)
         return _simulate_async(stages, cluster, schedule, microbatches, ranks, record_events)
     fixed = planned_orders(stages, cluster, microbatches) if schedule in GENERATED_ORDER_SCHEDULES else None
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
@@ -265,13 +269,47 @@ def _simulate_async(stages: Sequence[SimStage], cluster: Cluster, schedule: str,
     p = len(ranks)
     first = p + ASYNC_WARMUP_STEPS - 1
     steps = first + ASYNC_MEASURED_STEPS + 1 + ASYNC_WARMUP_STEPS
+    state = _async_state(stages, cluster, schedule, microbatches, ranks, record_events, steps)
+    n = ASYNC_MEASURED_STEPS
+    spans = [(marks[first], marks[first + n]) for marks in state.marks or ()]
+    step = max((b[0] - a[0]) / n for a, b in spans)
+    return _async_result(state, stages, ranks, step, [(a, b) for a, b in spans], n)
+
+
+def _simulate_async_rounds(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
+                           ranks: tuple[str, ...], record_events: bool, drain_every: int) -> SimResult:
+    """An asynchronous schedule run in rounds of ``drain_every`` steps, each from an empty pipeline to a drained
+    one (``plan run`` drains at every round end, where evaluation, rebalancing and checkpoints act): the mean step
+    is one round's makespan over its steps, so the fill and the drain are paid once per round. With one step per
+    round it is 1F1B's flushing step; as rounds grow it tends to the steady state (``_simulate_async``)."""
+    if drain_every < 1:
+        raise PlannerError(f"drain_every must be at least 1 step, found {drain_every}")
+    state = _async_state(stages, cluster, schedule, microbatches, ranks, record_events, drain_every)
+    start = (0.0, 0.0, [0.0, 0.0, 0.0, 0.0])
+    spans = [(start, marks[-1]) for marks in state.marks or ()]
+    step = max(b[0] for _, b in spans) / drain_every
+    return _async_result(state, stages, ranks, step, spans, drain_every)
+
+
+def _async_state(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
+                 ranks: tuple[str, ...], record_events: bool, steps: int) -> _State:
+    """``steps`` steps of ``async_orders`` simulated from an empty pipeline, each device's clock marked at its
+    updates."""
     state = _initial_state(stages, ranks, 1, "1f1b", steps * microbatches, record_events)
-    state.orders = async_orders(p, microbatches, steps)
+    state.orders = async_orders(len(ranks), microbatches, steps)
     state.marks = [[] for _ in ranks]
     _run(state, stages, cluster, ranks, schedule)
-    n = ASYNC_MEASURED_STEPS
-    spans = [(marks[first], marks[first + n]) for marks in state.marks]
-    step = max((b[0] - a[0]) / n for a, b in spans)
+    return state
+
+
+Mark = tuple[float, float, list[float]]
+
+
+def _async_result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], step: float,
+                  spans: Sequence[tuple[Mark, Mark]], n: int) -> SimResult:
+    """Per-device figures of an asynchronous simulation: busy time and its parts between each device's two marks,
+    over ``n`` steps; the step ``step``; peak memory the whole run's."""
+    p = len(ranks)
     static = [0] * p
     for s, stage in enumerate(stages):
         static[state.rank_of_stage[s]] += stage.static_bytes

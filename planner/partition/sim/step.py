@@ -76,19 +76,19 @@ def settle(run: Callable[[Mapping[str, float]], SimResult], cluster: Cluster) ->
 
 def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
                   cluster: Cluster, schedule: str, *, period: int = 1, overlap: bool = False,
-                  record_events: bool = True) -> SimResult:
+                  record_events: bool = True, drain_every: int | None = None) -> SimResult:
     """One step of replica pipelines ``pipelines[r]`` with ``shares[r]`` micro-batches each (one pipeline: the
     plain pipeline simulation, ``sync_s`` unused), then ``sync_s[s]`` to all-reduce stage ``s``; settled on
     shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
     mean step: each aggregation's time is spread over the ``period`` steps it serves. With ``overlap``
     (``adaptive``: the aggregation travels during the next step), only what outlasts a step's compute is
-    charged (``exposed_sync_s``)."""
+    charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``)."""
     if overlap and len(pipelines) > 1:
         sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule))
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1:
         return settle(lambda stretch: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
-                                               record_events=record_events), cluster)
+                                               record_events=record_events, drain_every=drain_every), cluster)
 
     def run(stretch: Mapping[str, float]) -> SimResult:
         synced = [s * max(stretch.get(p[i].device, 1.0) for p in pipelines) for i, s in enumerate(sync_s)]

@@ -16,7 +16,7 @@ from torch import nn
 
 from planner.errors import DistributedError, InputFileError, PlanMismatchError, UsageError
 from planner.profile.device import detect_device_type
-from planner.formats.plan import SERVER_SYNCS, STALENESS_SYNCS, Plan, load_plan
+from planner.formats.plan import ASYNC_SCHEDULES, SERVER_SYNCS, STALENESS_SYNCS, Plan, load_plan
 from planner.formats.profile import Profile, load_profile
 from planner.profile.capture import Captured, capture
 from planner.profile.loader import batch_size, load_factory, select_output
@@ -115,6 +115,25 @@ def with_sync_mode(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
     return replace(resynced, predicted={**plan.predicted, "step_time_s": step})
 
 
+def with_round_drains(plan: Plan, profile: Profile, config: "RunConfig") -> Plan:
+    """An asynchronous plan with its step re-predicted for the rounds this run drains at (``--round-steps``: the
+    engine drains the pipeline at every round end, so each round pays one fill and drain; ``Problem.drain_every``),
+    recorded as its ``async.drain_every``; so the summary compares the measured step with a prediction of the same
+    rounds. Other plans, plans already predicted for these rounds, and plans without an embedded cluster are kept."""
+    if (plan.schedule not in ASYNC_SCHEDULES or plan.drain_every == config.round_steps
+            or not isinstance(plan.extra.get("cluster"), Mapping)):
+        return plan
+    from planner.clusters import embedded_cluster
+    from planner.formats.catalog import load_catalog
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    model = RoundModel.build(profile, embedded_cluster(plan), plan, planned_rows(config, plan), load_catalog(),
+                             drain_every=config.round_steps)
+    step = model.step_time_s(plan, dict(plan.extra.get("speed_factors") or {}))
+    drained = {**dict(plan.extra.get("async") or {}), "drain_every": config.round_steps}
+    return replace(plan, extra={**plan.extra, "async": drained}, predicted={**plan.predicted, "step_time_s": step})
+
+
 def world_size_of(plan: Plan) -> int:
     """Ranks a plan needs: its distinct devices, replicas included, and one more for a parameter server (the last
     rank, ``planner.runtime.parameter_server``)."""
@@ -128,7 +147,8 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     ``world_size``: the ranks started, which must be the plan's device count (``None``: not checked)."""
     plan, profile, where = load_checked_plan(config.plan, config.profile)
     mismatch = check_device_types(plan, device, config.allow_device_mismatch)
-    plan = with_sync_mode(with_emulated_link(plan, profile, config), profile, config)
+    plan = with_round_drains(with_sync_mode(with_emulated_link(plan, profile, config), profile, config), profile,
+                             config)
     need = world_size_of(plan)
     if world_size is not None and world_size != need:
         layout, _ = replica_layout(plan)
@@ -200,7 +220,8 @@ def with_emulated_link(plan: Plan, profile: Profile, config: "RunConfig") -> Pla
     cluster = cluster_from_dict(dict(raw), "the plan's cluster").slowed(link.bandwidth_Bps, link.latency_s)
     extra = {**plan.extra, "cluster": cluster.to_dict(), "emulated_link": link.to_dict()}
     slowed = replace(plan, extra=extra)
-    model = RoundModel.build(profile, cluster, slowed, planned_rows(config, plan), load_catalog())
+    model = RoundModel.build(profile, cluster, slowed, planned_rows(config, plan), load_catalog(),
+                             drain_every=plan.drain_every)
     step = model.step_time_s(slowed, dict(plan.extra.get("speed_factors") or {}))
     return replace(slowed, predicted={**plan.predicted, "step_time_s": step,
                                       "step_time_s_without_emulated_link": plan.step_time_s})

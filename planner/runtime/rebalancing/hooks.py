@@ -95,7 +95,7 @@ class DynamicHooks(RunHooks):
         try:
             cluster = cluster_from_dict(dict(raw), "the plan's cluster")
             return RoundModel.build(run.prepared.profile, cluster, run.plan, run.prepared.settings.microbatch_size,
-                                    load_catalog()), ""
+                                    load_catalog(), drain_every=run.config.round_steps), ""
         except PlannerError as exc:
             return None, f"cannot re-plan ({exc}): rounds measured, no re-plan"
 

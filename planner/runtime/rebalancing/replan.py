@@ -69,12 +69,14 @@ class RoundModel:
 
     @staticmethod
     def build(profile: Profile, cluster: Cluster, plan: Plan, microbatch_size: int | None = None,
-              catalog: Mapping[str, DeviceSpec] | None = None) -> "RoundModel":
+              catalog: Mapping[str, DeviceSpec] | None = None, drain_every: int | None = None) -> "RoundModel":
+        """The model of ``plan``'s rounds; ``drain_every``: the run's round length, where an asynchronous pipeline
+        drains (``Problem.drain_every``), so predictions, calibration and re-plans price the rounds the run runs."""
         if microbatch_size and microbatch_size != int(profile.model.get("microbatch_size", 0) or 0):
             profile = rescaled(profile, microbatch_size)  # the run's rows, as --microbatches auto planned them
         problem = _synced(build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                         optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog,
-                                        recompute=bool(plan.extra.get("recompute"))), plan)
+                                        recompute=bool(plan.extra.get("recompute")), drain_every=drain_every), plan)
         return RoundModel(profile, cluster, problem, profile.node_index(), catalog)
 
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
@@ -125,7 +127,8 @@ class RoundModel:
                     corrections: Sequence[tuple[int, int, float]] = ()) -> float:
         problem = build_problem(self.profile, self.cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                 optimizer=self.problem.optimizer, speed_factors=speed_factors, catalog=self.catalog,
-                                corrections=corrections, recompute=self.problem.recompute)
+                                corrections=corrections, recompute=self.problem.recompute,
+                                drain_every=self.problem.drain_every)
         return step_time_s(_synced(problem, plan), partition_of(problem, plan))
 
 
@@ -166,7 +169,7 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
                          speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
                          catalog=model.catalog, sync=current.shape().sync, sync_period=current.shape().period,
                          data_parallel=current.shape().degree,  # a hybrid plan keeps its degree; cuts and shares move
-                         recompute=model.problem.recompute)
+                         recompute=model.problem.recompute, drain_every=model.problem.drain_every)
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
     now = model.step_time_s(current, factors, state.corrections)
