@@ -273,7 +273,7 @@ def _simulate_async(stages: Sequence[SimStage], cluster: Cluster, schedule: str,
     n = ASYNC_MEASURED_STEPS
     spans = [(marks[first], marks[first + n]) for marks in state.marks or ()]
     step = max((b[0] - a[0]) / n for a, b in spans)
-    return _async_result(state, stages, ranks, step, [(a, b) for a, b in spans], n)
+    return _async_result(state, stages, ranks, step, spans, n)
 
 
 def _simulate_async_rounds(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
