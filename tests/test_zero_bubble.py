@@ -278,6 +278,21 @@ def test_zb_planned_plans_are_never_slower_than_zb_h1s_or_zbvs_and_pass_the_chec
         planned.extra["schedule_order"]  # deterministic
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_zb_planned_refines_under_zb_h1s_order_and_is_never_slower_than_its_refined_plan(seed: int) -> None:
+    """With --refine, zb-planned's stages are refined and polished under zb-h1's fixed order (its own order is
+    generated per simulation, too dear for the polish), and its plan is still never slower than zb-h1's."""
+    from _partition_cases import cluster as make_cluster
+    from planner.partition import partition
+
+    prof = _random_profile(seed)
+    net = make_cluster(4, types=["cpu", "gpu", "cpu", "gpu"], bandwidth_Bps=1e6)
+    fixed = partition(prof, net, method="greedy", microbatches=8, schedule="zb-h1", refine=True)
+    planned = partition(prof, net, method="greedy", microbatches=8, schedule="zb-planned", refine=True)
+    assert planned.extra["refine"]["under"] == "zb-h1" and "under" not in fixed.extra["refine"]
+    assert planned.step_time_s <= fixed.step_time_s * (1 + 1e-12)
+
+
 def test_plan_check_refuses_an_order_that_deadlocks_or_drops_a_pass() -> None:
     from dataclasses import replace
 

@@ -136,9 +136,12 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
     """The pure pipeline (degree 1): the placer (or the refine loop), the optimality guard and interleaving;
     records what they did in ``extra``."""
     if refine:
-        result = refine_loop(problem, method, start, method_options, refine_config or RefineConfig())
+        # zb-planned refines under its fixed proxy's order (_planned_stages says why): its own order is generated per
+        # simulation, and the polish's thousands of moves under it took most of plan train's search time
+        proxy = _planned_proxy(problem) if problem.schedule in GENERATED_ORDER_SCHEDULES else problem
+        result = refine_loop(proxy, method, start, method_options, refine_config or RefineConfig())
         chosen, used = result.partition, result.weights
-        extra["refine"] = result.record
+        extra["refine"] = result.record if proxy is problem else {**result.record, "under": proxy.schedule}
     else:
         chosen, used = methods.get(method).fn(problem, weights=start, **method_options), start
     if problem.schedule in GENERATED_ORDER_SCHEDULES:
@@ -155,6 +158,17 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
     return chosen, used
 
 
+PLANNED_PROXY = "zb-h1"
+"""The fixed order ``zb-planned``'s stages are placed, refined and polished under (one simulation per move)."""
+
+
+def _planned_proxy(problem: Problem) -> Problem:
+    """``problem`` under ``PLANNED_PROXY``'s fixed order, sharing its cost tables."""
+    proxy = replace(problem, schedule=PLANNED_PROXY)
+    proxy.__dict__["tables"] = problem.tables
+    return proxy
+
+
 def _planned_stages(problem: Problem, method: str, placed: Partition, start: Mapping[str, float],
                     method_options: Mapping[str, Any], polish_on: bool) -> tuple[Partition, Partition]:
     """``zb-planned``'s candidate stages, one stage per device. Its order is generated per candidate set of stages
@@ -164,7 +178,7 @@ def _planned_stages(problem: Problem, method: str, placed: Partition, start: Map
     own on ties). Since the planned order on any stages is at least as fast as ``zb-h1``'s (one stage per device) or
     ``zbv``'s (in a V), and ``zb-h1``'s and ``zbv``'s plans start from the same polished stages, the plan is never
     slower than either's plan of the same problem."""
-    fixed = replace(problem, schedule="zb-h1")
+    fixed = _planned_proxy(problem)
     under_fixed = guard.check(fixed, methods.get(method).fn(fixed, weights=start, **method_options), polish_on)
     own = guard.check(problem, placed, False)
     return own, under_fixed
