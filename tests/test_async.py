@@ -189,6 +189,8 @@ def test_a_plan_records_the_rounds_its_prediction_drains_at_and_every_reader_pri
     assert drained.step_time_s > steady.step_time_s
     assert simulate_plan(drained).step_time_s == pytest.approx(drained.step_time_s, rel=1e-9)
     assert simulate_plan(steady).step_time_s == pytest.approx(steady.step_time_s, rel=1e-9)
+    shown = _cli("show", str(tmp_path / "drained.json"))
+    assert shown.returncode == 0 and "drains every 3 steps" in " ".join(shown.stdout.split()), shown.stderr
     config = RunConfig(plan=str(tmp_path / "steady.json"), model="planner.examples.digits:digits_mlp", steps=6,
                        round_steps=3)
     again = with_round_drains(steady, load_profile(profile), config)

@@ -89,6 +89,8 @@ def summary_text(plan: Plan) -> Text:
     text.append(f"step {fmt_time(plan.step_time_s)}", style="bold green")
     if isinstance(bubble, (int, float)):
         text.append(f" · bubble {bubble:.1%}")
+    if plan.drain_every is not None:
+        text.append(f" · drains every {plan.drain_every} step{'s' if plan.drain_every != 1 else ''} (plan run's rounds)")
     solver = plan.extra.get("solver")
     if isinstance(solver, Mapping) and solver.get("status"):
         text.append(f" · solver {solver['status']}")
