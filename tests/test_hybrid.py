@@ -44,6 +44,34 @@ def test_a_ring_within_one_host_moves_2_d_minus_1_chunks_of_n_over_d() -> None:
     assert allreduce_s(cl.device_ids, 0, cl.link, host) == 0.0
 
 
+def test_every_ring_step_pays_the_runtimes_cost_per_byte_sent_and_received() -> None:
+    """On CPU ranks gloo's copies run on the ranks' cores: each ring step sends one chunk and receives one, and both
+    cost ``Cluster.pass_byte_overhead_s`` per byte, as point-to-point sends do in the simulator."""
+    from dataclasses import replace
+
+    per_byte = 3e-10
+    n = 4e6
+    cl = hosts(4)
+    host = {d.id: d.host for d in cl.devices}
+    step = FAST.latency_s + (n / 4) / FAST.bandwidth_Bps + 2 * (n / 4) * per_byte
+    assert allreduce_s(cl.device_ids, n, cl.link, host, byte_overhead_s=per_byte) == pytest.approx(2 * 3 * step)
+    two = hosts(2, 2)
+    host = {d.id: d.host for d in two.devices}
+    inside = FAST.latency_s + (n / 2) / FAST.bandwidth_Bps + 2 * (n / 2) * per_byte
+    across = 2 * (SLOW.latency_s + (n / 4) / SLOW.bandwidth_Bps + 2 * (n / 4) * per_byte)
+    assert allreduce_s(two.device_ids, n, two.link, host, byte_overhead_s=per_byte) == pytest.approx(2 * inside + across)
+    # the cost model takes the figure from the cluster file
+    profile = chain(4, params=10**6)
+    stage = StageSpec(0, 4, "h0d0", ("h0d0", "h0d1"))
+    plain = build_problem(profile, hosts(2), microbatches=4, schedule="1f1b", optimizer="sgd")
+    probed = build_problem(profile, replace(hosts(2), pass_byte_overhead_s=per_byte), microbatches=4, schedule="1f1b",
+                           optimizer="sgd")
+    nbytes = plain.tables.param_prefix[4] - plain.tables.param_prefix[0]  # the gradients all-reduced
+    assert nbytes > 0
+    assert stage_sync_s(probed, stage) - stage_sync_s(plain, stage) == pytest.approx(2 * 2 * (nbytes / 2) * per_byte,
+                                                                                      rel=1e-6)
+
+
 def test_across_hosts_it_is_hierarchical_reduce_scatter_all_reduce_all_gather() -> None:
     cl = hosts(2, 2)
     host = {d.id: d.host for d in cl.devices}

@@ -19,6 +19,12 @@
   to that device (a worker on the server's device uses the link to the nearest other device), and the server
   serves the workers one after another: ``t = sum_w 2 (latency_w + n / bandwidth_w)``.
 
+Every chunk step also pays the runtime's cost per byte moved (``Cluster.pass_byte_overhead_s``, probed inside a
+running pipeline, the figure the simulator charges point-to-point sends): in each step of a ring a device sends
+one chunk and receives another, so the step takes ``2 x chunk bytes x pass_byte_overhead_s`` longer. On CPU ranks
+that is most of the cost: gloo's copies and reductions run on the ranks' own cores. Measured here (2 gloo ranks
+on one host, 24 MiB): the link's figures alone gave 4.7 ms, with the per-byte cost 20.5 ms, measured 23.1 ms.
+
 Gradients have the parameters' size (``n`` = the stage's parameter bytes). The runtime all-reduces after
 the replica's last backward (``planner.runtime.data_parallel``), so the simulator starts the sync when every
 replica of the stage has finished its backward passes; see docs/cost-model.md.
@@ -34,9 +40,10 @@ __all__ = ["allreduce_s", "server_exchange_s"]
 
 
 def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link],
-                host: Mapping[str, str], nics_per_host: int = 0) -> float:
+                host: Mapping[str, str], nics_per_host: int = 0, byte_overhead_s: float = 0.0) -> float:
     """Seconds to all-reduce ``nbytes`` over ``devices`` (see the module docstring for the formula);
-    ``nics_per_host`` 0 means a NIC per device."""
+    ``nics_per_host`` 0 means a NIC per device; ``byte_overhead_s``: the runtime's cost per byte a device sends or
+    receives (``Cluster.pass_byte_overhead_s``)."""
     d = len(devices)
     if d < 2 or nbytes <= 0:
         return 0.0
@@ -44,21 +51,23 @@ def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str]
     for dev in devices:
         by_host.setdefault(host[dev], []).append(dev)
     if len(by_host) == 1:
-        return _ring_s(list(devices), nbytes, link)
+        return _ring_s(list(devices), nbytes, link, byte_overhead_s)
     groups = list(by_host.values())
     g, h = max(len(x) for x in groups), len(groups)
     inside = min((_slowest(x, link) for x in groups if len(x) > 1), key=lambda k: (k.bandwidth_Bps, -k.latency_s),
                  default=None)
     leaders = [x[0] for x in groups]
     across = _slowest(leaders, link)
-    scatter = (g - 1) * _chunk_s(inside, nbytes / g) if inside is not None else 0.0
+    scatter = (g - 1) * _chunk_s(inside, nbytes / g, byte_overhead_s) if inside is not None else 0.0
     share = min(1.0, nics_per_host / g) if nics_per_host else 1.0  # g streams over the host's NICs
-    return 2 * scatter + 2 * (h - 1) * (across.latency_s + nbytes / (g * h) / (across.bandwidth_Bps * share))
+    shard = nbytes / (g * h)
+    return 2 * scatter + 2 * (h - 1) * (across.latency_s + shard / (across.bandwidth_Bps * share)
+                                        + 2 * shard * byte_overhead_s)
 
 
-def _ring_s(devices: list[str], nbytes: float, link: Callable[[str, str], Link]) -> float:
+def _ring_s(devices: list[str], nbytes: float, link: Callable[[str, str], Link], byte_overhead_s: float) -> float:
     d = len(devices)
-    return 2 * (d - 1) * _chunk_s(_slowest(devices, link), nbytes / d)
+    return 2 * (d - 1) * _chunk_s(_slowest(devices, link), nbytes / d, byte_overhead_s)
 
 
 def _slowest(ring: Sequence[str], link: Callable[[str, str], Link]) -> Link:
@@ -67,8 +76,9 @@ def _slowest(ring: Sequence[str], link: Callable[[str, str], Link]) -> Link:
     return min(links, key=lambda k: (k.bandwidth_Bps, -k.latency_s))
 
 
-def _chunk_s(link: Link, nbytes: float) -> float:
-    return link.latency_s + nbytes / link.bandwidth_Bps
+def _chunk_s(link: Link, nbytes: float, byte_overhead_s: float = 0.0) -> float:
+    """One ring step: a chunk over ``link``, and the runtime's per-byte cost of sending one and receiving one."""
+    return link.latency_s + nbytes / link.bandwidth_Bps + 2 * nbytes * byte_overhead_s
 
 
 def server_exchange_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link]) -> float:

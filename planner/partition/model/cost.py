@@ -184,7 +184,8 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
     if problem.sync in SERVER_SYNCS:
         return server_exchange_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)])
     hosts = {d.id: d.host for d in problem.cluster.devices}
-    return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host)
+    return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host,
+                       problem.cluster.pass_byte_overhead_s)
 
 
 def infeasible_reason(problem: Problem) -> str | None:
