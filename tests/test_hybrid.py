@@ -70,6 +70,12 @@ def test_every_ring_step_pays_the_runtimes_cost_per_byte_sent_and_received() -> 
     assert nbytes > 0
     assert stage_sync_s(probed, stage) - stage_sync_s(plain, stage) == pytest.approx(2 * 2 * (nbytes / 2) * per_byte,
                                                                                       rel=1e-6)
+    # through a parameter server: each worker's push and pull pay it once each
+    from planner.partition.model.problem import with_sync
+
+    served, plain_served = with_sync(probed, "bsp", None), with_sync(plain, "bsp", None)
+    assert stage_sync_s(served, stage) - stage_sync_s(plain_served, stage) == pytest.approx(2 * 2 * nbytes * per_byte,
+                                                                                            rel=1e-6)
 
 
 def test_across_hosts_it_is_hierarchical_reduce_scatter_all_reduce_all_gather() -> None:

@@ -17,7 +17,7 @@
 - **Through a parameter server** (the ``bsp``, ``asp``, ``ssp`` and ``dasp`` modes): the server rank sits
   beside the first replica's device; every worker pushes its gradients and pulls the parameters over its link
   to that device (a worker on the server's device uses the link to the nearest other device), and the server
-  serves the workers one after another: ``t = sum_w 2 (latency_w + n / bandwidth_w)``.
+  serves the workers one after another: ``t = sum_w 2 (latency_w + n / bandwidth_w + n x pass_byte_overhead_s)``.
 
 Every chunk step also pays the runtime's cost per byte moved (``Cluster.pass_byte_overhead_s``, probed inside a
 running pipeline, the figure the simulator charges point-to-point sends): in each step of a ring a device sends
@@ -81,9 +81,11 @@ def _chunk_s(link: Link, nbytes: float, byte_overhead_s: float = 0.0) -> float:
     return link.latency_s + nbytes / link.bandwidth_Bps + 2 * nbytes * byte_overhead_s
 
 
-def server_exchange_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link]) -> float:
+def server_exchange_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link],
+                      byte_overhead_s: float = 0.0) -> float:
     """Seconds for a parameter server beside ``devices[0]`` to take every worker's gradients and hand back the
-    parameters, one worker after another (the module docstring)."""
+    parameters, one worker after another (the module docstring); each transfer also pays the runtime's cost per
+    byte (``byte_overhead_s``), the server's and the worker's at once."""
     if len(devices) < 2 or nbytes <= 0:
         return 0.0
     home = devices[0]
@@ -91,5 +93,5 @@ def server_exchange_s(devices: Sequence[str], nbytes: float, link: Callable[[str
     for dev in devices:
         via = link(home, dev) if dev != home else min((link(home, x) for x in devices[1:]),
                                                        key=lambda k: (-k.bandwidth_Bps, k.latency_s))
-        total += 2 * (via.latency_s + nbytes / via.bandwidth_Bps)
+        total += 2 * (via.latency_s + nbytes / via.bandwidth_Bps + nbytes * byte_overhead_s)
     return total

@@ -182,7 +182,8 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
     tables = problem.tables
     nbytes = tables.param_prefix[stage.stop] - tables.param_prefix[stage.start]
     if problem.sync in SERVER_SYNCS:
-        return server_exchange_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)])
+        return server_exchange_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)],
+                                 problem.cluster.pass_byte_overhead_s)
     hosts = {d.id: d.host for d in problem.cluster.devices}
     return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host,
                        problem.cluster.pass_byte_overhead_s)
