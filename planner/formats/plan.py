@@ -302,6 +302,11 @@ def _check_schedule_order(check: Checker, data: Mapping[str, Any], schedule: str
                            f"micro-batch)", action, hint)
 
 
+def valid_drain_every(value: Any) -> bool:
+    """Whether ``value`` can be ``async.drain_every``: absent (``None``, the steady state) or whole steps >= 1."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+
+
 def _check_async(check: Checker, data: Mapping[str, Any]) -> None:
     """``async``, when present: an object whose ``drain_every``, when present, is a whole number of steps >= 1."""
     record = data.get("async")
@@ -310,7 +315,7 @@ def _check_async(check: Checker, data: Mapping[str, Any]) -> None:
     if not isinstance(record, dict):
         check.fail("async", "an object", record)
     value = record.get("drain_every")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if not valid_drain_every(value):
         check.fail("async.drain_every", "a whole number of steps >= 1 (or absent: the steady state)", value,
                    "fix it, or re-partition with `plan partition --round-steps N`")
 

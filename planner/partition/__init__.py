@@ -8,7 +8,6 @@ S3-S6 loop; ``validate.validate_plan`` checks any plan against its profile.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
@@ -22,7 +21,7 @@ from planner.partition.placers import registry as methods
 from planner.partition.model.cost import infeasible_reason, step_time_s
 from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
-from planner.partition.model.problem import build_problem, with_sync
+from planner.partition.model.problem import build_problem, with_schedule, with_sync
 from planner.partition.search import guard
 from planner.partition.search.hybrid import hybrid_search, parse_degree
 from planner.partition.search.interleave import interleave
@@ -138,7 +137,7 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
     if refine:
         # zb-planned refines under its fixed proxy's order (_planned_stages says why): its own order is generated per
         # simulation, and the polish's thousands of moves under it took most of plan train's search time
-        proxy = _planned_proxy(problem) if problem.schedule in GENERATED_ORDER_SCHEDULES else problem
+        proxy = with_schedule(problem, PLANNED_PROXY) if problem.schedule in GENERATED_ORDER_SCHEDULES else problem
         result = refine_loop(proxy, method, start, method_options, refine_config or RefineConfig())
         chosen, used = result.partition, result.weights
         extra["refine"] = result.record if proxy is problem else {**result.record, "under": proxy.schedule}
@@ -162,13 +161,6 @@ PLANNED_PROXY = "zb-h1"
 """The fixed order ``zb-planned``'s stages are placed, refined and polished under (one simulation per move)."""
 
 
-def _planned_proxy(problem: Problem) -> Problem:
-    """``problem`` under ``PLANNED_PROXY``'s fixed order, sharing its cost tables."""
-    proxy = replace(problem, schedule=PLANNED_PROXY)
-    proxy.__dict__["tables"] = problem.tables
-    return proxy
-
-
 def _planned_stages(problem: Problem, method: str, placed: Partition, start: Mapping[str, float],
                     method_options: Mapping[str, Any], polish_on: bool) -> tuple[Partition, Partition]:
     """``zb-planned``'s candidate stages, one stage per device. Its order is generated per candidate set of stages
@@ -178,7 +170,7 @@ def _planned_stages(problem: Problem, method: str, placed: Partition, start: Map
     own on ties). Since the planned order on any stages is at least as fast as ``zb-h1``'s (one stage per device) or
     ``zbv``'s (in a V), and ``zb-h1``'s and ``zbv``'s plans start from the same polished stages, the plan is never
     slower than either's plan of the same problem."""
-    fixed = _planned_proxy(problem)
+    fixed = with_schedule(problem, PLANNED_PROXY)
     under_fixed = guard.check(fixed, methods.get(method).fn(fixed, weights=start, **method_options), polish_on)
     own = guard.check(problem, placed, False)
     return own, under_fixed

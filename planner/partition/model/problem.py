@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from planner.errors import PlannerError, UsageError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import (DEFAULT_STALENESS, DEFAULT_SYNC, PERIODIC_SYNCS, SCHEDULES, STALENESS_SYNCS,
-                                  SYNC_MODES, even_shares)
+                                  SYNC_MODES, even_shares, valid_drain_every)
 from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
@@ -175,16 +175,26 @@ def with_sync(problem: "Problem", sync: str, period: int | None, staleness: int 
     bound = DEFAULT_STALENESS if staleness is None else staleness
     if (sync, period, bound) == (problem.sync, problem.sync_period, problem.sync_staleness):
         return problem
-    other = replace(problem, sync=sync, sync_period=period, sync_staleness=bound)
-    other.__dict__["tables"] = problem.tables
-    return other
+    return _sharing_tables(problem, sync=sync, sync_period=period, sync_staleness=bound)
 
 
 def with_microbatches(problem: "Problem", microbatches: int) -> "Problem":
     """``problem`` with another micro-batch count, sharing its cost tables (they do not depend on the count)."""
     if microbatches == problem.microbatches:
         return problem
-    other = replace(problem, microbatches=microbatches)
+    return _sharing_tables(problem, microbatches=microbatches)
+
+
+def with_schedule(problem: "Problem", schedule: str) -> "Problem":
+    """``problem`` under another schedule, sharing its cost tables (they do not depend on the schedule)."""
+    if schedule == problem.schedule:
+        return problem
+    return _sharing_tables(problem, schedule=schedule)
+
+
+def _sharing_tables(problem: "Problem", **changes: Any) -> "Problem":
+    """``replace(problem, **changes)`` keeping the cost tables ``problem`` built (only for changes they ignore)."""
+    other = replace(problem, **changes)
     other.__dict__["tables"] = problem.tables
     return other
 
@@ -358,7 +368,7 @@ def build_problem(
 
 def check_drain_every(drain_every: int | None) -> int | None:
     """``drain_every`` as given, refused as a usage error unless ``None`` or a whole number of steps >= 1."""
-    if drain_every is not None and (isinstance(drain_every, bool) or not isinstance(drain_every, int) or drain_every < 1):
+    if not valid_drain_every(drain_every):
         raise UsageError(f"the steps between pipeline drains (--round-steps) must be a whole number >= 1, found "
                          f"{drain_every!r}")
     return drain_every

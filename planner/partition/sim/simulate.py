@@ -285,7 +285,7 @@ def _simulate_async_rounds(stages: Sequence[SimStage], cluster: Cluster, schedul
     if drain_every < 1:
         raise PlannerError(f"drain_every must be at least 1 step, found {drain_every}")
     state = _async_state(stages, cluster, schedule, microbatches, ranks, record_events, drain_every)
-    start = (0.0, 0.0, [0.0, 0.0, 0.0, 0.0])
+    start = (0.0, 0.0, [0.0] * len(state.parts[0]))
     spans = [(start, marks[-1]) for marks in state.marks or ()]
     step = max(b[0] for _, b in spans) / drain_every
     return _async_result(state, stages, ranks, step, spans, drain_every)
