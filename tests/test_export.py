@@ -296,3 +296,18 @@ def test_a_zbv_plan_exports_its_v_to_torchtitan_and_its_order_to_csv(tmp_path: P
     assert json.loads(one.read_text())["interleave"]["chunks"] == 1
     titan = runner.invoke(app, ["export", str(one), "--to", "torchtitan"])
     assert titan.exit_code == 0 and '"InterleavedZeroBubble"' in titan.output
+
+
+def test_a_dualpipev_plan_exports_torchs_dualpipev_and_its_order_with_whole_backwards(tmp_path: Path) -> None:
+    """A ``dualpipev`` plan in a V names torchtitan's ``DualPipeV``; its CSV is torch's order, the paired passes written
+    one after the other and the main part's backwards whole (``B``)."""
+    plan = _plan(tmp_path, "resnet_small", "a100-4", "-s", "dualpipev", "--granularity", "layer")
+    doc = json.loads(plan.read_text())
+    assert doc["interleave"]["chunks"] == 2 and len(doc["stages"]) == 8 and doc["microbatches"] >= 8
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 0, result.output
+    table = tomllib.loads((tmp_path / "p.toml").read_text())["parallelism"]
+    assert table["pipeline_parallel_schedule"] == "DualPipeV" and len(table["module_fqns_per_model_part"]) == 8
+    result = runner.invoke(app, ["export", str(plan), "--to", "schedule-csv", "-o", str(tmp_path / "s.csv")])
+    rows = [line.split(",") for line in (tmp_path / "s.csv").read_text().splitlines()]
+    assert len(rows) == 4 and any("B" in a for a in rows[0]) and any("I" in a for a in rows[0])

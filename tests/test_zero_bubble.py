@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from _partition_cases import FREE, cluster
+from planner.errors import PlannerError, UsageError
 from planner.formats.profile import Node, OpTime
 from planner.partition.model.cost import inflight_microbatches
 from planner.partition.sim.schedules import BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts, order_violations
@@ -169,8 +170,14 @@ def test_planned_orders_in_a_v_are_valid_for_torch_and_never_slower_than_zbv(see
     for r, order in enumerate(orders):
         for s, count in inflight_counts(order).items():
             assert count <= inflight_microbatches("zbv", s, 2 * p, m, p)
-    planned = simulate(pipe, net, "zb-planned", m).step_time_s
-    assert planned <= simulate(pipe, net, "zbv", m).step_time_s + 1e-12
+    planned, zbv = simulate(pipe, net, "zb-planned", m), simulate(pipe, net, "zbv", m)
+    assert planned.step_time_s <= zbv.step_time_s + 1e-12
+    for device, usage in planned.devices.items():  # within the memory the rule counts (it replays zbv's order)
+        assert usage.peak_memory_bytes <= zbv.devices[device].peak_memory_bytes
+    if m >= 2 * p:  # DualPipeV's order is a candidate when it holds no more than zbv's on every device
+        dual = simulate(pipe, net, "dualpipev", m)
+        if all(dual.devices[d].peak_memory_bytes <= zbv.devices[d].peak_memory_bytes for d in dual.devices):
+            assert planned.step_time_s <= dual.step_time_s + 1e-12
     assert planned_orders(pipe, net, m) == orders  # deterministic
 
 
@@ -372,6 +379,86 @@ def test_zbv_order_is_torchs_and_passes_its_validation(p: int, m: int) -> None:
     assert order_violations(orders, m, [layout[s] for s in range(2 * p)]) == []
     for s in range(2 * p):
         assert inflight_microbatches("zbv", s, 2 * p, m, p) == inflight_counts(orders[layout[s]])[s]
+
+
+def _flat(actions: list) -> list[str]:
+    """torch's per-rank actions as strings, an overlapped forward-backward action as its two passes in order."""
+    from torch.distributed.pipelining.schedules import OVERLAP_F_B
+
+    out = []
+    for a in actions:
+        if a is not None:
+            out += [str(x) for x in a.sub_actions] if a.computation_type == OVERLAP_F_B else [str(a)]
+    return out
+
+
+@pytest.mark.parametrize("p,m", [(1, 2), (1, 5), (2, 4), (2, 5), (3, 6), (3, 7), (4, 8), (4, 9), (4, 16), (8, 16),
+                                 (8, 23)])
+def test_dualpipev_order_is_torchs_and_passes_its_validation(p: int, m: int) -> None:
+    """``dualpipev``'s order is ``ScheduleDualPipeV``'s (its builder reads the pipeline size and the micro-batch count,
+    so it is called on a stand-in), each overlapped forward-backward action written as its two passes, which is how
+    torch's runtime runs them; torch validates it on the V, it keeps ``zbv``'s in-flight counts per stage, and the
+    memory rule counts what the order holds."""
+    from types import SimpleNamespace
+
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    orders = device_orders("dualpipev", p, 2, m)
+    stand_in = SimpleNamespace(pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
+    for rank in range(p):
+        theirs = schedules.ScheduleDualPipeV._calculate_single_rank_operations(stand_in, rank)
+        assert [f"{s}{k}{j}" for k, s, j in orders[rank]] == _flat(theirs)
+    actions = {r: [schedules._Action.from_str(f"{s}{k}{j}") for k, s, j in order] for r, order in enumerate(orders)}
+    layout = schedules._validate_schedule(actions, p, 2 * p, m)
+    assert layout == {s: s if s < p else 2 * p - 1 - s for s in range(2 * p)}
+    assert order_violations(orders, m, [layout[s] for s in range(2 * p)]) == []
+    zbv = device_orders("zbv", p, 2, m)
+    for s in range(2 * p):
+        count = inflight_counts(orders[layout[s]])[s]
+        assert count == inflight_microbatches("dualpipev", s, 2 * p, m, p) == inflight_counts(zbv[layout[s]])[s]
+    assert any(k == "B" for order in orders for k, _, _ in order)  # the main part runs whole backwards
+
+
+def test_dualpipev_needs_as_many_microbatches_as_stages_and_falls_back_to_one_stage_per_device() -> None:
+    from _partition_cases import cluster as make_cluster
+    from planner.partition import partition
+    from planner.partition.model.feasibility import shape_violations
+    from planner.partition.validate import validate_plan
+
+    with pytest.raises(PlannerError, match="at least as many micro-batches as stages"):
+        device_orders("dualpipev", 4, 2, 7)
+    v = ["a", "b", "b", "a"]
+    assert "dualpipev needs at least as many micro-batches as stages (4" in shape_violations("dualpipev", 3, v)[0]
+    assert shape_violations("dualpipev", 4, v) == [] and shape_violations("dualpipev", 1, ["a", "b"]) == []
+    prof = _random_profile(1, 16)
+    net = make_cluster(4, bandwidth_Bps=FREE)
+    short = partition(prof, net, method="dp", microbatches=4, schedule="dualpipev", data_parallel=1)
+    assert len(short.stages) == 4 and "cannot run (dualpipev needs" in short.extra["interleave"]["reason"]
+    assert short.extra["schedule_order"] == partition(prof, net, method="dp", microbatches=4, schedule="zb-h1",
+                                                      data_parallel=1).extra["schedule_order"]
+    plan = partition(prof, net, method="dp", microbatches=8, schedule="dualpipev", data_parallel=1)
+    devices = [st.device for st in plan.stages]
+    assert plan.extra["interleave"]["chunks"] == 2 and devices == devices[:4] + devices[:4][::-1]
+    assert validate_plan(plan, prof, net) == []
+    with pytest.raises(UsageError, match="dualpipev"):
+        partition(prof, net, method="dp", microbatches=8, schedule="dualpipev", data_parallel=2)
+
+
+@pytest.mark.parametrize("p,m,w", [(2, 4, 1.0), (4, 8, 1.0), (4, 8, 0.5), (8, 16, 1.0), (8, 16, 0.2)])
+def test_dualpipev_beats_zb_h1_and_matches_zbv_when_f_i_w_are_equal(p: int, m: int, w: float) -> None:
+    """On ``2p`` equal halves in a V, DualPipeV is faster than ZB-H1 on ``p`` whole stages, and with F = I = W it
+    takes ZB-V's step: its whole backwards cost nothing there, since only the fill and the drain have bubbles to
+    fill. (Its design target, hiding expert-parallel all-to-alls behind the paired pass, is not on the path of a
+    runtime that runs the pair one pass after the other.)"""
+    f, b = 1.0, 2.0
+    net = cluster(p, bandwidth_Bps=FREE)
+    whole = stages([(f, b, w)] * p, act=2)
+    halves = [SimStage(f"d{s if s < p else 2 * p - 1 - s}", f / 2, b / 2, 0, 0, 0, 1, bwd_weight_s=w / 2)
+              for s in range(2 * p)]
+    zb, v, dual = (simulate(whole, net, "zb-h1", m), simulate(halves, net, "zbv", m),
+                   simulate(halves, net, "dualpipev", m))
+    assert dual.step_time_s < zb.step_time_s - 1e-9
+    if w == 1.0:
+        assert dual.step_time_s == pytest.approx(v.step_time_s)
 
 
 @pytest.mark.parametrize("p,m,w", [(2, 4, 1.0), (4, 8, 1.0), (4, 8, 0.5), (8, 8, 1.0), (8, 16, 1.0), (8, 16, 0.5)])

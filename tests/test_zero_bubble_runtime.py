@@ -3,7 +3,8 @@
 ``plan run`` hands a zero-bubble plan's ``schedule_order`` to torch's ``_PipelineScheduleRuntime``, which splits every
 backward into its input gradient and its weight gradient. Hand-made plans on gloo ranks, compared with
 ``train_reference`` (rtol 1e-5): GPT with its tied embedding and head on different ranks under ``zb-h1``, ``zb-h2``
-and an order that differs from both, and on one rank in a V under ``zbv`` and a generated ``zb-planned`` order; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
+and an order that differs from both, and on one rank in a V under ``zbv``, ``dualpipev`` (whole backwards in its
+main part, split ones in its fill and drain) and a generated ``zb-planned`` order; the U-Net with long skips crossing the cut; and pipeline 2 x data 2
 on 4 ranks (correctness only on this 2-core machine).
 """
 
@@ -47,7 +48,7 @@ def v_order(microbatches: int) -> dict[str, list[str]]:
 
 ONE_PER_RANK, V = ["cpu0", "cpu1"], ["cpu0", "cpu1", "cpu1", "cpu0"]
 GPT_CASES = {"zb-h1": ("zb-h1", ONE_PER_RANK, None), "zb-planned": ("zb-planned", ONE_PER_RANK, hand_order),
-             "zbv": ("zbv", V, None), "zb-planned-v": ("zb-planned", V, v_order)}
+             "zbv": ("zbv", V, None), "dualpipev": ("dualpipev", V, None), "zb-planned-v": ("zb-planned", V, v_order)}
 """Case -> (schedule, stage devices, the order written into the plan). In a V, rank 0 holds the first stage (the
 embedding) and the last (the tied head, and the loss), and stage 1 hands its output to stage 2 on the same rank
 without a message. zb-h2: the resume test below."""

@@ -39,10 +39,11 @@ __all__ = ["FORMATS", "TORCHTITAN_SCHEDULES", "Exported", "export_file", "module
 
 FORMATS = ("torchtitan", "pipelining", "schedule-csv")
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                        "zb-h1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
+                        "zb-h1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 """Our schedule names -> torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's classes;
-``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order, and so a ``zbv`` plan that kept one
-stage per device; torchtitan lays ``ZBVZeroBubble``'s two stages per rank out in a V itself)."""
+``ScheduleInterleavedZeroBubble`` on one stage per rank runs ``zb-h1``'s order, and so a ``zbv`` or ``dualpipev`` plan
+that kept one stage per device; torchtitan lays ``ZBVZeroBubble``'s and ``DualPipeV``'s two stages per rank out in a V
+itself)."""
 CSV_ONLY_SCHEDULES = tuple(s for s in ZERO_BUBBLE_SCHEDULES if s not in TORCHTITAN_SCHEDULES)
 """Zero-bubble schedules torchtitan has no class for (``zb-planned``'s order exists only as the plan's own; torch
 ships no ZB-H2): exported as the plan's order, which torchtitan reads from a CSV."""

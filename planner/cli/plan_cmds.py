@@ -23,7 +23,7 @@ def partition_cmd(
     microbatches: Annotated[str, typer.Option("--microbatches", "-n", help="Micro-batches per step (>= 1), or auto "
                             "(with --global-batch: the count the simulator finds fastest).")] = "8",
     schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved-1f1b, a "
-                        "zero-bubble schedule (zb-h1, zb-planned, zb-h2, or zbv with two stages per device in a V: each backward split into input and weight gradients, "
+                        "zero-bubble schedule (zb-h1, zb-planned, zb-h2, or zbv and dualpipev with two stages per device in a V: each backward split into input and weight gradients, "
                         "docs/zero-bubble.md), auto (the fastest of those that fits), or an asynchronous schedule with no "
                         "flush between steps: async-1f1b or 2bw (docs/async.md; one stage per device, no replicas).")] = "1f1b",
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per optimizer step, for "

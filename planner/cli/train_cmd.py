@@ -33,7 +33,7 @@ def train_cmd(
                             "search finds fastest.", show_default=False)] = None,
     microbatches: Annotated[str, typer.Option("--microbatches", "-n", help="Micro-batches per step, or auto.")] = "auto",
     schedule: Annotated[str, typer.Option("--schedule", "-s", help="auto, or fix one: gpipe, 1f1b, "
-                        "interleaved-1f1b, zb-h1, zb-planned, zb-h2, zbv, async-1f1b, 2bw.")] = "auto",
+                        "interleaved-1f1b, zb-h1, zb-planned, zb-h2, zbv, dualpipev, async-1f1b, 2bw.")] = "auto",
     data_parallel: Annotated[str, typer.Option("--data-parallel", "-d", help="Replicas: auto, or a degree.")] = "auto",
     sync: Annotated[str, typer.Option("--sync", help="How replicas combine: auto (the rule of docs/train.md), or "
                     "ssgd, local-sgd, adaptive, bsp, asp, ssp, dasp.")] = "auto",

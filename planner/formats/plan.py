@@ -18,16 +18,18 @@ from planner.formats._validate import Checker
 from planner.formats.jsonio import read_document, to_plain, write_json_atomic
 
 SCHEMA_VERSION = 1
-ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-planned", "zb-h2", "zbv")
+ZERO_BUBBLE_SCHEDULES = ("zb-h1", "zb-planned", "zb-h2", "zbv", "dualpipev")
 """Schedules that split each backward into its input gradient (I) and its weight gradient (W) and fill the bubble
 with W's (Qi et al., 2024; docs/zero-bubble.md): torch's ZB1P order on one stage per device, an order the planner
 generates from the stages' F, I and W times within the same memory (recorded in the plan's ``schedule_order``),
-the paper's ZB-H2 pattern, which holds ``2p - 1`` micro-batches on every stage to leave less bubble, and ZB-V
-(torch's ``ScheduleZBVZeroBubble``), two stages per device in a V."""
-V_SCHEDULES = ("zb-planned", "zbv")
+the paper's ZB-H2 pattern, which holds ``2p - 1`` micro-batches on every stage to leave less bubble, ZB-V
+(torch's ``ScheduleZBVZeroBubble``), two stages per device in a V, and DualPipeV (torch's ``ScheduleDualPipeV``) on
+the same V, which splits only the fill's and the drain's backwards."""
+V_SCHEDULES = ("zb-planned", "zbv", "dualpipev")
 """Schedules that may put two stages on each of the ``p`` devices in a V (or one on each): stage ``s`` on device ``s``
 for ``s < p`` and on device ``2p - 1 - s`` after, so the first device holds the first and the last stage (torch's
-``style="v"``). ``zbv`` runs ZB-V's order there, ``zb-planned`` its own order generated for the V."""
+``style="v"``). ``zbv`` runs ZB-V's order there, ``dualpipev`` DualPipeV's, ``zb-planned`` its own order generated
+for the V."""
 GENERATED_ORDER_SCHEDULES = ("zb-planned",)
 """Zero-bubble schedules whose order depends on the stages' times: a plan under them must carry its
 ``schedule_order``; the others have a fixed pattern (``planner.partition.sim.schedules.device_orders``)."""

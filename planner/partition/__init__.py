@@ -75,10 +75,11 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
     requested = parse_degree(data_parallel)
-    if requested != 1 and schedule in ("interleaved-1f1b", "zbv"):  # zb-planned: replicas of one stage per device
+    if requested != 1 and schedule in ("interleaved-1f1b", "zbv", "dualpipev"):  # zb-planned: one stage per device
         if requested is not None:
             raise UsageError(f"--data-parallel {requested} needs one stage per device (gpipe, 1f1b or a zero-bubble "
-                             f"schedule other than zbv): replicated {schedule} stages, several per device, are not "
+                             f"schedule other than zbv and dualpipev): replicated {schedule} stages, several per "
+                             f"device, are not "
                              f"supported; use --data-parallel 1 with {schedule}")
         requested = 1
     if sync != DEFAULT_SYNC and requested == 1:

@@ -70,7 +70,7 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     """The plan's ``schedule_order`` (design.md section 5): per rank, its passes in torch's action notation
     (``"0F1"``: stage 0's forward of micro-batch 1; ``I`` and ``W`` the halves of a backward), what the runtime hands
     to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches:
-    ``zb-h1``'s, ``zb-h2``'s or ``zbv``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage
+    ``zb-h1``'s, ``zb-h2``'s, ``zbv``'s or ``dualpipev``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage
     times (``planned_orders``). Ranks are numbered by first appearance of their devices over the stages, replica by
     replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``)."""
     degree = degree_of(partition)

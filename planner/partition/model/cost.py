@@ -109,8 +109,8 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
     """Micro-batches whose activations stage ``stage_index`` holds at once at its peak.
 
     GPipe: ``m``. 1F1B: ``min(m, p - s)``. Zero-bubble: ``min(m, p)``, and ``min(m, 2p - 1)`` under ``zb-h2``.
-    Interleaved 1F1B over ``num_devices`` devices (default: one stage per device, which is 1F1B) and ``zbv`` with two
-    stages per device: counted by replaying the stage's device order.
+    Interleaved 1F1B over ``num_devices`` devices (default: one stage per device, which is 1F1B) and ``zbv`` or
+    ``dualpipev`` with two stages per device (the same counts): counted by replaying the stage's device order.
     """
     devices = num_stages if num_devices is None else num_devices
     if schedule == "gpipe":

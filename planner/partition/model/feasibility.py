@@ -7,10 +7,11 @@ Every consumer asks here and so gives the same message: the placers (through ``c
 1. the schedule is one the runtime has (``SCHEDULES``) and there is at least one micro-batch;
 2. there is at least one stage;
 3. devices per stage: one stage per device, except ``interleaved-1f1b``, whose stages go round-robin
-   over its devices with the same number on each, and ``zbv`` and ``zb-planned``, which may put two on each in a V
-   (``schedules.pipeline_layout``);
+   over its devices with the same number on each, and ``zbv``, ``dualpipev`` and ``zb-planned``, which may put two
+   on each in a V (``schedules.pipeline_layout``);
 4. micro-batch count: ``1f1b`` needs at least as many micro-batches as stages (torch's
-   ``Schedule1F1B`` refuses fewer); ``interleaved-1f1b`` needs a count that splits into its rounds
+   ``Schedule1F1B`` refuses fewer), and so does ``dualpipev`` in a V (``ScheduleDualPipeV``'s rule);
+   ``interleaved-1f1b`` needs a count that splits into its rounds
    (``schedules.interleaved_group_size``, torch's ``ScheduleInterleaved1F1B`` rule);
 5. memory: every device's peak (weights, gradients, optimizer state and the activations its schedule
    keeps in flight; ``cost.device_memory_bytes``) fits its capacity;
@@ -59,6 +60,10 @@ def shape_violations(schedule: str, microbatches: int, stage_devices: Sequence[s
     if schedule == "1f1b" and microbatches < stages:
         return [f"1f1b needs at least as many micro-batches as stages ({stages}), the plan has {microbatches}; "
                 f"re-partition with --microbatches {stages} or more, or use --schedule gpipe"]
+    if schedule == "dualpipev" and stages > len(ranks) and microbatches < stages:
+        return [f"dualpipev needs at least as many micro-batches as stages ({stages} in a V on {len(ranks)} devices, "
+                f"torch's ScheduleDualPipeV rule), the plan has {microbatches}; re-partition with --microbatches "
+                f"{stages} or more, or use --schedule zbv"]
     if schedule == "interleaved-1f1b":
         try:
             interleaved_group_size(len(ranks), microbatches)

@@ -10,7 +10,7 @@ chunk ``k`` runs on its own device, and the cuts are the smallest per-chunk time
 each chunk up to ``T`` on its device covers the model in ``p * v`` chunks (bisection, as
 ``baselines.min_max_split`` does for one device type), so each device does about ``v * T``.
 
-Under ``zbv`` (ZB-V, Qi et al., 2024) and ``zb-planned`` each device may hold exactly two chunks in a V (stage ``r``
+Under ``zbv`` (ZB-V, Qi et al., 2024), ``dualpipev`` and ``zb-planned`` each device may hold exactly two chunks in a V (stage ``r``
 and ``2p - 1 - r`` on the ``r``-th device, ``planner.partition.sim.schedules.stage_ranks``), cut the same way; the
 one-chunk case (``zb-h1``'s order, or ``zb-planned``'s own on one stage per device) is kept when the V does not
 simulate faster or does not fit.
@@ -44,7 +44,7 @@ def interleave(problem: Problem, base: Partition, max_chunks: int = MAX_CHUNKS) 
     devices = [s.device for s in base]
     if problem.schedule not in (INTERLEAVED,) + V_SCHEDULES or len(set(devices)) != len(devices):
         return base, {}
-    one_chunk = {INTERLEAVED: "1F1B", "zbv": "zb-h1's order"}.get(problem.schedule, "its order on one stage per device")
+    one_chunk = {INTERLEAVED: "1F1B", "zbv": "zb-h1's order", "dualpipev": "zb-h1's order"}.get(problem.schedule, "its order on one stage per device")
     times = {1: step_time_s(problem, base)}
     best, best_v = base, 1
     skipped: dict[int, str] = {}

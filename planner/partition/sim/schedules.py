@@ -39,6 +39,12 @@ A schedule is, for every device, a fixed order of forward (``F``) and backward (
   forwards of both chunks, ``p - r`` forward / input / weight triples of the second chunk, then both chunks in turn,
   and the cool-down's input gradients before the held-back weight gradients. With one stage per device (the
   placers' one-chunk case, as for ``interleaved-1f1b``) it is ``zb-h1``.
+- ``dualpipev`` (DeepSeek-V3's DualPipe folded into a V, DeepSeek-AI, 2024, arXiv 2412.19437, and
+  ``torch.distributed.pipelining.ScheduleDualPipeV``'s order): the same V layout as ``zbv``, at least ``2p``
+  micro-batches. After the fill, each device pairs a forward of one of its stages with a whole backward (``B``) of the
+  other (DualPipe's overlapped forward-backward chunks; torch's runtime runs the pair one after the other, and so
+  does the simulator); only the fill's and the drain's backwards are split into ``I`` and ``W``. With one stage per
+  device it is ``zb-h1``.
 """
 
 from __future__ import annotations
@@ -129,6 +135,11 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
         if v != 1:
             raise PlannerError("gpipe runs one stage per device")
         return tuple(tuple([(FWD, r, j) for j in range(m)] + [(BWD, r, j) for j in range(m)]) for r in range(p))
+    if schedule == "dualpipev" and v == 2:
+        if m < 2 * p:
+            raise PlannerError(f"dualpipev needs at least as many micro-batches as stages ({2 * p} in a V on {p} "
+                               f"devices, torch's ScheduleDualPipeV rule), found {m}; use --microbatches {2 * p} or more")
+        return tuple(_dualpipev(r, p, m) for r in range(p))
     if schedule in V_SCHEDULES and v == 2:
         return tuple(_zbv(r, p, m) for r in range(p))
     if schedule in ZERO_BUBBLE_SCHEDULES:
@@ -230,6 +241,61 @@ def _zbv(rank: int, p: int, m: int) -> tuple[Op, ...]:
     ops += [(BWD_WEIGHT, second, j) for j in range(w1, b1)]
     ops += [(BWD_WEIGHT, first, j) for j in range(w0, b0)]
     return tuple(op for op in ops if op[2] < m)
+
+
+def _dualpipev(rank: int, p: int, m: int) -> tuple[Op, ...]:
+    """DualPipeV's order on device ``rank`` of ``p`` (stages ``rank`` and ``2p - 1 - rank``, ``m >= 2p``), as torch's
+    ``ScheduleDualPipeV._calculate_single_rank_operations`` builds it, with each overlapped forward-backward action
+    written as its two passes in torch's order (forward first). Weight gradients held back after an input gradient run
+    oldest first where the order has room for one (tests compare the two)."""
+    first, second = rank, 2 * p - 1 - rank
+    ops: list[Op] = []
+    taken: dict[tuple[int, str], int] = {}
+    held: list[tuple[int, int]] = []
+
+    def run(stage: int, kind: str) -> None:
+        counter = (stage, FWD if kind == FWD else BWD_INPUT)  # a whole backward takes the input gradients' count
+        j = taken.get(counter, 0)
+        taken[counter] = j + 1
+        ops.append((kind, stage, j))
+        if kind == BWD_INPUT:
+            held.append((stage, j))
+
+    def weight() -> None:
+        if held:
+            stage, j = held.pop(0)
+            ops.append((BWD_WEIGHT, stage, j))
+
+    for _ in range(2 * (p - rank - 1)):  # the fill: the first stage's forwards, then both stages' in turn
+        run(first, FWD)
+    for _ in range(rank + 1):
+        run(first, FWD)
+        run(second, FWD)
+    for _ in range(p - rank - 1):  # zero-bubble triples on the second stage
+        run(second, BWD_INPUT)
+        weight()
+        run(second, FWD)
+    for _ in range(m - 2 * p + rank + 1):  # the main part: forward of one stage with the backward of the other
+        run(first, FWD)
+        run(second, BWD)  # torch keeps the last rank's first pair apart; it is the same two passes in this order
+        run(second, FWD)
+        run(first, BWD)
+    for _ in range(p - rank - 1):
+        run(second, BWD)
+        run(second, FWD)
+        run(first, BWD)
+    split = False  # the drain: the second half of its backwards split into input and weight gradients
+    for i in range(rank + 1):
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        run(second, BWD_INPUT if split else BWD)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        run(first, BWD_INPUT if split else BWD)
+    for _ in range(p - rank - 1):
+        weight()
+        run(first, BWD_INPUT if split else BWD)
+    for _ in range(rank + 1):
+        weight()
+    return tuple(ops)
 
 
 def _interleaved(rank: int, p: int, v: int, m: int, group: int) -> tuple[Op, ...]:

@@ -176,18 +176,26 @@ PLANNED_V_VARIANTS = ((True, "zbv"), (False, "zbv"))
 
 
 def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int) -> tuple[tuple[Op, ...], ...]:
-    """The ``zb-planned`` order of every device: the fastest of the torch order for the layout (``zb-h1``'s on one
-    stage per device, ``zbv``'s on two in a V) and the greedy orders ``_OrderPlanner`` builds under each of the
-    layout's variants (first listed wins ties), simulated on these stages' own F, I and W times and links. What
-    ``simulate`` runs for that schedule, what a plan records (``schedule_order``) and what torch's runtime is handed.
-    Deterministic: the same stages give the same order."""
+    """The ``zb-planned`` order of every device: the fastest of torch's orders for the layout (``zb-h1``'s on one
+    stage per device; ``zbv``'s on two in a V, and ``dualpipev``'s there when there are enough micro-batches: both
+    hold the same micro-batches in flight) and the greedy orders ``_OrderPlanner`` builds under each of the layout's
+    variants (first listed wins ties), simulated on these stages' own F, I and W times and links. An order is a
+    candidate only when no device's live activations peak above what the layout's torch order (``zb-h1``'s or
+    ``zbv``'s, which the memory rule replays for ``zb-planned``) holds there. What ``simulate`` runs for that
+    schedule, what a plan records (``schedule_order``) and what torch's runtime is handed. Deterministic: the same
+    stages give the same order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
     _check_stages(stages)
     fixed = "zbv" if chunks == 2 else "zb-h1"
     best = device_orders(fixed, len(ranks), chunks, microbatches)
     state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
     _run(state, stages, cluster, ranks, fixed)
-    best_step = max(state.free_at)
+    best_step, ceiling = max(state.free_at), list(state.peak_bytes)
+    if chunks == 2 and microbatches >= len(stages):
+        state = _initial_state(stages, ranks, chunks, "dualpipev", microbatches, False)
+        _run(state, stages, cluster, ranks, "dualpipev")
+        if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
+            best, best_step = device_orders("dualpipev", len(ranks), chunks, microbatches), max(state.free_at)
     for inputs_first, caps in (PLANNED_V_VARIANTS if chunks == 2 else PLANNED_VARIANTS):
         state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
         limits = [0] * len(stages)
@@ -197,7 +205,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
         state.orders = tuple([] for _ in ranks)  # type: ignore[assignment]
         state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first, state.rank_of_stage)
         _run(state, stages, cluster, ranks, "zb-planned")
-        if max(state.free_at) < best_step - 1e-12:
+        if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
             best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
     return best
 
