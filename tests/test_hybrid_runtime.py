@@ -139,3 +139,24 @@ def test_a_hybrid_run_checkpoints_and_resumes_with_unchanged_training(tmp_path, 
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu1"]], [3, 1], "gpipe")
     _, second = stopped_and_resumed(plan, tmp_path, 4, 8)
     assert_parity(tmp_path, plan, GPT, second, steps=8)
+
+
+CHUNKED_REPLICAS = {
+    "interleaved-1f1b": ([["cpu0", "cpu2"], ["cpu1", "cpu3"], ["cpu0", "cpu2"], ["cpu1", "cpu3"]], [2, 2]),
+    "dualpipev": ([["cpu0", "cpu2"], ["cpu1", "cpu3"], ["cpu1", "cpu3"], ["cpu0", "cpu2"]], [4, 4]),
+}
+"""Schedule -> (stage replicas, shares): two replica pipelines of two ranks, each rank holding two stages
+(round-robin, or in a V, where rank 0 of each pipeline holds the embedding and the tied head)."""
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("schedule", list(CHUNKED_REPLICAS))
+def test_replicated_pipelines_with_two_stages_per_rank_train_as_one_process(tmp_path, gpt_profile, schedule):
+    """Issues 27 and 28: interleaved and V plans with replicas (2 chunks per rank x 2 replicas on 4 ranks; correctness
+    only on this 2-core machine). The DeviceMesh has one row of distinct ranks per replica, each rank's two stages
+    all-reduce with their replicas, and losses and parameters equal one process's."""
+    replicas, shares = CHUNKED_REPLICAS[schedule]
+    plan = hybrid_case(tmp_path, gpt_profile, replicas, shares, schedule)
+    summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"), world=4)
+    assert summary["world_size"] == 4 and summary["schedule"] == schedule and summary["sync"]["degree"] == 2
+    assert_parity(tmp_path, plan, GPT, summary, lr=0.05, world=4)

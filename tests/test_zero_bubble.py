@@ -439,8 +439,6 @@ def test_dualpipev_needs_as_many_microbatches_as_stages_and_falls_back_to_one_st
     devices = [st.device for st in plan.stages]
     assert plan.extra["interleave"]["chunks"] == 2 and devices == devices[:4] + devices[:4][::-1]
     assert validate_plan(plan, prof, net) == []
-    with pytest.raises(UsageError, match="dualpipev"):
-        partition(prof, net, method="dp", microbatches=8, schedule="dualpipev", data_parallel=2)
 
 
 @pytest.mark.parametrize("p,m,w", [(2, 4, 1.0), (4, 8, 1.0), (4, 8, 0.5), (8, 16, 1.0), (8, 16, 0.2)])
@@ -498,5 +496,37 @@ def test_zbv_plans_put_two_stages_per_device_in_a_v_when_faster_and_pass_the_che
     swapped[4], swapped[5] = replace(swapped[4], device=swapped[5].device), replace(swapped[5], device=swapped[4].device)
     found = validate_plan(replace(plan, stages=tuple(swapped)), prof, net)
     assert found and "in a V" in found[0] and "stage 4" in found[0]
-    with pytest.raises(UsageError, match="zbv"):
-        partition(prof, net, method="dp", microbatches=8, schedule="zbv", data_parallel=2)
+
+
+@pytest.mark.parametrize("schedule,shares", [("interleaved-1f1b", 8), ("zbv", 8), ("dualpipev", 8), ("zb-planned", 8)])
+def test_replicas_of_pipelines_with_two_stages_per_device(schedule: str, shares: int) -> None:
+    """Issues 27 and 28: ``--data-parallel 2`` under a schedule that puts several stages on a device gives two replica
+    pipelines, each round-robin or in a V on its own devices when that simulates faster for one replica; the plan
+    passes the check, its prediction is the whole simulation's, and the chunking it records is the replicas'."""
+    from _partition_cases import cluster as make_cluster
+    from planner.partition import partition
+    from planner.partition.model.convert import partition_of
+    from planner.partition.model.cost import step_time_s
+    from planner.partition.model.problem import build_problem
+    from planner.partition.validate import validate_plan
+
+    prof = _random_profile(1, 16)
+    net = make_cluster(4, bandwidth_Bps=FREE)
+    plan = partition(prof, net, method="dp", microbatches=shares, schedule=schedule, data_parallel=2)
+    replicas = plan.replicas()
+    pipes = [[devices[r] for devices in replicas] for r in range(2)]
+    chunks = plan.extra["interleave"]["chunks"]
+    assert plan.shape().degree == 2 and len(replicas) == 2 * chunks and not set(pipes[0]) & set(pipes[1])
+    if schedule == "interleaved-1f1b":
+        assert chunks >= 2 and pipes[0] == pipes[0][:2] * chunks
+    else:
+        assert chunks == 2 and pipes[0] == pipes[0][:2] + pipes[0][:2][::-1]
+    assert plan.extra["interleave"]["reason"].startswith("each replica pipeline")
+    assert validate_plan(plan, prof, net) == []
+    problem = build_problem(prof, net, microbatches=shares, schedule=schedule)
+    assert step_time_s(problem, partition_of(problem, plan)) == pytest.approx(plan.step_time_s, rel=1e-9)
+    if schedule in ("zbv", "dualpipev", "zb-planned"):
+        assert sorted(plan.extra["schedule_order"], key=int) == ["0", "1", "2", "3"]
+    auto = partition(prof, net, method="dp", microbatches=shares, schedule=schedule)
+    chunks = auto.extra.get("interleave", {}).get("chunks", 1)
+    assert len(auto.stages) == chunks * len({st.device for st in auto.stages})  # the record is the chosen shape's

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
 from planner.partition.model.feasibility import violations
-from planner.partition.model.problem import Partition, Problem
+from planner.partition.model.problem import Partition, Problem, degree_of
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, Plan
@@ -75,13 +75,6 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         raise InfeasibleError(reason)
     start = normalise_weights(weights or {}, cluster.device_ids)
     requested = parse_degree(data_parallel)
-    if requested != 1 and schedule in ("interleaved-1f1b", "zbv", "dualpipev"):  # zb-planned: one stage per device
-        if requested is not None:
-            raise UsageError(f"--data-parallel {requested} needs one stage per device (gpipe, 1f1b or a zero-bubble "
-                             f"schedule other than zbv and dualpipev): replicated {schedule} stages, several per "
-                             f"device, are not "
-                             f"supported; use --data-parallel 1 with {schedule}")
-        requested = 1
     if sync != DEFAULT_SYNC and requested == 1:
         raise UsageError(f"--sync {sync} combines replicas, but --data-parallel 1 makes a pure pipeline with none; "
                          f"pass --data-parallel auto or N > 1, or drop --sync")
@@ -121,6 +114,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
             if pure_error is not None:  # auto: nothing fits; the pipeline's reason names the sizes
                 raise pure_error from None
             raise
+        if degree_of(chosen) > 1:  # the pure pipeline's chunking does not describe the replicas' (they carry their own)
+            extra.pop("interleave", None)
         extra.update(methods.facts_of(chosen))
     if entry.takes_weights:
         extra["weights"] = used

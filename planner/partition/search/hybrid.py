@@ -12,7 +12,9 @@ N``: only N), the devices, in the cluster's order, are dealt into
 
 The placer then splits the model for one pipeline -- a sub-problem on that pipeline's devices with its
 share of the micro-batches -- once per distinct kind of pipeline (by device types), and every replica runs
-the same cuts on its own devices (a stage has one node list). The shares of the step's micro-batches are
+the same cuts on its own devices (a stage has one node list). Under ``interleaved-1f1b``, ``zbv``, ``dualpipev`` and
+``zb-planned`` the replicas may also run that pipeline's several-chunks-per-device version (round-robin, or in a V),
+when it simulates faster for one replica; both go on to the whole simulation. The shares of the step's micro-batches are
 even, or proportional to each pipeline's throughput (its slowest stage per micro-batch; 3:1 when one
 pipeline is three times faster), whichever the simulator finds faster. Every candidate is simulated whole
 (``cost.evaluate``: replica pipelines, then the stages' all-reduce) and must pass the feasibility rule; the
@@ -33,6 +35,7 @@ from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Placed, Problem, StageSpec, even_shares, replica_of, with_facts
+from planner.partition.search.interleave import interleave
 
 __all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "proportional_shares", "hybrid_search"]
 
@@ -143,8 +146,10 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
 
 def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
               pipelines: list[list[str]]) -> tuple[float, Partition] | None:
-    """The fastest feasible hybrid over ``pipelines``: the placer run on each distinct kind of pipeline, with
-    even or throughput-proportional shares; ``None`` when none fits."""
+    """The fastest feasible hybrid over ``pipelines``: the placer run on each distinct kind of pipeline, and under
+    interleaved-1f1b or a V schedule also its several-chunks-per-device version (``interleave`` on one replica's
+    sub-problem) when that simulates faster there, each with even or throughput-proportional shares; ``None`` when
+    none fits."""
     degree = len(pipelines)
     types = {d.id: d.type for d in problem.cluster.devices}
     kinds: dict[tuple[str, ...], int] = {}
@@ -159,24 +164,37 @@ def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
         except PlannerError:
             continue
         position = {dev: i for i, dev in enumerate(pipelines[r])}
-        stages = tuple(StageSpec(st.start, st.stop, pipelines[0][position[st.device]],
-                                 tuple(p[position[st.device]] for p in pipelines)) for st in pure)
-        least = len(stages) if problem.schedule == "1f1b" else 1
-        options = [even]
-        speeds = [1.0 / max(max(stage_compute_s(problem.tables, st.device, st.start, st.stop)
-                                for st in replica_of(stages, q)), 1e-30) for q in range(degree)]
-        weighted = proportional_shares(speeds, problem.microbatches, least)
-        if weighted is not None and weighted != even:
-            options.append(weighted)
-        for shares in options:
-            hybrid = Placed(stages, shares=shares)
-            if violations(problem, hybrid):
-                continue
-            found.append((step_time_s(problem, hybrid), len(found), hybrid))
+        layouts: list[tuple[Partition, dict[str, Any]]] = [(pure, {})]
+        split, record = interleave(sub, pure)  # several chunks per device (interleaved-1f1b, the V schedules)
+        if record.get("chunks", 1) > 1:
+            layouts.append((split, {"interleave": {**record, "reason": f"each replica pipeline: {record['reason']}"}}))
+        for pipe, facts in layouts:
+            stages = tuple(StageSpec(st.start, st.stop, pipelines[0][position[st.device]],
+                                     tuple(p[position[st.device]] for p in pipelines)) for st in pipe)
+            least = len(stages) if problem.schedule == "1f1b" else 1
+            options = [even]
+            speeds = [1.0 / max(_busiest_device_s(problem, replica_of(stages, q)), 1e-30) for q in range(degree)]
+            weighted = proportional_shares(speeds, problem.microbatches, least)
+            if weighted is not None and weighted != even:
+                options.append(weighted)
+            for shares in options:
+                hybrid = Placed(stages, facts, shares=shares)
+                if violations(problem, hybrid):
+                    continue
+                found.append((step_time_s(problem, hybrid), len(found), hybrid))
     if not found:
         return None
     step, _, hybrid = min(found, key=lambda x: x[:2])
     return step, hybrid
+
+
+def _busiest_device_s(problem: Problem, pipeline: Partition) -> float:
+    """Compute seconds per micro-batch of the pipeline's busiest device, its stages summed (several under
+    interleaved-1f1b or in a V): what a replica's throughput is proportional to."""
+    load: dict[str, float] = {}
+    for st in pipeline:
+        load[st.device] = load.get(st.device, 0.0) + stage_compute_s(problem.tables, st.device, st.start, st.stop)
+    return max(load.values())
 
 
 def _sub_problem(problem: Problem, devices: Sequence[str], microbatches: int) -> Problem:

@@ -101,15 +101,24 @@ def candidate_facts(plan: Plan) -> dict[str, Any]:
 
 
 FINALISTS = 3
-"""Candidates ``choose`` re-plans with the slower, better placer (``finish``: ``--refine``)."""
+"""Candidates ``choose`` re-plans with the slower, better placer (``finish``: ``--refine``): the fastest ones that
+differ in their layout (``_layout``)."""
+
+
+def _layout(plan: Plan) -> tuple[Any, ...]:
+    """What makes two candidates the same plan before refining: stages, devices, replicas, shares and step time (an
+    interleaved or V schedule that kept one stage per device runs 1F1B's or ZB-H1's order on the same stages, and a
+    finalist slot spent on it again would refine the same plan)."""
+    return (plan.microbatches, tuple(len(st.nodes) for st in plan.stages), tuple(map(tuple, plan.replicas())),
+            tuple(plan.shares() or ()), round(plan.step_time_s, 12))
 
 
 def choose(profile: Profile, schedule: str, microbatches: int | None, global_batch: int | None, plan: PlanFn,
            finish: PlanFn | None = None) -> Plan:
     """The fastest plan over the schedules (``schedule == "auto"``) and micro-batch counts (``microbatches is
     None``) asked to be chosen; raises the last ``InfeasibleError`` when no candidate fits. With ``finish`` (the
-    same planner with ``--refine``), every candidate is planned by ``plan`` and the ``FINALISTS`` fastest again by
-    ``finish``; the fastest finished plan wins (refining every candidate costs ten times as much and rarely
+    same planner with ``--refine``), every candidate is planned by ``plan`` and the ``FINALISTS`` fastest distinct ones
+    again by ``finish``; the fastest finished plan wins (refining every candidate costs ten times as much and rarely
     reorders the leaders)."""
     schedules = list(SCHEDULES) if schedule == "auto" else [schedule]
     if microbatches is None:
@@ -139,7 +148,11 @@ def choose(profile: Profile, schedule: str, microbatches: int | None, global_bat
         raise error
     ranked = sorted(plans, key=lambda i: (plans[i][1].step_time_s, i))  # ties to the earlier candidate
     if finish is not None:
-        for index in ranked[:FINALISTS]:
+        finalists: dict[tuple[Any, ...], int] = {}
+        for index in ranked:
+            if len(finalists) < FINALISTS:
+                finalists.setdefault(_layout(plans[index][1]), index)
+        for index in finalists.values():
             source, first = plans[index]
             try:
                 refined = finish(source, first.microbatches, first.schedule)

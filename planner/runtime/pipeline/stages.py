@@ -233,7 +233,9 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
     if len(rows) > 1:
         from torch.distributed.device_mesh import DeviceMesh
 
-        mesh = DeviceMesh(device.type, torch.tensor(rows), mesh_dim_names=("dp", "pp"))
+        # one row of distinct ranks per replica pipeline (a rank holding several stages appears once)
+        mesh = DeviceMesh(device.type, torch.tensor([list(dict.fromkeys(row)) for row in rows]),
+                          mesh_dim_names=("dp", "pp"))
         group = mesh.get_group("pp")
         stage_rank = {s: dist.get_group_rank(group, layout[s]) for s in range(num)}
     else:
