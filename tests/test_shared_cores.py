@@ -94,8 +94,9 @@ def test_the_runtime_model_sees_the_stretch_it_predicts():
     profile = load_profile(Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json")
     for name, shared in (("cpu-4", True), ("cpu-2", False)):
         cluster = load_cluster_spec(name)
-        plan = partition(profile, cluster, method="dp", microbatches=8, schedule="1f1b", data_parallel=2,
+        plan = partition(profile, cluster, method="greedy", microbatches=8, schedule="1f1b", data_parallel=2,
                          catalog=load_catalog())
+        assert {d for devices in plan.replicas() for d in devices} == set(cluster.device_ids)  # every rank runs
         model = RoundModel.build(profile, cluster, plan, catalog=load_catalog())
         stretch = model.core_stretch(plan)
         assert bool(stretch) == shared

@@ -8,6 +8,7 @@ S3-S6 loop; ``validate.validate_plan`` checks any plan against its profile.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
@@ -23,6 +24,7 @@ from planner.partition.model.granularity import groups_for
 from planner.partition.model.convert import build_plan
 from planner.partition.model.problem import build_problem, with_schedule, with_sync
 from planner.partition.search import guard
+from planner.partition.search.exhaustive import exhaustive
 from planner.partition.search.hybrid import hybrid_search, parse_degree
 from planner.partition.search.interleave import interleave
 from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
@@ -117,12 +119,39 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         if degree_of(chosen) > 1:  # the pure pipeline's chunking does not describe the replicas' (they carry their own)
             extra.pop("interleave", None)
         extra.update(methods.facts_of(chosen))
+    if method in EXACT_METHODS and polish_on:  # polish off (--refine ablations): the placer's plan as it is
+        chosen = _exact_on_small(problem, requested, chosen, extra)
     if entry.takes_weights:
         extra["weights"] = used
     try:
         return build_plan(problem, chosen, method=method, profile_ref=profile_ref, extra=extra)
     except InfeasibleError as exc:
         raise InfeasibleError(f"method {method!r} made a split that does not fit: {exc}") from None
+
+
+EXACT_METHODS = ("dp", "ilp")
+"""The methods that claim exactness: on a problem small enough, their shape is also searched exhaustively."""
+
+
+def _exact_on_small(problem: Problem, requested: int | None, chosen: Partition, extra: dict[str, Any]) -> Partition:
+    """``chosen``, or the exhaustive search's plan when the problem is small enough for it (``search/exhaustive.py``)
+    and it simulates strictly faster; the plan's ``exhaustive`` record says which, and the heuristic's step time."""
+    heuristic_s = step_time_s(problem, chosen) if not violations(problem, chosen) else math.inf
+    found = exhaustive(problem, requested, heuristic_s)
+    if found is None:
+        return chosen
+    plan, record = found
+    record["heuristic_step_time_s"] = heuristic_s if heuristic_s < math.inf else None
+    record["chosen"] = "heuristic" if plan is None else "exhaustive"
+    extra["exhaustive"] = record
+    if plan is None:
+        return chosen
+    extra.pop("interleave", None)  # the heuristic's chunking and shape choice no longer describe the plan
+    shape = extra.get("shape")
+    if shape:
+        extra["shape"] = {**shape, "chosen": {"degree": record["degree"], "grouping": "exhaustive",
+                                              "stages": record["stages"], "step_time_s": record["step_time_s"]}}
+    return plan
 
 
 def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: bool,

@@ -23,7 +23,7 @@ simulated step times are recorded in the plan under ``shape``.
 
 What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline),
 and device groups come from the two orders above rather than from a search over all groupings
-(docs/placers.md, "Hybrid shapes").
+(docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches all of them for dp and ilp.
 """
 
 from __future__ import annotations
