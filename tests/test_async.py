@@ -138,7 +138,8 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     profile = str(tmp_path / "profile.json")
     cases = [
         (["-s", "async-gpipe"], "unknown schedule 'async-gpipe'"),
-        (["-s", "2bw", "-d", "2"], "runs pure pipelines for now"),
+        (["-s", "2bw", "-c", "cpu-4", "-n", "4", "-d", "2", "--sync", "local-sgd", "--sync-period", "2"],
+         "averages its replicas' gradients at every update (ssgd)"),
         (["-s", "async-1f1b", "--async-correction", "pipemare"], "--async-correction must be one of predict, none"),
         (["-s", "2bw", "-c", "cpu-4", "-n", "1"], "2bw needs at least 3 micro-batches per step on 4 stages"),
     ]
@@ -337,3 +338,117 @@ def test_plan_run_trains_an_async_plan_and_evaluates_it(tmp_path: Path, schedule
     assert summary["schedule"] == schedule and len(summary["losses"]) == 12
     assert summary["async"]["updates"] == 12 and summary["async"]["correction"] == "predict"
     assert [e["step"] for e in summary["eval"]] == [0, 6, 12] and summary["eval"][-1]["accuracy"] > 0.1
+
+
+REPLICA_CASES = [("async-1f1b", "predict", "sgd", [2, 2]), ("async-1f1b", "predict", "adam", [3, 1]),
+                 ("2bw", "none", "sgd", [3, 1])]
+"""(schedule, correction, optimizer, shares) of 2 stages x 2 replicas on 4 ranks."""
+
+
+def _replica_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
+    """On 4 gloo ranks: each case trains 7 steps in rounds of 3, two replica pipelines of the digits MLP, and is
+    compared with the single-process reference given the same shares."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from planner.data.digits import batches
+    from planner.examples.digits import digits_mlp
+    from planner.formats.plan import load_plan
+    from planner.profile.capture import capture
+    from planner.runtime.pipeline.asynchronous import AsyncEngine, train_async_reference
+    from planner.runtime.pipeline.stages import build_rank_stages
+    from planner.runtime.pipeline.training import make_optimizer
+
+    results = {}
+    for schedule, correction, optimizer, shares in REPLICA_CASES:
+        base = load_plan(plan_path)
+        extra = {**base.extra, "data_parallel": {**base.extra["data_parallel"], "microbatches": shares}}
+        plan = dataclasses.replace(base, schedule=schedule, microbatches=sum(shares), extra=extra)
+        torch.manual_seed(0)
+        model, example = digits_mlp()
+        init = {k: v.detach().clone() for k, v in model.named_parameters()}
+        stages = build_rank_stages(capture(model, example, "auto"), model, plan, rank, torch.device("cpu"))
+        lr = 0.05 if optimizer == "sgd" else 1e-3
+        rows = example[0].shape[0]
+
+        def whole(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+            x, y = batches(seed=0, step=step, batch_size=rows * plan.microbatches)
+            return (x,), y
+
+        def mine(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:  # this replica's rows, as RankRun cuts
+            (x,), y = whole(step)
+            first, count = stages.first_microbatch * rows, stages.microbatches * rows
+            return (x[first:first + count],), y[first:first + count]
+
+        engine = AsyncEngine(stages, make_optimizer(stages.params, optimizer, lr), F.cross_entropy, correction)
+        losses: list[float | None] = []
+        for first in range(0, 7, 3):
+            losses += engine.run_round(first, min(3, 7 - first), mine)
+        engine.close()
+        ref_losses, ref_params = train_async_reference(stages.graphs, model, init, F.cross_entropy, optimizer, lr,
+                                                       schedule, plan.microbatches, whole, 7, 3, correction,
+                                                       shares=shares)
+        expected = ref_params[engine.stage]
+        results[f"{schedule}/{correction}/{optimizer}/{shares}"] = {
+            "max_diff": max(float((p.detach() - expected[c]).abs().max()) for c, p in engine.params.items()),
+            "losses": losses, "ref_losses": ref_losses, "replica": stages.replica, "stage": engine.stage}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_replica_pipelines_run_asynchronously_and_equal_the_documented_rule(tmp_path: Path) -> None:
+    """Issue 26: plans with replicas under the asynchronous schedules. Each replica pipeline runs its own share without
+    a flush, every stage's update sums its gradient with its replicas', and the weights equal the single-process
+    reference of the rule with the same shares (each replica's versions follow its own share), even and uneven
+    (4 gloo ranks on 2 cores: correctness only)."""
+    pytest.importorskip("sklearn")
+    from planner.formats.plan import load_plan
+    from tests._gloo import run_ranks
+
+    digits_plan(tmp_path)
+    made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-4", "-m", "uniform", "-n", "4", "-d", "2",
+                "-s", "async-1f1b", "-o", str(tmp_path / "replicas.json"))
+    assert made.returncode == 0, made.stderr
+    plan = load_plan(tmp_path / "replicas.json")
+    assert plan.shape().degree == 2 and len(plan.stages) == 2 and plan.shape().sync == "ssgd"
+    run_ranks(_replica_ranks, 4, str(tmp_path / "replicas.json"), str(tmp_path), timeout_s=240)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for name in ranks[0]:
+        for rank in ranks:
+            assert rank[name]["max_diff"] < 1e-5, (name, rank[name])
+        lasts = [rank[name] for rank in ranks if rank[name]["stage"] == 1]
+        summed = [sum(x) for x in zip(*(r["losses"] for r in lasts))]  # the replicas' last stages add up the step
+        assert summed == pytest.approx(lasts[0]["ref_losses"], rel=1e-5)
+    done = _cli("run", str(tmp_path / "replicas.json"), "planner.examples.digits:digits_mlp", "--data",
+                "planner.data.digits:batches", "--steps", "6", "--eval-every", "3", "--round-steps", "3", "--optimizer",
+                "sgd", "--lr", "0.05", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["world_size"] == 4 and summary["schedule"] == "async-1f1b" and len(summary["losses"]) == 6
+    assert summary["async"]["updates"] == 6 and summary["sync"]["degree"] == 2
+    assert [e["step"] for e in summary["eval"]] == [0, 3, 6]
+
+
+def test_async_replicas_refuse_other_sync_modes_and_are_simulated_at_the_slowest_replica() -> None:
+    from _partition_cases import FREE, cluster
+
+    from planner.partition.sim.hybrid import simulate_async_replicas
+    from planner.partition.sim.simulate import SimStage, simulate
+
+    net = cluster(4, bandwidth_Bps=FREE)
+    fast = [SimStage("d0", 1.0, 2.0, 0, 0, 0, 1, update_s=0.5), SimStage("d1", 1.0, 2.0, 0, 0, 0, 1, update_s=0.5)]
+    slow = [SimStage("d2", 2.0, 4.0, 0, 0, 0, 1, update_s=0.5), SimStage("d3", 1.0, 2.0, 0, 0, 0, 1, update_s=0.5)]
+    both = simulate_async_replicas([fast, slow], [2, 2], [0.25, 0.25], net, "async-1f1b", drain_every=3)
+    from dataclasses import replace
+
+    alone = simulate([replace(st, update_s=0.75) for st in slow], net, "async-1f1b", 2, drain_every=3)
+    assert both.step_time_s == pytest.approx(alone.step_time_s)  # the slow replica sets the pace
+    assert both.devices["d0"].sync_s == 0.25 and both.devices["d0"].update_s == pytest.approx(0.5)
+    assert both.devices["d0"].idle_s > both.devices["d2"].idle_s
+    done = _cli("partition", "-c", "cpu-4", "-n", "4", "-d", "2", "-s", "async-1f1b", "--sync", "local-sgd",
+                "--sync-period", "2", str(Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and "ssgd" in lines[0], done.stderr

@@ -88,7 +88,8 @@ def test_the_search_prices_an_asynchronous_schedule_for_the_rounds_the_run_drain
     for rounds in (1, 4):
         out = tmp_path / f"out{rounds}"
         code, _, stderr = invoke(model, "--cluster", "cpu-2", "--schedule", "async-1f1b", "--microbatches", "2",
-                                 "--round-steps", str(rounds), "-o", out, "--dry-run", "--json", cache=cache)
+                                 "--data-parallel", "1", "--round-steps", str(rounds), "-o", out, "--dry-run", "--json",
+                                 cache=cache)
         assert code == 0, stderr
         plan = json.loads((out / "plan.json").read_text())
         assert plan["async"]["drain_every"] == rounds

@@ -18,7 +18,7 @@ from planner.clusters import load_cluster_spec
 from planner.errors import InfeasibleError, UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, SCHEDULES, Plan, save_plan
+from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, DEFAULT_SYNC, SCHEDULES, Plan, save_plan
 from planner.formats.profile import load_profile
 
 
@@ -81,9 +81,9 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         if async_correction not in ASYNC_CORRECTIONS:
             raise UsageError(f"--async-correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
                              f"{async_correction!r}")
-        if schedule != "auto" and degree not in (None, 1):
-            raise UsageError(f"--schedule {schedule} runs pure pipelines for now, found --data-parallel {degree}; "
-                             f"use --data-parallel 1, or --schedule 1f1b for replicas")
+        if schedule != "auto" and degree not in (None, 1) and sync != DEFAULT_SYNC:
+            raise UsageError(f"--schedule {schedule} averages its replicas' gradients at every update (ssgd), found "
+                             f"--sync {sync}; use --sync ssgd, or --schedule 1f1b for {sync}")
     from planner.partition.model.problem import check_sync
 
     check_sync(sync, sync_period, staleness)
@@ -118,15 +118,13 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     catalog, ref = load_catalog(), profile_ref(profile_path, profile.model.get("name"))
 
     def plan_with(source: Any, count: int, schedule_name: str, refine: bool = refine) -> Plan:
-        asynchronous = schedule_name in ASYNC_SCHEDULES  # pure pipelines only: a requested degree > 1 refuses them
-        if asynchronous and degree not in (None, 1):
-            raise UsageError(f"{schedule_name} runs pure pipelines for now, not --data-parallel {degree}")
+        asynchronous = schedule_name in ASYNC_SCHEDULES
 
         def place(again: bool) -> Plan:
             return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
                              optimizer=optimizer, refine=refine, granularity=granularity,
                              estimate_precision=estimate_precision, catalog=catalog,
-                             data_parallel=1 if asynchronous else data_parallel, profile_ref=ref, sync=sync,
+                             data_parallel=data_parallel, profile_ref=ref, sync=sync,
                              sync_period=sync_period, sync_staleness=staleness, recompute=again,
                              drain_every=round_steps if asynchronous else None, **options)
 

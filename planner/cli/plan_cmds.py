@@ -25,7 +25,7 @@ def partition_cmd(
     schedule: Annotated[str, typer.Option("--schedule", "-s", help="gpipe, 1f1b, interleaved-1f1b, a "
                         "zero-bubble schedule (zb-h1, zb-planned, zb-h2, or zbv and dualpipev with two stages per device in a V: each backward split into input and weight gradients, "
                         "docs/zero-bubble.md), auto (the fastest of those that fits), or an asynchronous schedule with no "
-                        "flush between steps: async-1f1b or 2bw (docs/async.md; one stage per device, no replicas).")] = "1f1b",
+                        "flush between steps: async-1f1b or 2bw (docs/async.md; one stage per device, replicas with --sync ssgd).")] = "1f1b",
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Samples per optimizer step, for "
                             "--microbatches auto.", show_default=False)] = None,
     optimizer: Annotated[str, typer.Option("--optimizer", help="sgd or adam (optimizer state in the memory model).")] = "adam",

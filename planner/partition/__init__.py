@@ -103,8 +103,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
             if requested == 1:
                 raise
             pure_error = exc
-        if requested is None and chosen is not None and violations(problem, chosen):
-            chosen = None  # auto: a pure pipeline that does not fit is no candidate (build_plan names it for 1)
+        broken = violations(problem, chosen) if requested is None and chosen is not None else []
+        if broken:  # auto: a pure pipeline that does not fit is no candidate (build_plan names it for 1), but its
+            chosen, pure_error = None, InfeasibleError(broken[0])  # reason is the answer when no shape fits
     if requested != 1:
 
         def place(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:

@@ -94,13 +94,14 @@ def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any
     the staleness its gradients have in the steady state and the weight versions it keeps besides its live ones,
     and the steps between drains the prediction assumed (``drain_every``, absent for the steady state).
     Raises ``InfeasibleError`` when the runtime cannot run the schedule on this shape."""
-    p, m = len(partition), problem.microbatches
-    found = async_violation(problem.schedule, p, len({st.device for st in partition}), m, degree_of(partition))
+    p, shares = len(partition), sorted(set(shares_of(partition, problem.microbatches)))
+    found = async_violation(problem.schedule, p, len({st.device for st in partition}), shares[0], degree_of(partition),
+                            problem.sync)
     if found:
         raise InfeasibleError(found)
-    return {"correction": "predict", **dict(given or {}),
-            "staleness": [async_staleness(problem.schedule, s, p, m) for s in range(p)],
-            "weight_versions": [stashed_versions(problem.schedule, s, p, m) for s in range(p)],
+    return {"correction": "predict", **dict(given or {}),  # with replicas: the most any replica's share gives
+            "staleness": [max(async_staleness(problem.schedule, s, p, m) for m in shares) for s in range(p)],
+            "weight_versions": [max(stashed_versions(problem.schedule, s, p, m) for m in shares) for s in range(p)],
             **({"drain_every": problem.drain_every} if problem.drain_every is not None else {})}
 
 

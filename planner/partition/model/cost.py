@@ -292,7 +292,7 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
     shares = shares_of(partition, problem.microbatches)
     syncs, period = _charged_syncs(problem, partition, pipelines, shares)
     return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule, period=period,
-                         record_events=record_events)
+                         record_events=record_events, drain_every=problem.drain_every)
 
 
 def sync_period(problem: Problem, partition: Partition) -> int:

@@ -18,7 +18,9 @@ Every consumer asks here and so gives the same message: the placers (through ``c
 6. replicas (hybrid plans): every stage has the same number of devices d; no device holds a slot in two
    replicas; the shares are d positive counts that sum to the step's micro-batches; and each replica's
    pipeline, with its share, satisfies rules 3 and 4 (``replica_violations``). Rule 5 counts each replica's
-   activations for its own share.
+   activations for its own share;
+7. asynchronous schedules (``schedules.async_violation``): one stage per device, ``2bw`` at least ``p - 1``
+   micro-batches per replica, and replicas only with ``ssgd`` (their gradients averaged at every update).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from planner.partition.model.cost import (device_memory_bytes, format_bytes, inf
                                           stage_static_bytes,
                                           validate_partition)
 from planner.partition.model.problem import Partition, Problem, degree_of, shares_of
-from planner.partition.sim.schedules import interleaved_group_size, pipeline_layout
+from planner.partition.sim.schedules import async_violation, interleaved_group_size, pipeline_layout
 
 __all__ = ["shape_violations", "replica_violations", "memory_violations", "violations", "check_fits", "max_stages", "no_fit_message"]
 
@@ -129,9 +131,14 @@ def memory_violations(problem: Problem, partition: Partition) -> list[str]:
 
 
 def violations(problem: Problem, partition: Partition) -> list[str]:
-    """Rules 1-5 for ``partition`` of ``problem`` (memory only once the shape is right)."""
-    shares = shares_of(partition, problem.microbatches) if degree_of(partition) > 1 else None
+    """Rules 1-7 for ``partition`` of ``problem`` (memory only once the shape is right)."""
+    degree = degree_of(partition)
+    shares = shares_of(partition, problem.microbatches) if degree > 1 else None
     shape = replica_violations(problem.schedule, problem.microbatches, [st.devices for st in partition], shares)
+    if not shape:
+        found = async_violation(problem.schedule, len(partition), len({st.device for st in partition}),
+                                min(shares or (problem.microbatches,)), degree, problem.sync)
+        shape = [found] if found else []
     return shape or memory_violations(problem, partition)
 
 

@@ -71,11 +71,8 @@ def exhaustive(problem: Problem, requested: int | None, incumbent_s: float = mat
     devices = problem.cluster.device_ids
     if len(devices) > MOST_DEVICES or problem.sync in SERVER_SYNCS or requested == 1:
         return None
-    if problem.schedule in ASYNC_SCHEDULES:
-        degrees = [1]
-    else:
-        degrees = ([] if requested is not None else [1]) + candidate_degrees(len(devices), problem.microbatches,
-                                                                            requested)
+    degrees = ([] if requested is not None else [1]) + candidate_degrees(len(devices), problem.microbatches,
+                                                                        requested)
     n, m = len(problem.blocks), problem.microbatches
     kinds = device_kinds(problem)
     spaces: list[tuple[int, int, list[tuple[tuple[str, ...], ...]], list[tuple[int, ...]]]] = []

@@ -21,7 +21,7 @@ from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.partition.sim.simulate import Event, SimResult, SimStage, simulate
 
-__all__ = ["simulate_hybrid"]
+__all__ = ["simulate_hybrid", "simulate_async_replicas"]
 
 
 def simulate_hybrid(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
@@ -72,4 +72,31 @@ def simulate_hybrid(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[in
     return SimResult(step_time_s=step, devices=MappingProxyType(devices),
                      bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
                      events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))) if record_events else (),
+                     stage_inflight=inflight, sync_s=tuple(sync_s))
+
+
+def simulate_async_replicas(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
+                            cluster: Cluster, schedule: str, *, drain_every: int | None = None,
+                            record_events: bool = True) -> SimResult:
+    """Replica pipelines under an asynchronous schedule (seed 000 with replicas, docs/async.md): each runs its share
+    without a flush, and every stage's update waits for the all-reduce of its gradients with its replicas (the
+    runtime's ``AsyncEngine._update`` blocks on it). So each replica pipeline is simulated with every stage's update
+    lengthened by that stage's ``sync_s``, and since the replicas meet at every update, the step is the slowest
+    replica's. ``drain_every``: the steps between drains (``simulate``)."""
+    if len(pipelines) != len(shares) or not pipelines:
+        raise PlannerError(f"{len(pipelines)} replica pipelines but {len(shares)} shares; give one share per replica")
+    runs = [simulate([replace(st, update_s=st.update_s + sync_s[i]) for i, st in enumerate(p)], cluster, schedule, m,
+                     record_events=record_events, drain_every=drain_every) for p, m in zip(pipelines, shares)]
+    step = max(run.step_time_s for run in runs)
+    devices = {}
+    for pipe, run in zip(pipelines, runs):
+        for i, st in enumerate(pipe):
+            stats = run.devices[st.device]
+            devices[st.device] = replace(stats, idle_s=max(step - stats.busy_s, 0.0),
+                                         update_s=stats.update_s - sync_s[i], sync_s=sync_s[i])
+    idle = sum(d.idle_s for d in devices.values())
+    inflight = tuple(max(run.stage_inflight[s] for run in runs) for s in range(len(sync_s)))
+    return SimResult(step_time_s=step, devices=MappingProxyType(devices),
+                     bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
+                     events=tuple(sorted((e for run in runs for e in run.events), key=lambda e: (e.start_s, e.end_s))),
                      stage_inflight=inflight, sync_s=tuple(sync_s))

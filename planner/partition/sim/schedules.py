@@ -414,20 +414,24 @@ def version_copies(schedule: str, stages_to_end: int, microbatches: int) -> int:
     return 3 * (stashed_versions(schedule, 0, stages_to_end, microbatches) + 1)
 
 
-def async_violation(schedule: str, num_stages: int, num_devices: int, microbatches: int, degree: int = 1) -> str | None:
-    """Why the runtime cannot run ``schedule`` on this shape (None when it can, or for a flushing schedule)."""
+def async_violation(schedule: str, num_stages: int, num_devices: int, microbatches: int, degree: int = 1,
+                    sync: str = "ssgd") -> str | None:
+    """Why the runtime cannot run ``schedule`` on this shape (None when it can, or for a flushing schedule).
+    ``num_devices``: one replica pipeline's; ``microbatches``: the smallest replica's share. Replicas average
+    their gradients at every update of a stage (``ssgd``); other sync modes are refused."""
     if schedule not in ASYNC_SCHEDULES:
         return None
-    if degree > 1:
-        return (f"{schedule} runs pure pipelines for now, but the plan has {degree} replicas of each stage; use "
-                f"--data-parallel 1, or a flushing schedule (1f1b) for replicas")
+    if degree > 1 and sync != "ssgd":
+        return (f"{schedule} with replicas averages their gradients at every update of each stage (ssgd), but the "
+                f"plan asks --sync {sync}; use --sync ssgd, or a flushing schedule (1f1b) for {sync}")
     if num_devices != num_stages:
         return (f"{schedule} runs one stage per device, but the plan puts {num_stages} stages on {num_devices} "
                 f"devices; re-partition with --schedule {schedule}")
     if schedule == "2bw" and microbatches < num_stages - 1:
-        return (f"2bw needs at least {num_stages - 1} micro-batches per step on {num_stages} stages (each step's "
+        per = " per replica" if degree > 1 else ""
+        return (f"2bw needs at least {num_stages - 1} micro-batches per step{per} on {num_stages} stages (each step's "
                 f"forwards use the weights one update old, which must exist when the step starts), found "
-                f"{microbatches}; use -n {num_stages - 1} or more")
+                f"{microbatches}; use -n {(num_stages - 1) * degree} or more")
     return None
 
 

@@ -28,7 +28,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from planner.formats.cluster import Cluster
-from planner.partition.sim.hybrid import simulate_hybrid
+from planner.formats.plan import ASYNC_SCHEDULES
+from planner.partition.sim.hybrid import simulate_async_replicas, simulate_hybrid
 from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
 __all__ = ["core_stretch", "settle", "simulate_step"]
@@ -82,7 +83,8 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
     shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
     mean step: each aggregation's time is spread over the ``period`` steps it serves. With ``overlap``
     (``adaptive``: the aggregation travels during the next step), only what outlasts a step's compute is
-    charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``)."""
+    charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``);
+    asynchronous replicas: ``simulate_async_replicas``."""
     if overlap and len(pipelines) > 1:
         sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule))
     sync_s = [s / period for s in sync_s]
@@ -92,6 +94,9 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
 
     def run(stretch: Mapping[str, float]) -> SimResult:
         synced = [s * max(stretch.get(p[i].device, 1.0) for p in pipelines) for i, s in enumerate(sync_s)]
+        if schedule in ASYNC_SCHEDULES:
+            return simulate_async_replicas([_stretched(p, stretch) for p in pipelines], shares, synced, cluster,
+                                           schedule, drain_every=drain_every, record_events=record_events)
         return simulate_hybrid([_stretched(p, stretch) for p in pipelines], shares, synced, cluster, schedule,
                                record_events=record_events)
 

@@ -20,7 +20,10 @@ Delayed gradients are handled, never ignored:
 
 Messages are point-to-point (``isend``/``irecv`` on the default group) between consecutive stages' ranks: a
 forward sends its outputs, a backward its inputs' gradients; shapes travel once, in a header, on the
-first message. Every wait is bounded by the process group's timeout (``plan run --timeout``). The
+first message. With replicas (``data_parallel.sync`` ``ssgd``) every replica pipeline runs its own share this way,
+and each stage's update first sums its gradient with the same stage's replicas (a blocking all-reduce on the
+``dp`` group of the plan's ``DeviceMesh``; every replica reaches the same update), so the replicas keep one set
+of weights. Every wait is bounded by the process group's timeout (``plan run --timeout``). The
 optimizer and the live parameters are ``RankRun``'s, so evaluation, checkpoints and the summary see the
 weights as they are after the round's last update.
 """
@@ -60,8 +63,9 @@ def correction_of(plan: Plan) -> str:
 
 def check_async(plan: Plan) -> None:
     """Raise ``UsageError`` unless the runtime can run ``plan``'s asynchronous schedule as it is."""
-    found = async_violation(plan.schedule, len(plan.stages), len({s.device for s in plan.stages}), plan.microbatches,
-                            plan.shape().degree)
+    shape = plan.shape()
+    found = async_violation(plan.schedule, len(plan.stages), len({s.device for s in plan.stages}), min(shape.shares),
+                            shape.degree, shape.sync)
     if found:
         raise UsageError(f"the plan cannot run: {found}")
     if plan.extra.get("recompute"):
@@ -128,7 +132,10 @@ class AsyncEngine:
         self.criterion = criterion
         self.correction = correction
         self.inflight = inflight
-        self.m = plan.microbatches
+        self.m = stages.microbatches  # this replica's share: its order and its versions follow it
+        self.total = plan.microbatches  # the step's micro-batches over every replica: the gradient's divisor
+        self.replicas = stages.mesh.get_group("dp") if stages.mesh is not None else None
+        """The stage's replicas (one rank per replica pipeline): their gradients are summed at every update."""
         self.p = len(plan.stages)
         self.stage = next(g.index for g in stages.graphs if stages.rank_of_stage[g.index] == stages.rank)
         graph: StageGraph = stages.graphs[self.stage]
@@ -182,7 +189,8 @@ class AsyncEngine:
     # -- the round ----------------------------------------------------------------------------------------------
     def run_round(self, first_step: int, steps: int, batch: Batch) -> list[float | None]:
         """Train steps ``first_step .. first_step + steps - 1`` without a flush between them; return per step the
-        mean micro-batch loss on the last stage's rank (None elsewhere)."""
+        micro-batch losses over the step's micro-batch count on the last stage's rank (None elsewhere; summed over the
+        replicas' last stages, the step's mean loss)."""
         m, base = self.m, first_step * self.m
         if self.updates == 0 and first_step > 0:
             self._rebase(first_step)
@@ -208,7 +216,7 @@ class AsyncEngine:
             else:
                 loss = self._backward(k)
                 if loss is not None:
-                    losses[step - first_step] += loss / m
+                    losses[step - first_step] += loss / self.total
         self._drain_sends(wait=True)
         return losses if self.next is None else [None] * steps
 
@@ -293,8 +301,11 @@ class AsyncEngine:
 
     def _update(self) -> None:
         start = time.perf_counter()
+        if self.replicas is not None:  # every replica of this stage reaches this update: sum their gradients
+            for acc in self.acc.values():
+                dist.all_reduce(acc, group=self.replicas)
         for c, p in self.params.items():
-            p.grad = self.acc[c].div_(self.m)
+            p.grad = self.acc[c].div_(self.total)
         self._exchange_tied()
         self.optimizer.step()
         self.updates += 1
@@ -429,17 +440,21 @@ def _stage_names(graph: StageGraph, canonical: Mapping[int, str]) -> list[tuple[
 def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, params: Mapping[str, torch.Tensor],
                           criterion: Callable[..., Any],
                           optimizer: str, lr: float, schedule: str, microbatches: int, batch: Batch, steps: int,
-                          round_steps: int, correction: str = "predict", inflight: int | None = None
-                          ) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+                          round_steps: int, correction: str = "predict", inflight: int | None = None,
+                          shares: Sequence[int] | None = None) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
     """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
     stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
-    stages updated with the sum of their gradients one update late (as the runtime does). ``model`` names the parameters (``canonical_param_names``; the
+    stages updated with the sum of their gradients one update late (as the runtime does). ``shares``: replica
+    pipelines' micro-batches per step (default: one pipeline), the step's micro-batches dealt to them in order, each
+    replica's versions following its own share, every update taking the sum over all. ``model`` names the parameters (``canonical_param_names``; the
     graphs read its tensors) and ``params`` gives their starting values by those names. Returns the step losses
     and each stage's weights at the end; the distributed run must equal it (``tests/test_async.py``)."""
     from planner.runtime.pipeline.training import make_optimizer
 
     p, m = len(graphs), microbatches
+    shares = list(shares or (m,))
+    replica_of = [(r, j) for r, share in enumerate(shares) for j in range(share)]  # micro-batch i of a step
     canonical = canonical_param_names(model)
     names = [_stage_names(g, canonical) for g in graphs]
     live = [{c: torch.nn.Parameter(params[c].detach().clone()) for _, c in n} for n in names]
@@ -459,8 +474,10 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                 losses.append(0.0)
             values: tuple[torch.Tensor, ...] = tuple(c[i] for c in chunks)
             used = []
+            r, j = replica_of[i]
             for s, graph in enumerate(graphs):
-                index = forward_version(schedule, s, p, m, k, round_start=start, inflight=inflight)
+                index = forward_version(schedule, s, p, shares[r], step * shares[r] + j, round_start=first * shares[r],
+                                        inflight=inflight)
                 version = history[s][index]
                 weights = predict_weights(version, step - index) if correction == "predict" else version.weights
                 used.append(weights)
