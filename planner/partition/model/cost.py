@@ -15,7 +15,8 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.formats.plan import DEFAULT_SYNC, SERVER_SYNCS, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, ParallelShape
+from planner.formats.plan import (DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES,
+                                  ParallelShape)
 from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
@@ -152,7 +153,8 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
     """Peak memory of every device holding stages: its stages' static bytes + its peak live activations.
 
     Activations are allocated when a forward starts and freed when its backward ends, in the device's
-    schedule order; the simulator observes the same peaks. A replica's devices hold the same stages and the
+    schedule order; the simulator observes the same peaks. ``zb-planned`` in a V holds at most what ``zbv``'s or,
+    with at least as many micro-batches as stages, ``dualpipev``'s order holds on each device (its candidates). A replica's devices hold the same stages and the
     activations of its own share of the micro-batches.
     """
     if degree_of(partition) > 1:
@@ -163,6 +165,10 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
     ranks, chunks = pipeline_layout([st.device for st in partition], problem.schedule)
     orders = device_orders(problem.schedule, len(ranks), chunks, problem.microbatches)
     activation = {i: stage_activation_bytes(problem, st.start, st.stop) for i, st in enumerate(partition)}
+    # zb-planned in a V may run DualPipeV's order (enough micro-batches), whose devices hold one chunk more than zbv's
+    others = (device_orders("dualpipev", len(ranks), chunks, problem.microbatches),) \
+        if problem.schedule in GENERATED_ORDER_SCHEDULES and chunks == 2 and problem.microbatches >= len(partition) \
+        else ()
     out = {}
     p = len(partition)
     for r, device in enumerate(ranks):
@@ -171,7 +177,7 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
                      for i, st in enumerate(partition) if st.device == device)
         once = max((stage_recompute_bytes_t(problem.tables, st.start, st.stop) for st in partition
                     if st.device == device), default=0)  # one backward's recomputed forward at a time
-        out[device] = static + once + peak_activation_bytes(orders[r], activation)
+        out[device] = static + once + max(peak_activation_bytes(order[r], activation) for order in (orders, *others))
     return out
 
 

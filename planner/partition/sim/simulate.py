@@ -180,8 +180,8 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     stage per device; ``zbv``'s on two in a V, and ``dualpipev``'s there when there are enough micro-batches: both
     hold the same micro-batches in flight) and the greedy orders ``_OrderPlanner`` builds under each of the layout's
     variants (first listed wins ties), simulated on these stages' own F, I and W times and links. An order is a
-    candidate only when no device's live activations peak above what the layout's torch order (``zb-h1``'s or
-    ``zbv``'s, which the memory rule replays for ``zb-planned``) holds there. What ``simulate`` runs for that
+    candidate only when no device's live activations peak above what the layout's torch orders (``zb-h1``'s, or
+    ``zbv``'s and ``dualpipev``'s, which the memory rule replays for ``zb-planned``) hold there. What ``simulate`` runs for that
     schedule, what a plan records (``schedule_order``) and what torch's runtime is handed. Deterministic: the same
     stages give the same order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
@@ -194,7 +194,8 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     if chunks == 2 and microbatches >= len(stages):
         state = _initial_state(stages, ranks, chunks, "dualpipev", microbatches, False)
         _run(state, stages, cluster, ranks, "dualpipev")
-        if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
+        ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
+        if max(state.free_at) < best_step - 1e-12:
             best, best_step = device_orders("dualpipev", len(ranks), chunks, microbatches), max(state.free_at)
     for inputs_first, caps in (PLANNED_V_VARIANTS if chunks == 2 else PLANNED_VARIANTS):
         state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
