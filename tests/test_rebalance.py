@@ -351,3 +351,19 @@ def test_replan_method_falls_back_to_dp_for_hand_made_plans() -> None:
     assert replan_method(plan, "greedy") == "greedy"
     with pytest.raises(UsageError, match="unknown partition method"):
         replan_method(plan, "nope")
+
+
+def test_a_transient_round_is_measured_not_judged_once_and_a_lasting_slowdown_is_judged() -> None:
+    """Issue 22 (S6 in every run): in the rebalancing bench a unet run's round 5 took 1.48x round 4 on the same plan,
+    a transient on the shared machine, and its re-plan cost a migration, a warm-up and the convergence within the
+    run. A spike is skipped once; if the next round is as slow, it is judged."""
+    from planner.errors import PlannerError
+    from planner.partition.search.rebalance import RebalanceConfig, is_spike
+
+    config = RebalanceConfig()
+    assert not is_spike(0.50, None, False, config)  # no judged round on this plan yet (after a switch)
+    assert not is_spike(0.44, 0.354, False, config)  # 1.24x: judged
+    assert is_spike(0.525, 0.354, False, config)  # 1.48x: a transient, measured only
+    assert not is_spike(0.525, 0.354, True, config)  # the round after a spike, still slow: judged
+    with pytest.raises(PlannerError, match="spike"):
+        RebalanceConfig(spike=1.0)

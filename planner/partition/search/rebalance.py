@@ -112,6 +112,10 @@ class RebalanceConfig:
     """Rounds the speed fit remembers."""
     max_rounds: int = 20
     """Hard stop of the offline loop (``plan partition --refine``); at run time the step count bounds it."""
+    spike: float = 1.25
+    """At run time, a round whose step takes more than this many times the last judged round's, on the same plan,
+    is measured but not judged, once (``is_spike``): a transient (another job on the host, a page-cache flush) is
+    not a trend, and a re-plan on it costs a migration and a warm-up. A slowdown that lasts is judged a round later."""
 
     def __post_init__(self) -> None:
         if not self.threshold >= 0:
@@ -130,6 +134,8 @@ class RebalanceConfig:
             raise PlannerError(f"rebalance speed_window must be at least 1 round, found {self.speed_window!r}; try 8")
         if self.max_rounds < 1:
             raise PlannerError(f"rebalance max_rounds must be at least 1, found {self.max_rounds!r}; try 20")
+        if not self.spike > 1:
+            raise PlannerError(f"rebalance spike must be > 1, found {self.spike!r}; try 1.25")
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,13 @@ def observe(state: RebalanceState, held: Sequence[Held], predict: Callable[[str,
     fit = fit_speeds(history, predict, decay=config.speed_decay)
     factors = dict(sorted({**state.speed_factors, **fit.speed}.items()))
     return replace(state, history=history, speed_factors=MappingProxyType(factors), corrections=fit.corrections)
+
+
+def is_spike(step_s: float, last_judged_s: float | None, spiked_before: bool, config: RebalanceConfig) -> bool:
+    """True when a round's step (``step_s``) is a transient to measure but not judge: more than ``config.spike``
+    times the last judged round's on the same plan (``last_judged_s``; None after a switch), unless the round before
+    was already one (then the slowdown lasts, and it is judged)."""
+    return last_judged_s is not None and not spiked_before and step_s > config.spike * last_judged_s
 
 
 def decide(state: RebalanceState, stats: RoundStats, predicted_compute_s: Mapping[str, float],

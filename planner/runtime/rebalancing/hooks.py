@@ -32,7 +32,7 @@ from planner.formats.plan import Plan, plan_from_dict, save_plan
 from planner.runtime import checkpoint as ckpt
 from planner.runtime.pipeline.graph_split import canonical_param_names
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
-from planner.partition.search.rebalance import RebalanceState, decide, initial_state, observe, settle
+from planner.partition.search.rebalance import RebalanceState, decide, initial_state, is_spike, observe, settle
 from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method, stage_keys
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
@@ -64,6 +64,10 @@ class DynamicHooks(RunHooks):
         self.saved_step = 0
         self.warm_up = True
         """The first round after the stages were (re)built pays one-off costs; it is logged, not judged."""
+        self.last_judged_s: float | None = None
+        """Rank 0: the step time of the last judged round on the plan in force (None after a switch)."""
+        self.spiked = False
+        """Rank 0: the last round was a transient (``is_spike``), measured but not judged."""
         self.calibration_rounds: list[tuple[dict[str, float], dict[str, float]]] = []
         """Rank 0: (measured, predicted) compute seconds per device of every steady round."""
 
@@ -189,6 +193,15 @@ class DynamicHooks(RunHooks):
             result["reason"] = self.no_model
             return result
         predicted = self.model.predicted_compute_s(run.plan, stats.steps)
+        if self.warm_up:
+            self.last_judged_s, self.spiked = None, False
+        elif self.opt["rebalance"] and is_spike(stats.step_time_s, self.last_judged_s, self.spiked, self.rebalance):
+            self.spiked = True
+            result["reason"] = (f"transient: step {stats.step_time_s / self.last_judged_s:.2f}x the last judged "
+                                f"round's on the same plan; measured, not judged (judged next round if it lasts)")
+            return result
+        else:
+            self.last_judged_s, self.spiked = stats.step_time_s, False
         if not self.warm_up:  # the round after a switch builds stages: its compute is no measure of speed
             held = self.model.held(run.plan, stats.steps, {d.device: d.compute_s for d in stats.devices})
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
