@@ -686,3 +686,23 @@ def test_large_clusters_try_only_the_degrees_that_divide_their_devices() -> None
     assert candidate_degrees(64, 8, None) == [2, 4, 8]  # a micro-batch per replica still bounds it
     assert candidate_degrees(64, 64, 3) == [3]  # a degree asked for is tried whatever it divides
     assert EVERY_DEGREE_UP_TO >= 16  # the bench-hybrid clusters (up to 16 devices) keep the full search
+
+
+def test_devices_are_of_one_kind_when_swapping_them_maps_the_cluster_onto_itself() -> None:
+    """The exact search's symmetry (``exhaustive.device_kinds``): on mixed-3type-2host every pair of host B is linked
+    by the same PCIe 3 link, so its two V100s (and its two L4s) can trade places; a pair link that only one device
+    has tells it apart."""
+    from dataclasses import replace
+
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.partition.search.exhaustive import device_kinds
+
+    cl = load_cluster_spec("mixed-3type-2host")
+    problem = build_problem(chain(4), cl, microbatches=4, schedule="1f1b", catalog=load_catalog())
+    kinds = device_kinds(problem)
+    assert kinds["b-v100-0"] == kinds["b-v100-1"] != kinds["b-l4-0"] == kinds["b-l4-1"]
+    assert kinds["a-h100-0"] == kinds["a-h100-1"] and len(set(kinds.values())) == 4
+    odd = replace(cl, pairs={**cl.pairs, ("a-a100-0", "a-h100-0"): SLOW})  # keys are sorted pairs
+    kinds = device_kinds(build_problem(chain(4), odd, microbatches=4, schedule="1f1b", catalog=load_catalog()))
+    assert kinds["a-h100-0"] != kinds["a-h100-1"] and kinds["a-a100-0"] != kinds["a-a100-1"]

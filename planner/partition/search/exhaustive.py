@@ -6,9 +6,9 @@ When the whole space is small, ``exhaustive`` searches all of it instead, in the
 
 - every data-parallel degree ``d`` the shape search would try (``hybrid.candidate_degrees``; 1 included);
 - every way to choose ``d`` disjoint pipelines of ``s`` devices each, in order, for every stage count ``s`` up to
-  ``devices // d`` -- up to symmetry: devices of one *kind* (same host, type, memory and speed factor, and no pair
-  link of their own in the cluster file) are interchangeable, so two groupings whose pipelines read the same
-  sequences of kinds, replica by replica, simulate alike and only the first is tried;
+  ``devices // d`` -- up to symmetry: devices of one *kind* (same host, type, memory and speed factor, and the
+  same link to every other device, ``device_kinds``) are interchangeable, so two groupings whose pipelines read the
+  same sequences of kinds, replica by replica, simulate alike and only the first is tried;
 - every contiguous cut of the blocks into ``s`` stages, every stage on its pipelines' ``i``-th devices;
 - every split of the step's micro-batches into ``d`` positive shares;
 
@@ -51,11 +51,26 @@ MOST_DEVICES = 8
 
 
 def device_kinds(problem: Problem) -> dict[str, Hashable]:
-    """Device id -> its kind: devices of one kind can trade places in any plan without changing its simulation."""
-    paired = {x for pair in problem.cluster.pairs for x in pair}  # a link of its own tells a device apart
-    return {d.id: ("paired", d.id) if d.id in paired else (d.host, d.type, d.memory_bytes, problem.speed_factors.get(d.id, 1.0),
-                                                tuple(sorted((k, repr(v)) for k, v in d.extra.items())))
-            for d in problem.cluster.devices}
+    """Device id -> its kind: devices of one kind can trade places in any plan without changing its simulation.
+
+    Two devices are of one kind when they agree in host, type, memory, speed factor and every other field, and
+    each reaches every third device over the same link (pair links included), so that swapping them maps the
+    cluster onto itself; the relation is transitive, so the first device of each kind stands for it."""
+    cluster = problem.cluster
+    kinds: dict[str, Hashable] = {}
+    firsts: list[str] = []
+    for d in cluster.devices:
+        attributes = (d.host, d.type, d.memory_bytes, problem.speed_factors.get(d.id, 1.0),
+                      tuple(sorted((k, repr(v)) for k, v in d.extra.items())))
+        same = next((f for f in firsts if kinds[f][0] == attributes and all(
+            cluster.link(d.id, w.id) == cluster.link(f, w.id) for w in cluster.devices if w.id not in (d.id, f))),
+            None)
+        if same is None:
+            firsts.append(d.id)
+            kinds[d.id] = (attributes, d.id)
+        else:
+            kinds[d.id] = kinds[same]
+    return kinds
 
 
 def exhaustive(problem: Problem, requested: int | None, incumbent_s: float = math.inf
