@@ -706,3 +706,18 @@ def test_devices_are_of_one_kind_when_swapping_them_maps_the_cluster_onto_itself
     odd = replace(cl, pairs={**cl.pairs, ("a-a100-0", "a-h100-0"): SLOW})  # keys are sorted pairs
     kinds = device_kinds(build_problem(chain(4), odd, microbatches=4, schedule="1f1b", catalog=load_catalog()))
     assert kinds["a-h100-0"] != kinds["a-h100-1"] and kinds["a-a100-0"] != kinds["a-a100-1"]
+
+
+def test_a_tie_in_the_last_bits_goes_to_the_earlier_candidate() -> None:
+    """plan train's main job once chose async-1f1b over gpipe for one stage x 2 replicas: the same plan through the
+    asynchronous simulator came out one ulp faster, and the tie rule (earlier schedule wins) did not apply."""
+    from types import SimpleNamespace
+
+    from planner.partition.search.settings import _ranked
+
+    step = 0.7583297030344728
+    plans = {0: (None, SimpleNamespace(step_time_s=step)), 1: (None, SimpleNamespace(step_time_s=0.9)),
+             2: (None, SimpleNamespace(step_time_s=step * (1 - 1e-15))), 3: (None, SimpleNamespace(step_time_s=0.5))}
+    assert _ranked(plans) == [3, 2, 0, 1]  # ties matter at the top: that is the choice
+    plans[3] = (None, SimpleNamespace(step_time_s=1.0))
+    assert _ranked(plans)[:2] == [0, 2]

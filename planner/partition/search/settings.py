@@ -17,7 +17,7 @@ out: fixed per-kernel costs, which make small micro-batches relatively slower on
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.formats.plan import SCHEDULES, Plan
@@ -113,6 +113,21 @@ def _layout(plan: Plan) -> tuple[Any, ...]:
             tuple(plan.shares() or ()), round(plan.step_time_s, 12))
 
 
+TIE = 1e-9
+"""Step times within this fraction of each other are a tie (the same plan simulated through two code paths can
+differ in the last bits): the earlier candidate wins."""
+
+
+def _ranked(plans: Mapping[int, tuple[Profile, Plan]]) -> list[int]:
+    """Candidate indices fastest first, a tie (``TIE``) going to the earlier candidate."""
+    order = sorted(plans, key=lambda i: (plans[i][1].step_time_s, i))
+    if not order:
+        return order
+    best = plans[order[0]][1].step_time_s
+    tied = sorted(i for i in order if plans[i][1].step_time_s <= best * (1 + TIE))
+    return tied + [i for i in order if i not in tied]
+
+
 def choose(profile: Profile, schedule: str, microbatches: int | None, global_batch: int | None, plan: PlanFn,
            finish: PlanFn | None = None) -> Plan:
     """The fastest plan over the schedules (``schedule == "auto"``) and micro-batch counts (``microbatches is
@@ -146,7 +161,7 @@ def choose(profile: Profile, schedule: str, microbatches: int | None, global_bat
     if not plans:
         assert error is not None
         raise error
-    ranked = sorted(plans, key=lambda i: (plans[i][1].step_time_s, i))  # ties to the earlier candidate
+    ranked = _ranked(plans)
     if finish is not None:
         finalists: dict[tuple[Any, ...], int] = {}
         for index in ranked:
@@ -161,7 +176,7 @@ def choose(profile: Profile, schedule: str, microbatches: int | None, global_bat
             if refined.step_time_s <= first.step_time_s:
                 plans[index] = (source, refined)
                 tried[index].update(step_time_s=refined.step_time_s, refined=True, **candidate_facts(refined))
-        ranked = sorted(ranked, key=lambda i: (plans[i][1].step_time_s, i))
+        ranked = _ranked(plans)
     index = ranked[0]
     chosen = plans[index][1]
     record: dict[str, Any] = {"schedule": schedule, "microbatches": "auto" if microbatches is None else microbatches,
