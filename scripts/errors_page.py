@@ -120,10 +120,14 @@ def _resolve(arg: ast.AST, scope: ast.AST | None, functions: dict[str, ast.Funct
         return messages
     if isinstance(arg, ast.Subscript):
         return _resolve(arg.value, scope, functions, depth)
-    if isinstance(arg, ast.Name) and scope is not None:
+    if isinstance(arg, ast.Name) and scope is not None:  # every value the name is given in scope
+        found: list[str] = []
         for node in ast.walk(scope):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == arg.id for t in node.targets):
-                return _resolve(node.value, scope, functions, depth + 1)
+                found += _resolve(node.value, scope, functions, depth + 1)
+            elif isinstance(node, ast.NamedExpr) and node.target.id == arg.id:
+                found += _resolve(node.value, scope, functions, depth + 1)
+        return found
     return []
 
 

@@ -14,9 +14,9 @@ from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZER
 from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, stage_weight_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
-from planner.errors import InfeasibleError, PlanMismatchError
+from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
-from planner.partition.sim.schedules import (async_staleness, async_violation, device_orders, pipeline_layout,
+from planner.partition.sim.schedules import (async_staleness, device_orders, pipeline_layout,
                                              stashed_versions)
 from planner.partition.sim.simulate import SimResult, SimStage, planned_orders
 
@@ -92,13 +92,9 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
 def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The plan's ``async`` field (docs/formats.md): the correction (``given``'s, else ``predict``), per stage
     the staleness its gradients have in the steady state and the weight versions it keeps besides its live ones,
-    and the steps between drains the prediction assumed (``drain_every``, absent for the steady state).
-    Raises ``InfeasibleError`` when the runtime cannot run the schedule on this shape."""
+    and the steps between drains the prediction assumed (``drain_every``, absent for the steady state). Whether the
+    runtime can run the schedule on this shape is the feasibility rule's (rule 7), which ``build_plan`` checks first."""
     p, shares = len(partition), sorted(set(shares_of(partition, problem.microbatches)))
-    found = async_violation(problem.schedule, p, len({st.device for st in partition}), shares[0], degree_of(partition),
-                            problem.sync)
-    if found:
-        raise InfeasibleError(found)
     return {"correction": "predict", **dict(given or {}),  # with replicas: the most any replica's share gives
             "staleness": [max(async_staleness(problem.schedule, s, p, m) for m in shares) for s in range(p)],
             "weight_versions": [max(stashed_versions(problem.schedule, s, p, m) for m in shares) for s in range(p)],

@@ -22,7 +22,7 @@ from planner.partition.model.problem import (Partition, Problem, StageSpec, degr
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
 from planner.partition.sim.schedules import (device_orders, inflight_counts, peak_activation_bytes, pipeline_layout,
-                                             stage_ranks, version_copies)
+                                             planned_patterns, stage_ranks, version_copies)
 from planner.partition.sim.simulate import SimResult, SimStage
 from planner.partition.sim.step import compute_only_s, exposed_sync_s, simulate_step
 
@@ -163,12 +163,10 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
             out.update(device_memory_bytes(with_microbatches(problem, m), replica_of(partition, r)))
         return out
     ranks, chunks = pipeline_layout([st.device for st in partition], problem.schedule)
-    orders = device_orders(problem.schedule, len(ranks), chunks, problem.microbatches)
+    patterns = planned_patterns(len(partition), len(ranks), problem.microbatches) \
+        if problem.schedule in GENERATED_ORDER_SCHEDULES else (problem.schedule,)  # zb-planned: its candidates' most
+    orders = [device_orders(name, len(ranks), chunks, problem.microbatches) for name in patterns]
     activation = {i: stage_activation_bytes(problem, st.start, st.stop) for i, st in enumerate(partition)}
-    # zb-planned in a V may run DualPipeV's order (enough micro-batches), whose devices hold one chunk more than zbv's
-    others = (device_orders("dualpipev", len(ranks), chunks, problem.microbatches),) \
-        if problem.schedule in GENERATED_ORDER_SCHEDULES and chunks == 2 and problem.microbatches >= len(partition) \
-        else ()
     out = {}
     p = len(partition)
     for r, device in enumerate(ranks):
@@ -177,7 +175,7 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
                      for i, st in enumerate(partition) if st.device == device)
         once = max((stage_recompute_bytes_t(problem.tables, st.start, st.stop) for st in partition
                     if st.device == device), default=0)  # one backward's recomputed forward at a time
-        out[device] = static + once + max(peak_activation_bytes(order[r], activation) for order in (orders, *others))
+        out[device] = static + once + max(peak_activation_bytes(order[r], activation) for order in orders)
     return out
 
 

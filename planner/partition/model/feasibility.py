@@ -34,7 +34,8 @@ from planner.partition.model.cost import (device_memory_bytes, format_bytes, inf
                                           stage_static_bytes,
                                           validate_partition)
 from planner.partition.model.problem import Partition, Problem, degree_of, shares_of
-from planner.partition.sim.schedules import async_violation, interleaved_group_size, pipeline_layout
+from planner.partition.sim.schedules import (async_violation, dualpipev_violation, interleaved_group_size,
+                                             pipeline_layout)
 
 __all__ = ["shape_violations", "replica_violations", "memory_violations", "violations", "check_fits", "max_stages", "no_fit_message"]
 
@@ -62,10 +63,8 @@ def shape_violations(schedule: str, microbatches: int, stage_devices: Sequence[s
     if schedule == "1f1b" and microbatches < stages:
         return [f"1f1b needs at least as many micro-batches as stages ({stages}), the plan has {microbatches}; "
                 f"re-partition with --microbatches {stages} or more, or use --schedule gpipe"]
-    if schedule == "dualpipev" and stages > len(ranks) and microbatches < stages:
-        return [f"dualpipev needs at least as many micro-batches as stages ({stages} in a V on {len(ranks)} devices, "
-                f"torch's ScheduleDualPipeV rule), the plan has {microbatches}; re-partition with --microbatches "
-                f"{stages} or more, or use --schedule zbv"]
+    if schedule == "dualpipev" and (found := dualpipev_violation(stages, len(ranks), microbatches)):
+        return [found]
     if schedule == "interleaved-1f1b":
         try:
             interleaved_group_size(len(ranks), microbatches)
@@ -132,18 +131,20 @@ def memory_violations(problem: Problem, partition: Partition) -> list[str]:
 
 def violations(problem: Problem, partition: Partition) -> list[str]:
     """Rules 1-7 for ``partition`` of ``problem`` (memory only once the shape is right)."""
-    degree = degree_of(partition)
-    shares = shares_of(partition, problem.microbatches) if degree > 1 else None
-    shape = replica_violations(problem.schedule, problem.microbatches, [st.devices for st in partition], shares)
-    if not shape:
-        found = async_violation(problem.schedule, len(partition), len({st.device for st in partition}),
-                                min(shares or (problem.microbatches,)), degree, problem.sync)
-        shape = [found] if found else []
-    return shape or memory_violations(problem, partition)
+    shares = shares_of(partition, problem.microbatches) if degree_of(partition) > 1 else None
+    return (replica_violations(problem.schedule, problem.microbatches, [st.devices for st in partition], shares)
+            or _async_violations(problem, partition) or memory_violations(problem, partition))
+
+
+def _async_violations(problem: Problem, partition: Partition) -> list[str]:
+    """Rule 7 (``schedules.async_violation``) for ``partition``: one replica pipeline's devices, its smallest share."""
+    found = async_violation(problem.schedule, len(partition), len({st.device for st in partition}),
+                            min(shares_of(partition, problem.microbatches)), degree_of(partition), problem.sync)
+    return [found] if found else []
 
 
 def check_fits(problem: Problem, partition: Partition) -> None:
-    """Raise ``InfeasibleError`` with the first violation of rules 1-5 (``PlannerError`` for a malformed partition)."""
+    """Raise ``InfeasibleError`` with the first violation of rules 1-7 (``PlannerError`` for a malformed partition)."""
     validate_partition(problem, partition)
     found = violations(problem, partition)
     if found:

@@ -81,8 +81,8 @@ def exhaustive(problem: Problem, requested: int | None, incumbent_s: float = mat
     is the exact placers' own (the shape search is what this completes). ``requested``: the data-parallel degree
     asked for (``None``: every degree). The record's ``complete`` is false when it stopped at ``MOST_SIMULATIONS``.
 
-    A candidate is simulated only when its work bound -- the busiest device's compute for its replica's share of
-    the micro-batches, which no simulated step undercuts -- is below the best step so far."""
+    A candidate is simulated only when its work bound (``_work_bound``), which no simulated step undercuts, is below
+    the best step so far."""
     devices = problem.cluster.device_ids
     if len(devices) > MOST_DEVICES or problem.sync in SERVER_SYNCS or requested == 1:
         return None

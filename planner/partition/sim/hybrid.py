@@ -19,7 +19,7 @@ from typing import Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
-from planner.partition.sim.simulate import Event, SimResult, SimStage, simulate
+from planner.partition.sim.simulate import DeviceStats, Event, SimResult, SimStage, simulate
 
 __all__ = ["simulate_hybrid", "simulate_async_replicas"]
 
@@ -67,12 +67,7 @@ def simulate_hybrid(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[in
         for dev, stats in run.devices.items():
             devices[dev] = replace(stats, busy_s=busy[dev], idle_s=max(step - busy[dev], 0.0),
                                    update_s=update[dev], sync_s=synced[dev])
-    idle = sum(d.idle_s for d in devices.values())
-    inflight = tuple(max(run.stage_inflight[s] for run in runs) for s in range(len(sync_s)))
-    return SimResult(step_time_s=step, devices=MappingProxyType(devices),
-                     bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
-                     events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))) if record_events else (),
-                     stage_inflight=inflight, sync_s=tuple(sync_s))
+    return _replicas_result(step, devices, events if record_events else [], runs, sync_s)
 
 
 def simulate_async_replicas(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
@@ -94,9 +89,16 @@ def simulate_async_replicas(pipelines: Sequence[Sequence[SimStage]], shares: Seq
             stats = run.devices[st.device]
             devices[st.device] = replace(stats, idle_s=max(step - stats.busy_s, 0.0),
                                          update_s=stats.update_s - sync_s[i], sync_s=sync_s[i])
+    return _replicas_result(step, devices, [e for run in runs for e in run.events], runs, sync_s)
+
+
+def _replicas_result(step: float, devices: dict[str, DeviceStats], events: Sequence[Event], runs: Sequence[SimResult],
+                     sync_s: Sequence[float]) -> SimResult:
+    """The step of replica pipelines from their devices' figures (idle against ``step``), their events and each
+    stage's most micro-batches in flight over the replicas' runs."""
     idle = sum(d.idle_s for d in devices.values())
     inflight = tuple(max(run.stage_inflight[s] for run in runs) for s in range(len(sync_s)))
     return SimResult(step_time_s=step, devices=MappingProxyType(devices),
                      bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
-                     events=tuple(sorted((e for run in runs for e in run.events), key=lambda e: (e.start_s, e.end_s))),
+                     events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))),
                      stage_inflight=inflight, sync_s=tuple(sync_s))

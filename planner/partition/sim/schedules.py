@@ -136,9 +136,9 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
             raise PlannerError("gpipe runs one stage per device")
         return tuple(tuple([(FWD, r, j) for j in range(m)] + [(BWD, r, j) for j in range(m)]) for r in range(p))
     if schedule == "dualpipev" and v == 2:
-        if m < 2 * p:
-            raise PlannerError(f"dualpipev needs at least as many micro-batches as stages ({2 * p} in a V on {p} "
-                               f"devices, torch's ScheduleDualPipeV rule), found {m}; use --microbatches {2 * p} or more")
+        found = dualpipev_violation(2 * p, p, m)
+        if found:
+            raise PlannerError(found)
         return tuple(_dualpipev(r, p, m) for r in range(p))
     if schedule in V_SCHEDULES and v == 2:
         return tuple(_zbv(r, p, m) for r in range(p))
@@ -156,6 +156,25 @@ def device_orders(schedule: str, num_devices: int, chunks: int, microbatches: in
                      for r in range(p))
     group = interleaved_group_size(p, m)
     return tuple(_interleaved(r, p, v, m, group) for r in range(p))
+
+
+def dualpipev_violation(num_stages: int, num_devices: int, microbatches: int) -> str | None:
+    """torch's ``ScheduleDualPipeV`` rule: in a V (more stages than devices) at least as many micro-batches as
+    stages; None when it holds."""
+    if num_stages <= num_devices or microbatches >= num_stages:
+        return None
+    return (f"dualpipev needs at least as many micro-batches as stages ({num_stages} in a V on {num_devices} devices, "
+            f"torch's ScheduleDualPipeV rule), found {microbatches}; re-partition with --microbatches {num_stages} or "
+            f"more, or use --schedule zbv")
+
+
+def planned_patterns(num_stages: int, num_devices: int, microbatches: int) -> tuple[str, ...]:
+    """The fixed orders ``zb-planned`` takes as candidates on this layout, and so the memory it may hold (the most
+    any of them holds on each device): ``zb-h1``'s on one stage per device; ``zbv``'s in a V, and ``dualpipev``'s there
+    too when it can run."""
+    if num_stages == num_devices:
+        return ("zb-h1",)
+    return ("zbv",) if dualpipev_violation(num_stages, num_devices, microbatches) else ("zbv", "dualpipev")
 
 
 def interleaved_group_size(num_devices: int, microbatches: int) -> int:

@@ -20,6 +20,7 @@ See docs/simulator.md for the model and what it leaves out.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -28,7 +29,7 @@ from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES
 from planner.partition.sim.schedules import (BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
-                                             inflight_counts, pipeline_layout, stage_ranks)
+                                             inflight_counts, pipeline_layout, planned_patterns, stage_ranks)
 
 EVENT_KINDS = {FWD: "fwd", "B": "bwd", BWD_INPUT: "bwd_input", BWD_WEIGHT: "bwd_weight"}
 
@@ -186,17 +187,16 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     stages give the same order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
     _check_stages(stages)
-    fixed = "zbv" if chunks == 2 else "zb-h1"
-    best = device_orders(fixed, len(ranks), chunks, microbatches)
-    state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
-    _run(state, stages, cluster, ranks, fixed)
-    best_step, ceiling = max(state.free_at), list(state.peak_bytes)
-    if chunks == 2 and microbatches >= len(stages):
-        state = _initial_state(stages, ranks, chunks, "dualpipev", microbatches, False)
-        _run(state, stages, cluster, ranks, "dualpipev")
+    patterns = planned_patterns(len(stages), len(ranks), microbatches)
+    fixed = patterns[0]
+    best: tuple[tuple[Op, ...], ...] = ()
+    best_step, ceiling = math.inf, [0] * len(ranks)
+    for pattern in patterns:
+        state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
+        _run(state, stages, cluster, ranks, pattern)
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
         if max(state.free_at) < best_step - 1e-12:
-            best, best_step = device_orders("dualpipev", len(ranks), chunks, microbatches), max(state.free_at)
+            best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), max(state.free_at)
     for inputs_first, caps in (PLANNED_V_VARIANTS if chunks == 2 else PLANNED_VARIANTS):
         state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
         limits = [0] * len(stages)
