@@ -62,10 +62,27 @@ def test_the_module_lists_cover_every_parameter_once_in_stage_order(tmp_path: Pa
 @pytest.mark.parametrize("recompute, mode", [("off", "none"), ("on", "full")])
 def test_recomputation_maps_to_torchtitans_activation_checkpointing(tmp_path: Path, recompute: str, mode: str) -> None:
     plan = _plan(tmp_path, "gpt_tiny", "a100-4", "--granularity", "layer", "--recompute", recompute)
-    assert json.loads(plan.read_text()).get("recompute", False) is (recompute == "on")
+    stages = json.loads(plan.read_text())["stages"]
+    assert [s.get("recompute", "none") for s in stages] == [mode] * len(stages)
     result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
     assert result.exit_code == 0, result.output
     assert tomllib.loads((tmp_path / "p.toml").read_text())["activation_checkpoint"] == {"mode": mode}
+
+
+def test_a_plan_recomputing_some_stages_exports_full_and_names_them(tmp_path: Path) -> None:
+    """torchtitan applies one mode to every stage: full (never more memory than the plan), with the plan's
+    recomputing stages named in a comment and in the JSON."""
+    plan = _plan(tmp_path, "gpt_tiny", "a100-4", "--granularity", "layer")
+    doc = json.loads(plan.read_text())
+    doc["stages"][1]["recompute"] = "full"
+    plan.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / "p.toml")])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "p.toml").read_text()
+    assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "full"}
+    assert f"# the plan recomputes stages [1] of {len(doc['stages'])}" in text
+    result = runner.invoke(app, ["export", str(plan), "--to", "torchtitan", "--json"])
+    assert json.loads(result.stdout)["recomputed_stages"] == [1]
 
 
 def test_pipelining_split_spec_begins_each_later_stage(tmp_path: Path) -> None:

@@ -197,12 +197,18 @@ def test_tied_copies_start_equal_and_gradients_are_summed():
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_gpt_with_recomputation(tmp_path, profiles):
-    """Activation recomputation (the plan's ``recompute``: each stage wrapped in torch.utils.checkpoint) trains
-    exactly as single-process training does: the tied GPT split across ranks, 1F1B."""
+@pytest.mark.parametrize("which", ["every stage, as earlier versions wrote it", "the first stage only"])
+def test_gpt_with_recomputation(tmp_path, profiles, which):
+    """Activation recomputation (a stage's ``recompute: "full"``: the stage wrapped in torch.utils.checkpoint) trains
+    exactly as single-process training does: the tied GPT split across ranks, 1F1B; in every stage (the top-level
+    flag of earlier versions' plans) and in one stage of two."""
     plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], "1f1b", microbatches=2)
     doc = json.loads(plan.read_text())
-    plan.write_text(json.dumps({**doc, "recompute": True}))
+    if which.startswith("every"):
+        doc["recompute"] = True
+    else:
+        doc["stages"][0]["recompute"] = "full"
+    plan.write_text(json.dumps(doc))
     summary = run_pipeline(tmp_path, plan, GPT, launcher="plan", extra=("--lr", "0.05"))
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
 
@@ -228,7 +234,7 @@ def test_a_memory_tight_cluster_gets_a_plan_with_recomputation_that_runs(tmp_pat
     with pytest.raises(InfeasibleError):
         partition_file(profiles[UNET], str(path), None, recompute="off", **options)
     plan = partition_file(profiles[UNET], str(path), tmp_path / "plan.json", recompute="auto", **options)
-    assert plan.extra.get("recompute") is True and plan.peak_memory_bytes <= need_on * 1.1
+    assert any(plan.recomputed()) and plan.peak_memory_bytes <= need_on * 1.1
     assert plan.step_time_s > without.step_time_s  # the forward runs twice
     summary = run_pipeline(tmp_path, tmp_path / "plan.json", UNET, launcher="plan", extra=("--lr", "0.05"))
     assert_parity(tmp_path, tmp_path / "plan.json", UNET, summary, lr=0.05)

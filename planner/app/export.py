@@ -3,7 +3,9 @@
 * ``torchtitan``: the ``[parallelism]`` table of torchtitan's config (``ParallelismConfig``):
   ``module_fqns_per_model_part`` (one list of module FQNs per stage, in plan order), the degrees, the
   schedule under torchtitan's name and the micro-batch size; the device order the plan chose is a comment; and
-  ``[activation_checkpoint] mode``: ``full`` when the plan recomputes activations, else ``none``.
+  ``[activation_checkpoint] mode``: ``full`` when any stage of the plan recomputes its activations, else ``none``
+  (torchtitan applies one mode to every stage; where the plan recomputes only some, ``full`` never needs more
+  memory than the plan, and a comment names the stages the plan recomputes).
 * ``pipelining``: the ``split_spec`` of ``torch.distributed.pipelining.pipeline`` (the module that begins
   each stage after the first -> ``SplitPoint.BEGINNING``), as data and as a Python snippet.
 * ``schedule-csv``: each rank's order of passes as the simulator ran them (``sim.schedules.device_orders``, or a
@@ -174,7 +176,8 @@ def _torchtitan(plan: Plan, profile: Profile, parts: list[list[str]]) -> dict[st
         "pipeline_parallel_microbatch_size": rows,
         "module_fqns_per_model_part": parts,
         "data_parallel_replicate_degree": degree,
-    }, "activation_checkpoint": {"mode": "full" if plan.extra.get("recompute") else "none"},
+    }, "activation_checkpoint": {"mode": "full" if any(plan.recomputed()) else "none"},
+        "recomputed_stages": [i for i, again in enumerate(plan.recomputed()) if again],
         "device_order": list(dict.fromkeys(order)), "global_batch_size": rows * plan.microbatches}
 
 
@@ -210,8 +213,12 @@ def _toml(plan: Plan, data: dict[str, Any], plan_path: str) -> str:
              "[parallelism]"]
     for key, value in table.items():
         lines.append(f"{key} = {json.dumps(value)}")
+    again = data["recomputed_stages"]
     lines += ["", "# the plan's recompute; torchtitan's full AC recomputes each block (keeping every block's input), "
-              "the plan each stage", "[activation_checkpoint]",
+              "the plan each stage", *([f"# the plan recomputes stages {again} of {len(plan.stages)}; torchtitan "
+                                        f"applies one mode to every stage, and full needs no more memory"]
+                                       if again and len(again) < len(plan.stages) else []),
+              "[activation_checkpoint]",
               f"mode = {json.dumps(data['activation_checkpoint']['mode'])}"]
     return "\n".join(lines) + "\n"
 

@@ -23,7 +23,8 @@ from planner.formats.profile import load_profile
 
 
 RECOMPUTE_CHOICES = ("off", "on", "auto")
-"""``--recompute``: activation recomputation in every stage, never, or only for candidates that fit no other way."""
+"""``--recompute``: activation recomputation never, in every stage, or only where nothing fits without it: placed as if
+every stage recomputed, then kept only on the stages whose devices cannot hold their saved activations."""
 
 
 def check_recompute(recompute: str, schedule: str) -> None:
@@ -66,8 +67,8 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     ``PlannerError`` on bad input; on any error nothing is written. ``sync``, ``sync_period`` and ``staleness``: how
     replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
     schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field. ``recompute``:
-    activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (on for a candidate only when nothing
-    fits without it). ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
+    activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (for a candidate only when nothing
+    fits without it, and then only in the stages that need it). ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
     (``Problem.drain_every``; ``None``: the steady state)."""
     from planner.partition import partition
     from planner.partition.search.settings import choose, parse_microbatches
@@ -120,7 +121,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     def plan_with(source: Any, count: int, schedule_name: str, refine: bool = refine) -> Plan:
         asynchronous = schedule_name in ASYNC_SCHEDULES
 
-        def place(again: bool) -> Plan:
+        def place(again: bool | str) -> Plan:
             return partition(source, cluster, method=method, microbatches=count, schedule=schedule_name,
                              optimizer=optimizer, refine=refine, granularity=granularity,
                              estimate_precision=estimate_precision, catalog=catalog,
@@ -137,7 +138,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         except InfeasibleError:
             if recompute != "auto" or asynchronous:
                 raise
-            return place(True)  # nothing fits without it: keep only each stage's inputs
+            return place("auto")  # nothing fits without it: recompute in the stages that need it
 
     if schedule == "auto" or count is None:  # --refine: only the finalists (settings.choose)
         quick = functools.partial(plan_with, refine=False) if refine else plan_with

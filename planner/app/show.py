@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 from planner.formats.jsonio import check_writable, write_bytes_atomic
 from planner.formats.plan import Plan, load_plan
 from planner.report.events import TimedEvent, memory_timeline, split_tracks
+from planner.partition.sim.simulate import SimStage, held_bytes
 from planner.report.replay import sim_stage, simulate_plan
 from planner.report.table import device_types
 from planner.report.timeline import write_timeline
@@ -63,10 +64,10 @@ def show_plan(plan_path: str | Path, paths: Mapping[str, Path]) -> ShowResult:
 
 def _memory(plan: Plan, events: Sequence[TimedEvent]) -> dict[str, list[tuple[float, int]]]:
     """Each device's memory over the step, from the static and activation bytes its stages carry."""
-    static: dict[str, int] = {}
+    held: dict[str, list[SimStage]] = {}
     activation: dict[int, int] = {}
     for stage in plan.stages:
         sim = sim_stage(stage)
-        static[stage.device] = static.get(stage.device, 0) + sim.static_bytes
+        held.setdefault(stage.device, []).append(sim)
         activation[stage.index] = sim.activation_bytes
-    return memory_timeline(events, static, activation)
+    return memory_timeline(events, {device: held_bytes(sims) for device, sims in held.items()}, activation)

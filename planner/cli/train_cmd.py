@@ -41,7 +41,7 @@ def train_cmd(
                            "between aggregations.", show_default=False)] = None,
     method: Annotated[str, typer.Option("--method", "-m", help="Placer (greedy, dp, ilp, ...).")] = "greedy",
     recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: auto (only when nothing "
-                         "fits without it), on or off.")] = "auto",
+                         "fits without it, and only in the stages that need it), on (every stage) or off.")] = "auto",
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam (default: adam, as "
                          "planned).", show_default=False)] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default 0.01 sgd, 1e-3 adam).",

@@ -55,6 +55,10 @@ DEFAULT_SYNC = "ssgd"
 """What a plan with replicas and no ``data_parallel.sync`` means: gradients averaged every step."""
 PERIODIC_SYNCS = ("local-sgd", "adaptive")
 """Sync modes that take local steps between aggregations (``data_parallel.period``)."""
+RECOMPUTE_VALUES = ("none", "full")
+"""A stage's ``recompute`` (design.md section 5): keep what its ops save for the backward (``none``, the default when
+absent), or keep only its input per micro-batch and run its forward again before each backward (``full``). The
+contract also allows a list of node names; this version refuses one in one line (docs/formats.md)."""
 
 
 def even_shares(microbatches: int, degree: int) -> tuple[int, ...]:
@@ -212,6 +216,18 @@ class Plan:
         replicas = self.replicas()
         return list(dict.fromkeys(devices[r] for r in range(len(replicas[0])) for devices in replicas))
 
+    def recomputed(self) -> tuple[bool, ...]:
+        """Per stage: whether it recomputes its activations (``recompute: "full"``; a plan of an earlier version may
+        say ``recompute: true`` at the top level instead, meaning every stage)."""
+        every = self.extra.get("recompute") is True
+        return tuple(every or s.extra.get("recompute") == "full" for s in self.stages)
+
+    def recompute_mode(self) -> bool | str:
+        """How to plan this plan's model again: ``False`` (no stage recomputes), ``True`` (every stage does) or
+        ``"auto"`` (some do: each stage only where it needs it, ``planner.partition.partition``)."""
+        flags = self.recomputed()
+        return all(flags) or ("auto" if any(flags) else False)
+
     def assignment(self) -> dict[str, int]:
         """Node name -> stage index."""
         return {name: stage.index for stage in self.stages for name in stage.nodes}
@@ -253,12 +269,18 @@ def plan_from_dict(data: dict[str, Any], what: str = "plan") -> Plan:
         nodes = check.get(raw, "nodes", list, f"{where}.nodes")
         if not all(isinstance(n, str) for n in nodes):
             check.fail(f"{where}.nodes", "a list of node names", nodes)
+        if raw.get("recompute", "none") not in RECOMPUTE_VALUES:
+            check.fail(f"{where}.recompute", '"none" or "full" (a list of node names is not built in this version)',
+                       raw["recompute"], "use \"full\" for the whole stage, or re-partition with --recompute auto")
         stages.append(Stage(
             index=index,
             device=check.get(raw, "device", str, f"{where}.device"),
             nodes=tuple(nodes),
             extra=MappingProxyType({k: v for k, v in raw.items() if k not in ("index", "device", "nodes")}),
         ))
+    if not isinstance(data.get("recompute", False), bool):
+        check.fail("recompute", "true or false (earlier versions' every-stage flag; now each stage's recompute)",
+                   data["recompute"], "drop it and set each stage's recompute to \"full\" or \"none\"")
     _check_data_parallel(check, data, microbatches, stages)
     _check_schedule_order(check, data, schedule, len(stages))
     _check_async(check, data)

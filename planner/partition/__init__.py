@@ -28,6 +28,7 @@ from planner.partition.search.exhaustive import exhaustive
 from planner.partition.search.hybrid import hybrid_search, parse_degree
 from planner.partition.search.interleave import interleave
 from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
+from planner.partition.search.recompute import recompute_where_needed
 from planner.partition.search.refine import RefineConfig, refine as refine_loop
 
 __all__ = ["partition", "methods", "RefineConfig", "RebalanceConfig"]
@@ -40,7 +41,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
               sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
-              recompute: bool = False, drain_every: int | None = None, **method_options: Any) -> Plan:
+              recompute: bool | str = False, drain_every: int | None = None, **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
@@ -58,19 +59,24 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     replicas combine their updates (``ssgd`` every step; ``local-sgd`` every ``sync_period`` steps; ``adaptive``,
     whose first period the rule picks from the predicted times when ``sync_period`` is ``None``); the simulator
     spreads each aggregation over its period, and a mode other than ``ssgd`` makes ``auto`` consider replicated
-    shapes only. ``recompute``: activation recomputation in every stage (``Problem.recompute``: each stage keeps its
-    input per micro-batch and runs its forward again before the backward), recorded as the plan's ``recompute``.
+    shapes only. ``recompute``: activation recomputation in every stage (``True``; ``Problem.recompute``: each stage
+    keeps its input per micro-batch and runs its forward again before the backward), or ``"auto"``: placed as if every
+    stage recomputed, then only in the stages whose devices cannot hold their saved activations
+    (``planner.partition.search.recompute``); recorded as each stage's ``recompute``.
     ``drain_every``: under an asynchronous schedule, the steps ``plan run`` will run between pipeline drains (its
     round length; ``Problem.drain_every``), recorded in the plan's ``async`` field; ``None``: the steady state.
     The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
     replicas of the whole model: one stage, one replica per device. Raises ``UsageError`` for an unknown method (listing the methods) and
     ``InfeasibleError`` when no stage split fits in memory.
     """
+    if recompute not in (False, True, "auto"):
+        raise UsageError(f"recompute must be False, True or 'auto', found {recompute!r}")
     entry = methods.get(method)
     groups = groups_for(profile, granularity) if granularity else None
     problem = build_problem(profile, cluster, microbatches=microbatches, schedule=schedule, optimizer=optimizer,
                             speed_factors=speed_factors, groups=groups, estimate_precision=estimate_precision,
-                            catalog=catalog, corrections=corrections, recompute=recompute, drain_every=drain_every)
+                            catalog=catalog, corrections=corrections, recompute=bool(recompute),
+                            drain_every=drain_every)
     problem = with_sync(problem, sync, sync_period, sync_staleness)
     reason = infeasible_reason(problem)
     if reason is not None:
@@ -122,6 +128,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         extra.update(methods.facts_of(chosen))
     if method in EXACT_METHODS and polish_on:  # polish off (--refine ablations): the placer's plan as it is
         chosen = _exact_on_small(problem, requested, chosen, extra)
+    if recompute == "auto" and not violations(problem, chosen):  # a split that does not fit is build_plan's to name
+        chosen = recompute_where_needed(problem, chosen)
     if entry.takes_weights:
         extra["weights"] = used
     try:

@@ -191,11 +191,11 @@ def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str
     try:
         problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                 optimizer=optimizer, groups=groups, catalog=catalog,
-                                recompute=bool(plan.extra.get("recompute")))
+                                recompute=any(plan.recomputed()))
     except PlannerError as exc:
         return [f"cannot recompute memory: {exc}"]
     replicas = plan.replicas()
-    specs = tuple(StageSpec(i, i + 1, s.device, tuple(devices) if len(devices) > 1 else ())
-                  for i, (s, devices) in enumerate(zip(plan.stages, replicas)))
+    specs = tuple(StageSpec(i, i + 1, s.device, tuple(devices) if len(devices) > 1 else (), again)
+                  for i, (s, devices, again) in enumerate(zip(plan.stages, replicas, plan.recomputed())))
     shares = plan.shares()
     return memory_violations(problem, Placed(specs, shares=shares) if shares else specs)

@@ -194,7 +194,9 @@ def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) ->
                           ("step", "right"), ("peak mem", "right"), ("verdict", "left")):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for row in [*fits[:show + 1], *failed[:1]]:
-        shape = f"{row.get('stages')}x{int(row.get('degree') or 1)}" + (" +AC" if row.get("recompute") else "")
+        again = int(row.get("recompute") or 0)  # stages that recompute (earlier versions: true for every stage)
+        shape = f"{row.get('stages')}x{int(row.get('degree') or 1)}" + (
+            "" if not again else " +AC" if again is True or again >= int(row.get("stages") or 0) else f" +AC{again}")
         memory = (f"{fmt_bytes(row['peak_memory_bytes'])} {row['memory_fraction']:.0%}"
                   if row.get("peak_memory_bytes") and row.get("memory_fraction") is not None else "")
         size = f"x{row['microbatch_size']}" if row.get("microbatch_size") else ""

@@ -1,10 +1,11 @@
 """Re-simulate a saved plan from what it carries: per-stage simulator figures and the embedded cluster.
 
 Every field of ``planner.partition.sim.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
-``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``, and for
-zero-bubble plans ``bwd_weight_s``) is stored on each stage of a plan by ``build_plan``; reading them back by the
-dataclass's own field list keeps this module in step with the simulator. A field with a default (``update_s``,
-``bwd_weight_s``) may be missing from plans written before it existed; the default is used.
+``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``, for zero-bubble plans
+``bwd_weight_s``, and for recomputing stages ``recompute_bytes``) is stored on each stage of a plan by ``build_plan``;
+reading them back by the dataclass's own field list keeps this module in step with the simulator. A field with a
+default (``update_s``, ``bwd_weight_s``, ``recompute_bytes``) may be missing from plans written before it existed or
+that do not need it; the default is used.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
-from planner.partition.model.cost import (evaluate, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
+from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
                                           stage_update_s, stage_weight_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
@@ -45,8 +45,6 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["calibration"] = dict(problem.calibration)
     if problem.corrections:
         top["cost_corrections"] = [list(c) for c in problem.corrections]
-    if problem.recompute:
-        top["recompute"] = True
     if profile_ref is not None:
         top["profile"] = dict(profile_ref)
     top.update(extra or {})
@@ -144,6 +142,9 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
     }
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:  # what plan show needs to re-simulate the halves
         fields["bwd_weight_s"] = sim.bwd_weight_s
+    if recomputes(problem.tables, spec):  # design.md section 5; absent means "none"
+        fields["recompute"] = "full"
+        fields["recompute_bytes"] = sim.recompute_bytes
     if len(spec.devices) > 1:
         fields["replicas"] = list(spec.devices)
         fields["sync_s"] = stage_sync_s(problem, spec)
@@ -153,7 +154,7 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
 
 def _replica_times(problem: Problem, spec: StageSpec, device: str) -> dict[str, Any]:
     """What the stage costs on one of its replicas' devices (``plan show`` re-simulates every replica from these)."""
-    fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop)
+    fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop, spec.recompute)
     out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
         out["bwd_weight_s"] = min(bwd, stage_weight_s(problem.tables, device, spec.start, spec.stop))
@@ -162,17 +163,17 @@ def _replica_times(problem: Problem, spec: StageSpec, device: str) -> dict[str, 
 
 def partition_of(problem: Problem, plan: Plan) -> Partition:
     """The plan's stages as block ranges of ``problem`` (each stage must start and end on a block boundary
-    and hold a contiguous run of blocks, in order)."""
+    and hold a contiguous run of blocks, in order), each recomputing as the plan says (``Plan.recomputed``)."""
     first_block = {block.nodes[0]: b for b, block in enumerate(problem.blocks)}
     last_block = {block.nodes[-1]: b for b, block in enumerate(problem.blocks)}
     specs = []
-    for stage, replicas in zip(plan.stages, plan.replicas()):
+    for stage, replicas, recompute in zip(plan.stages, plan.replicas(), plan.recomputed()):
         start, stop = first_block.get(stage.nodes[0]) if stage.nodes else None, last_block.get(stage.nodes[-1]) if stage.nodes else None
         size = sum(len(b.nodes) for b in problem.blocks[start:stop + 1]) if start is not None and stop is not None else -1
         if start is None or stop is None or stop < start or size != len(stage.nodes):
             raise PlanMismatchError(f"stage {stage.index} of the plan is not a contiguous run of the problem's blocks "
                                     f"(it starts at {stage.nodes[0] if stage.nodes else 'nothing'!r}); re-partition "
                                     f"from this profile")
-        specs.append(StageSpec(start, stop + 1, stage.device, tuple(replicas) if len(replicas) > 1 else ()))
+        specs.append(StageSpec(start, stop + 1, stage.device, tuple(replicas) if len(replicas) > 1 else (), recompute))
     shape = plan.shape()
     return Placed(tuple(specs), shares=shape.shares) if shape.replicated else tuple(specs)

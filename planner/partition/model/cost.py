@@ -28,10 +28,21 @@ from planner.partition.sim.step import compute_only_s, exposed_sync_s, simulate_
 
 # --- O(1) stage figures for placers -------------------------------------------------------------
 
-def stage_fwd_bwd_s(tables: CostTables, device: str, start: int, stop: int) -> tuple[float, float]:
-    """Forward and backward seconds per micro-batch of blocks ``[start, stop)`` on ``device``."""
+def recomputes(tables: CostTables, stage: StageSpec) -> bool:
+    """Whether ``stage`` recomputes its activations: its own ``recompute``, else the problem's (``tables.recompute``)."""
+    return tables.recompute if stage.recompute is None else stage.recompute
+
+
+def stage_fwd_bwd_s(tables: CostTables, device: str, start: int, stop: int,
+                    recompute: bool | None = None) -> tuple[float, float]:
+    """Forward and backward seconds per micro-batch of blocks ``[start, stop)`` on ``device``; ``recompute`` (``None``:
+    the problem's) adds the forward run again inside the backward, which the tables hold only when the problem
+    recomputes every stage."""
     fwd, bwd, factor = tables.fwd_prefix[device], tables.bwd_prefix[device], tables.speed[device]
-    return (fwd[stop] - fwd[start]) * factor, (bwd[stop] - bwd[start]) * factor
+    forward, backward = (fwd[stop] - fwd[start]) * factor, (bwd[stop] - bwd[start]) * factor
+    if recompute is not None and recompute != tables.recompute:
+        backward += forward if recompute else -forward
+    return forward, backward
 
 
 def stage_weight_s(tables: CostTables, device: str, start: int, stop: int) -> float:
@@ -59,31 +70,35 @@ def stage_stash_bytes_t(tables: CostTables, schedule: str, start: int, stop: int
     return (tables.param_prefix[stop] - tables.param_prefix[start]) * copies if copies else 0
 
 
-def stage_activation_bytes_t(tables: CostTables, start: int, stop: int) -> int:
+def stage_activation_bytes_t(tables: CostTables, start: int, stop: int, recompute: bool | None = None) -> int:
     """Bytes a stage of blocks ``[start, stop)`` keeps per micro-batch in flight (``stage_activation_terms_t``)."""
-    return stage_activation_terms_t(tables, start, stop)[0]
+    return stage_activation_terms_t(tables, start, stop, recompute)[0]
 
 
-def stage_recompute_bytes_t(tables: CostTables, start: int, stop: int) -> int:
+def stage_recompute_bytes_t(tables: CostTables, start: int, stop: int, recompute: bool | None = None) -> int:
     """Bytes a recomputing stage of blocks ``[start, stop)`` holds once on top (``stage_activation_terms_t``)."""
-    return stage_activation_terms_t(tables, start, stop)[1]
+    return stage_activation_terms_t(tables, start, stop, recompute)[1]
 
 
-def stage_activation_need_t(tables: CostTables, start: int, stop: int, inflight: int) -> int:
+def stage_activation_need_t(tables: CostTables, start: int, stop: int, inflight: int,
+                            recompute: bool | None = None) -> int:
     """Activation bytes of a stage of blocks ``[start, stop)`` with ``inflight`` micro-batches in flight."""
-    kept, once = stage_activation_terms_t(tables, start, stop)
+    kept, once = stage_activation_terms_t(tables, start, stop, recompute)
     return kept * inflight + once
 
 
-def stage_activation_terms_t(tables: CostTables, start: int, stop: int) -> tuple[int, int]:
+def stage_activation_terms_t(tables: CostTables, start: int, stop: int,
+                             recompute: bool | None = None) -> tuple[int, int]:
     """``(per micro-batch in flight, once)``: the activation bytes of a stage of blocks ``[start, stop)``.
 
     Without recomputation a stage keeps what its ops save for backward, per micro-batch in flight: ``(saved, 0)``.
-    With it (``tables.recompute``) it keeps only its input per micro-batch in flight, and before each backward
-    runs the forward again, holding that one micro-batch's saved bytes: ``(input, saved)``.
+    With it (``recompute``; ``None``: the problem's, ``tables.recompute``) it keeps only its input per micro-batch
+    in flight, and before each backward runs the forward again, holding that one micro-batch's saved bytes:
+    ``(input, saved)``.
     """
     saved = tables.saved_prefix[stop] - tables.saved_prefix[start]
-    return (tables.input_bytes[start], saved) if tables.recompute else (saved, 0)
+    on = tables.recompute if recompute is None else recompute
+    return (tables.input_bytes[start], saved) if on else (saved, 0)
 
 
 def transfer_s(tables: CostTables, src: str, dst: str, nbytes: int) -> float:
@@ -144,7 +159,7 @@ def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
     stage = partition[i]
     inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
     return (stage_static_bytes(problem, stage.start, stage.stop)
-            + stage_activation_need_t(problem.tables, stage.start, stage.stop, inflight)
+            + stage_activation_need_t(problem.tables, stage.start, stage.stop, inflight, stage.recompute)
             + stage_stash_bytes_t(problem.tables, problem.schedule, stage.start, stage.stop, len(partition) - i,
                                   problem.microbatches))
 
@@ -166,14 +181,15 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
     patterns = planned_patterns(len(partition), len(ranks), problem.microbatches) \
         if problem.schedule in GENERATED_ORDER_SCHEDULES else (problem.schedule,)  # zb-planned: its candidates' most
     orders = [device_orders(name, len(ranks), chunks, problem.microbatches) for name in patterns]
-    activation = {i: stage_activation_bytes(problem, st.start, st.stop) for i, st in enumerate(partition)}
+    activation = {i: stage_activation_bytes_t(problem.tables, st.start, st.stop, st.recompute)
+                  for i, st in enumerate(partition)}
     out = {}
     p = len(partition)
     for r, device in enumerate(ranks):
         static = sum(stage_static_bytes(problem, st.start, st.stop)
                      + stage_stash_bytes_t(problem.tables, problem.schedule, st.start, st.stop, p - i, problem.microbatches)
                      for i, st in enumerate(partition) if st.device == device)
-        once = max((stage_recompute_bytes_t(problem.tables, st.start, st.stop) for st in partition
+        once = max((stage_recompute_bytes_t(problem.tables, st.start, st.stop, st.recompute) for st in partition
                     if st.device == device), default=0)  # one backward's recomputed forward at a time
         out[device] = static + once + max(peak_activation_bytes(order[r], activation) for order in orders)
     return out
@@ -260,16 +276,16 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
     tables, last = problem.tables, len(partition) - 1
     sims = []
     for i, st in enumerate(partition):
-        fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop)
+        fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop, st.recompute)
         sims.append(SimStage(
             device=st.device, fwd_s=fwd, bwd_s=bwd,
             send_fwd_bytes=problem.cut_fwd_bytes[st.stop - 1] if i < last else 0,
             send_bwd_bytes=problem.cut_bwd_bytes[st.start - 1] if i > 0 else 0,
             static_bytes=(stage_static_bytes_t(tables, st.start, st.stop)
                           + stage_stash_bytes_t(tables, problem.schedule, st.start, st.stop, len(partition) - i,
-                                                problem.microbatches)
-                          + stage_recompute_bytes_t(tables, st.start, st.stop)),
-            activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop),
+                                                problem.microbatches)),
+            activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop, st.recompute),
+            recompute_bytes=stage_recompute_bytes_t(tables, st.start, st.stop, st.recompute),
             update_s=stage_update_s(problem, st.device, st.start, st.stop),
             bwd_weight_s=min(bwd, stage_weight_s(tables, st.device, st.start, st.stop)),
         ))

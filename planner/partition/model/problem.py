@@ -88,7 +88,8 @@ class Problem:
     the step's cost does not depend on it)."""
     recompute: bool = False
     """Activation recomputation: every stage keeps only its input per micro-batch in flight and runs its forward
-    again before each backward (the blocks' backward times include it; ``cost.stage_activation_terms_t``)."""
+    again before each backward (the blocks' backward times include it; ``cost.stage_activation_terms_t``). A stage
+    may say otherwise for itself (``StageSpec.recompute``)."""
     drain_every: int | None = None
     """Asynchronous schedules: the steps between pipeline drains, i.e. the run's round length (``plan run`` drains at
     every round end); each round then pays the pipeline's fill and drain (``simulate(drain_every=...)``). ``None``:
@@ -111,12 +112,15 @@ class StageSpec:
 
     ``replicas`` (hybrid plans, docs/formats.md): every device holding the stage, ``device`` first;
     empty means ``(device,)``. Replica ``r`` of the model is the pipeline of ``devices[r]`` of every stage.
+    ``recompute``: whether the stage recomputes its activations (the plan's per-stage ``recompute``); ``None``, what
+    placers leave it at, means the problem's ``recompute`` (``cost.recomputes``).
     """
 
     start: int
     stop: int
     device: str
     replicas: tuple[str, ...] = ()
+    recompute: bool | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -133,7 +137,7 @@ def degree_of(partition: Partition) -> int:
 
 def replica_of(partition: Partition, r: int) -> Partition:
     """Replica ``r``'s pipeline: every stage on its ``r``-th device, without replicas."""
-    return tuple(StageSpec(st.start, st.stop, st.devices[r]) for st in partition)
+    return tuple(StageSpec(st.start, st.stop, st.devices[r], recompute=st.recompute) for st in partition)
 
 
 def shares_of(partition: Partition, microbatches: int) -> tuple[int, ...]:

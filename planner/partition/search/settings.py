@@ -97,7 +97,7 @@ def candidate_facts(plan: Plan) -> dict[str, Any]:
     peaks = {d: int(v.get("peak_memory_bytes") or 0) for d, v in plan.predicted.get("devices", {}).items()}
     fraction = max((peak / capacity[d] for d, peak in peaks.items() if capacity.get(d)), default=None)
     return {"stages": len(plan.stages), "degree": shape.degree, "peak_memory_bytes": plan.peak_memory_bytes,
-            "memory_fraction": fraction, "recompute": bool(plan.extra.get("recompute"))}
+            "memory_fraction": fraction, "recompute": sum(plan.recomputed())}
 
 
 FINALISTS = 3

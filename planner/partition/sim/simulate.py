@@ -53,6 +53,16 @@ class SimStage:
     """The optimizer step over the stage's parameters, once per step after the device's last pass."""
     bwd_weight_s: float = 0.0
     """The weight-gradient part of ``bwd_s`` (zero-bubble schedules run it apart, as ``W``; the rest is ``I``)."""
+    recompute_bytes: int = 0
+    """A recomputing stage: the saved bytes of the one micro-batch whose forward runs again inside a backward (its
+    ``activation_bytes`` are then its input only). A device runs one backward at a time, so it holds the largest of
+    its stages' (``held_bytes``)."""
+
+
+def held_bytes(stages: Sequence[SimStage]) -> int:
+    """What a device holding ``stages`` keeps whatever the order of its passes: their static bytes, and the largest
+    forward any of them recomputes (one backward at a time)."""
+    return sum(st.static_bytes for st in stages) + max((st.recompute_bytes for st in stages), default=0)
 
 
 @dataclass(frozen=True)
@@ -319,9 +329,7 @@ def _async_result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, .
     """Per-device figures of an asynchronous simulation: busy time and its parts between each device's two marks,
     over ``n`` steps; the step ``step``; peak memory the whole run's."""
     p = len(ranks)
-    static = [0] * p
-    for s, stage in enumerate(stages):
-        static[state.rank_of_stage[s]] += stage.static_bytes
+    static = _held_by_rank(state, stages, p)
     devices = {}
     for r, dev in enumerate(ranks):
         (_, busy_a, parts_a), (_, busy_b, parts_b) = spans[r]
@@ -357,11 +365,16 @@ def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tup
                            f"case: report it with the plan, and meanwhile use another micro-batch count or schedule")
 
 
+def _held_by_rank(state: _State, stages: Sequence[SimStage], p: int) -> list[int]:
+    """``held_bytes`` of each of the ``p`` ranks' stages."""
+    return [held_bytes([st for s, st in enumerate(stages) if state.rank_of_stage[s] == r]) for r in range(p)]
+
+
 def _check_stages(stages: Sequence[SimStage]) -> None:
     """Times must be finite and non-negative, byte counts non-negative."""
     for s, stage in enumerate(stages):
         for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes",
-                     "update_s", "bwd_weight_s"):
+                     "update_s", "bwd_weight_s", "recompute_bytes"):
             value = getattr(stage, name)
             if not 0 <= value < float("inf"):  # also false for NaN
                 raise PlannerError(f"stage {s} has {name} = {value!r}; expected a finite non-negative number")
@@ -532,9 +545,7 @@ def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], u
     if updates:
         _updates(state, stages, ranks)
     step = max(state.free_at) if state.free_at else 0.0
-    static = [0] * len(ranks)
-    for s, stage in enumerate(stages):
-        static[state.rank_of_stage[s]] += stage.static_bytes
+    static = _held_by_rank(state, stages, len(ranks))
     devices = {
         dev: DeviceStats(busy_s=state.busy_s[r], idle_s=max(step - state.busy_s[r], 0.0),
                          peak_memory_bytes=static[r] + state.peak_bytes[r], compute_s=state.parts[r][0],

@@ -68,7 +68,7 @@ def check_async(plan: Plan) -> None:
                             shape.degree, shape.sync)
     if found:
         raise UsageError(f"the plan cannot run: {found}")
-    if plan.extra.get("recompute"):
+    if any(plan.recomputed()):
         raise UsageError(f"the plan cannot run: it recomputes activations under {plan.schedule}, which runs its stages "
                          f"on stashed weight versions without recomputation; re-partition with --recompute off or a "
                          f"flushing schedule (1f1b, gpipe)")

@@ -61,8 +61,8 @@ class ContiguousStage(PipelineStage):
 
 
 class Recomputed(nn.Module):
-    """A stage that keeps only its inputs for the backward and runs its forward again inside it (the plan's
-    ``recompute``): ``torch.utils.checkpoint`` in its non-reentrant form, which saves the random state so that
+    """A stage that keeps only its inputs for the backward and runs its forward again inside it (the stage's
+    ``recompute: "full"``): ``torch.utils.checkpoint`` in its non-reentrant form, which saves the random state so that
     dropout draws the same mask twice. Its parameters are the wrapped stage's own."""
 
     def __init__(self, inner: nn.Module) -> None:
@@ -240,14 +240,14 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
         stage_rank = {s: dist.get_group_rank(group, layout[s]) for s in range(num)}
     else:
         stage_rank = dict(enumerate(layout))  # a fixed device order (device_ranks) may put stage i on a rank other than i
-    recompute = bool(plan.extra.get("recompute"))
+    recompute = plan.recomputed()
     split = plan.schedule in ZERO_BUBBLE_SCHEDULES
 
-    def wrapped(module: nn.Module) -> nn.Module:
-        module = Recomputed(module) if recompute else module
+    def wrapped(module: nn.Module, index: int) -> nn.Module:
+        module = Recomputed(module) if recompute[index] else module
         return OwnOutputs(module) if split else module
 
-    stages = tuple(ContiguousStage(wrapped(g.module), g.index, num, device, group=group) for g in local)
+    stages = tuple(ContiguousStage(wrapped(g.module, g.index), g.index, num, device, group=group) for g in local)
     for st in stages:
         st.stage_index_to_group_rank = dict(stage_rank)
     canonical = canonical_param_names(module)

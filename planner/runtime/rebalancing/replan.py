@@ -20,7 +20,7 @@ from planner.formats.plan import STALENESS_SYNCS, Plan
 from planner.formats.profile import Profile
 from planner.partition import partition
 from planner.partition.placers import registry as methods
-from planner.partition.model.cost import evaluate, step_time_s
+from planner.partition.model.cost import evaluate, stage_fwd_bwd_s, step_time_s
 from planner.partition.model.convert import partition_of
 from planner.partition.model.problem import Problem, build_problem, with_sync
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
@@ -76,7 +76,7 @@ class RoundModel:
             profile = rescaled(profile, microbatch_size)  # the run's rows, as --microbatches auto planned them
         problem = _synced(build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                         optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog,
-                                        recompute=bool(plan.extra.get("recompute")), drain_every=drain_every), plan)
+                                        recompute=any(plan.recomputed()), drain_every=drain_every), plan)
         return RoundModel(profile, cluster, problem, profile.node_index(), catalog)
 
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
@@ -88,12 +88,10 @@ class RoundModel:
         shares = plan.replica_shares()
         stretch = self.core_stretch(plan)
         out: dict[str, float] = {}
-        for stage, devices in zip(plan.stages, replicas):
+        for stage, devices, again in zip(plan.stages, replicas, plan.recomputed()):
+            runs = _runs(sorted(self.index[name] for name in stage.nodes))
             for device, share in zip(devices, shares):
-                total = 0.0
-                for name in stage.nodes:
-                    fwd, bwd = self.problem.time_on(self.index[name], device)
-                    total += fwd + bwd
+                total = sum(self.predict_s(device, a, b, again) for a, b in runs)
                 out[device] = out.get(device, 0.0) + total * share * steps * stretch.get(device, 1.0)
         return out
 
@@ -110,18 +108,22 @@ class RoundModel:
         shares = plan.replica_shares()
         stretch = self.core_stretch(plan)  # the fit sees each device's own speed, not its share of the cores
         ranges: dict[str, list[tuple[int, int, float]]] = {}
-        for stage, devices in zip(plan.stages, plan.replicas()):
+        for stage, devices, again in zip(plan.stages, plan.replicas(), plan.recomputed()):
             for run_start, run_stop in _runs(sorted(self.index[name] for name in stage.nodes)):
                 for device, share in zip(devices, shares):
-                    ranges.setdefault(device, []).append((run_start, run_stop, share * steps))
+                    # the fit prices a range as the problem does (every stage recomputing, or none): a stage that
+                    # differs counts as that many runs of it, so its measured seconds are not misread as speed
+                    as_priced = self.predict_s(device, run_start, run_stop)
+                    own = self.predict_s(device, run_start, run_stop, again)
+                    ranges.setdefault(device, []).append(
+                        (run_start, run_stop, share * steps * (own / as_priced if as_priced > 0 else 1.0)))
         return [Held(d, float(measured_s[d]) / stretch.get(d, 1.0), tuple(r)) for d, r in sorted(ranges.items())
                 if measured_s.get(d, 0.0) > 0]
 
-    def predict_s(self, device: str, start: int, stop: int) -> float:
-        """The cost model's forward + backward seconds for one run of profile nodes ``[start, stop)`` on ``device``."""
-        tables = self.problem.tables
-        fwd, bwd = tables.fwd_prefix[device], tables.bwd_prefix[device]
-        return fwd[stop] - fwd[start] + bwd[stop] - bwd[start]
+    def predict_s(self, device: str, start: int, stop: int, recompute: bool | None = None) -> float:
+        """The cost model's forward + backward seconds for one run of profile nodes ``[start, stop)`` on ``device``
+        (``recompute``: with the forward run again inside the backward or not; ``None``: as the problem prices it)."""
+        return sum(stage_fwd_bwd_s(self.problem.tables, device, start, stop, recompute))
 
     def step_time_s(self, plan: Plan, speed_factors: Mapping[str, float],
                     corrections: Sequence[tuple[int, int, float]] = ()) -> float:
@@ -169,7 +171,7 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
                          speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
                          catalog=model.catalog, sync=current.shape().sync, sync_period=current.shape().period,
                          data_parallel=current.shape().degree,  # a hybrid plan keeps its degree; cuts and shares move
-                         recompute=model.problem.recompute, drain_every=model.problem.drain_every)
+                         recompute=current.recompute_mode(), drain_every=model.problem.drain_every)
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
     now = model.step_time_s(current, factors, state.corrections)
