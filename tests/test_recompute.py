@@ -123,3 +123,17 @@ def test_the_plan_field_is_checked_and_earlier_plans_still_read() -> None:
             plan_from_dict(broken)
     with pytest.raises(InputFileError, match="'recompute'"):
         plan_from_dict({**doc, "recompute": "yes"})
+
+
+def test_the_stage_table_marks_the_stages_that_recompute() -> None:
+    from rich.console import Console
+
+    from planner.report.table import stage_table
+
+    auto = plan_with(PROFILE, cluster(2, memory_bytes=TIGHT), method="dp", microbatches=8, schedule="1f1b",
+                     recompute="auto")
+    console = Console(record=True, width=200)
+    console.print(stage_table(auto))
+    text = console.export_text()
+    assert text.count("+AC") == 2  # stage 0's row and the caption's key
+    assert "+AC: the stage recomputes its activations" in text

@@ -26,7 +26,9 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     sync = ("; sync: every worker's exchange with the parameter server, per step" if shape.served else
             "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
-    caption = "compute and transfer per micro-batch, idle per step" + sync
+    again = plan.recomputed()
+    caption = ("compute and transfer per micro-batch, idle per step" + sync
+               + ("; +AC: the stage recomputes its activations (its backward runs its forward again)" if any(again) else ""))
     table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold",
                   caption=caption, caption_justify="left")
     columns = [("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),
@@ -35,13 +37,14 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     for name, justify in columns:
         short = name in ("#", "compute", "transfer", "sync", "idle")  # never wrapped; the others wrap when narrow
         table.add_column(name, justify=justify, no_wrap=short)  # type: ignore[arg-type]
-    for stage, devices in zip(plan.stages, plan.replicas()):
+    for stage, devices, recomputes in zip(plan.stages, plan.replicas(), again):
         x = stage.extra
         device = f"{stage.device} ({types[stage.device]})" if stage.device in types else stage.device
         if len(devices) > 1:
             device += f" x{len(devices)}: " + ", ".join(devices)
         table.add_row(
-            str(stage.index), Text(device), Text(layer_span(stage)), fmt_time(x.get("compute_s")), fmt_time(x.get("transfer_s")),
+            str(stage.index), Text(device), Text(layer_span(stage)),
+            fmt_time(x.get("compute_s")) + (" +AC" if recomputes else ""), fmt_time(x.get("transfer_s")),
             *([fmt_time(x.get("sync_s"))] if hybrid else []),
             _memory_cell(x.get("memory_bytes"), x.get("capacity_bytes")), fmt_time(x.get("idle_s")),
         )
