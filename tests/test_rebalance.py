@@ -290,6 +290,27 @@ def test_round_model_predicts_unscaled_compute_per_device() -> None:
     assert model.step_time_s(plan, {"d1": 2.0}) > model.step_time_s(plan, {})
 
 
+def test_round_model_prices_each_stage_as_it_recomputes() -> None:
+    """A plan that recomputes in stage 0 only: the round model counts stage 0's forward twice and stage 1's once,
+    and the speed fit's observation of a round at the predicted times reads both devices at speed 1."""
+    import json
+
+    from planner.formats.plan import plan_from_dict
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    prof, clus, plan, _ = _chain_setup()
+    doc = json.loads(json.dumps(plan.to_dict()))
+    doc["stages"][0]["recompute"] = "full"
+    mixed = plan_from_dict(doc)
+    model = RoundModel.build(prof, clus, mixed)
+    assert model.problem.recompute
+    predicted = model.predicted_compute_s(mixed, steps=2)
+    assert predicted == pytest.approx({"d0": 6 * 4.0 * 4 * 2, "d1": 6 * 3.0 * 4 * 2})
+    held = model.held(mixed, 2, predicted)
+    for h in held:  # measured exactly as predicted: every range's runs x its priced time add up to the measurement
+        assert sum(runs * model.predict_s(h.device, a, b) for a, b, runs in h.ranges) == pytest.approx(h.measured_s)
+
+
 def test_propose_adopts_a_faster_plan_and_keeps_the_job_ranks() -> None:
     from planner.runtime.rebalancing.replan import propose
 
