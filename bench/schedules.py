@@ -308,7 +308,10 @@ def render(results: dict[str, Any]) -> str:
                   "| schedule | stages x replicas | step (s) | work bound (s) | step / bound | fullest device (GiB) "
                   "| chosen |", "|---|---|---:|---:|---:|---:|---|"]
         for r in mb["rows"]:
-            lines.append(f"| {r['schedule']} | {r['stages']} x {r['degree']}{' (recompute)' if r['recompute'] else ''} "
+            again = int(r["recompute"])  # recomputing stages (true: every stage, in results of earlier versions)
+            note = "" if not again else " (recompute)" if again is True or again >= r["stages"] else \
+                f" (recompute in {again})"
+            lines.append(f"| {r['schedule']} | {r['stages']} x {r['degree']}{note} "
                          f"| {r['step_s']:.3f} | {r['bound_s']:.3f} | {r['step_s'] / r['bound_s']:.2f}x | "
                          f"{r['peak_bytes'] / 2**30:.2f} | {'yes' if r['chosen'] else ''} |")
         flushing = [r for r in mb["rows"] if r["schedule"] not in ASYNC_SCHEDULES]
