@@ -49,9 +49,10 @@ LINKS = {"slow": "1e8,0.005", "fast": "1e9,0.0005"}
 MODES = {"ssgd": ["--sync", "ssgd"], "local-sgd H=4": ["--sync", "local-sgd", "--sync-period", "4"],
          "local-sgd H=16": ["--sync", "local-sgd", "--sync-period", "16"], "adaptive": ["--sync", "adaptive"],
          "adaptive, elastic 0.02": ["--sync", "adaptive", "--sync-elastic", "0.02"]}
-ROUND_STEPS = 20
-"""Rounds of 20 steps: the per-round bookkeeping (a barrier, the losses, the rebalancer's broadcast) costs each
-mode the same few link latencies per round."""
+ROUND_STEPS = 10
+"""Rounds of 10 steps, the evaluation interval: evaluations come at round ends, so a run's time to target is read
+every 10 steps (rounds of 20 read it every 20, and a mode one evaluation late lost a whole 20 steps). The per-round
+bookkeeping (a barrier, the losses, the rebalancer's broadcast) costs each mode the same few link latencies."""
 
 
 def train_mode(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list[str], seed: int) -> dict[str, Any]:
@@ -135,6 +136,21 @@ def _curves(name: str, link_name: str, first_seed: dict[str, dict[str, Any]]) ->
     plan_cli("curves", *logs, "-o", str(IMAGES / f"sync-{name}-{link_name}.png"), work=WORK)
 
 
+def _better_fixed(modes: dict[str, Any]) -> str:
+    """The fixed-interval mode that reached the target sooner (``local-sgd H=4`` when neither did)."""
+    fixed = [m for m in ("local-sgd H=4", "local-sgd H=16") if m in modes and modes[m]["time_to_target_s"]]
+    return min(fixed, key=lambda m: modes[m]["time_to_target_s"]) if fixed else "local-sgd H=4"
+
+
+def _equal_steps_ceiling(row: dict[str, Any]) -> float | None:
+    """How much sooner than ``row``'s mode any mode could reach the target in as many steps: its time to target over
+    that time less the aggregation time it waited for per step (measured) x its steps to target."""
+    reached, steps = row.get("time_to_target_s"), row.get("steps_to_target")
+    if not reached or not steps:
+        return None
+    return reached / (reached - row["exposed_per_step_s"] * steps)
+
+
 def _fmt_s(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.2f}"
 
@@ -148,7 +164,7 @@ def render(results: dict[str, Any]) -> str:
              "the first and after the last run of each row (2.0 = both cores busy). Medians of the seeds. "
              "Reproduce: `python3 bench/sync.py` (modes and seeds interleaved).", "",
              "Columns: *to target*: training seconds (evaluation excluded) to the first evaluation that reaches the "
-             "target (evaluations come at round ends, so every 20 steps here, though `--eval-every 10`); *vs ssgd*: ssgd's time over the mode's; *final*: the last evaluation's "
+             "target (evaluations come at round ends: rounds of 10 steps here, evaluated every 10); *vs ssgd*: ssgd's time over the mode's; *final*: the last evaluation's "
              "metric; *waited per step*: aggregation time training waited for, per step; *hidden*: for adaptive, "
              "1 - its waited time per aggregation / ssgd's measured blocking all-reduce; *periods*: the first "
              "intervals of seed 0.", ""]
@@ -174,6 +190,14 @@ def render(results: dict[str, Any]) -> str:
         adaptive = modes["adaptive"]["time_to_target_s"]
         if adaptive and best_fixed:
             lines += ["", f"adaptive against the better fixed interval: {best_fixed / adaptive:.2f}x."]
+        fixed = _better_fixed(modes)
+        for name, what in (("ssgd", "ssgd"), (fixed, f"the better fixed interval ({fixed})")):
+            ceiling = _equal_steps_ceiling(modes.get(name) or {})
+            if ceiling:
+                lines += ["", f"At the {modes[name]['steps_to_target']:.0f} steps {what} needed, a mode that "
+                              f"waited for none of its aggregations would reach the target at most {ceiling:.2f}x "
+                              f"sooner than it (its time to target less its measured wait per step x those steps); "
+                              f"more needs fewer steps."]
         steps = [m["steps_to_target"] for m in modes.values() if m.get("steps_to_target")]
         if steps and best_fixed:
             compute = min(m["compute_per_step_s"] for m in modes.values())
