@@ -18,10 +18,13 @@
    ``t4-2x4-eth`` (two hosts of four T4s) at m = 8: ``plan partition -d auto --schedule auto`` and the candidate of
    every schedule it weighed, each step against the work bound (all compute spread evenly over the devices, no
    bubble, no transfers: no plan is faster).
+4. Recomputation where needed, simulated: the same model on the same cluster with less memory per device, planned
+   with ``--recompute off``, ``on`` (every stage) and ``auto`` (only the stages that need it).
 
-    python3 bench/schedules.py                        # both; writes docs/bench-schedules.md and .json
+    python3 bench/schedules.py                        # everything; writes docs/bench-schedules.md and .json
     python3 bench/schedules.py --only simulated       # the simulated tables only (minutes)
-    python3 bench/schedules.py --only memory-bound    # the memory-bound case (~14 min; the slice's profile is cached)
+    python3 bench/schedules.py --only memory-bound    # the memory-bound case (~11 min; the slice's profile is cached)
+    python3 bench/schedules.py --only recompute       # recomputation where needed (seconds)
     python3 bench/schedules.py --models gpt_small --microbatches 4 --steps 6
 """
 
@@ -195,12 +198,10 @@ def simulated() -> list[dict[str, Any]]:
     return rows
 
 
-def memory_bound(reprofile: bool) -> dict[str, Any]:
-    """The memory-bound case (``MEMORY_BOUND``): ``plan partition --schedule auto -d auto``, and every schedule's
-    candidate it weighed (``choices``): shape, step, fullest device and step over the work bound."""
+def deep_profile(reprofile: bool) -> Path:
+    """The memory-bound case's model (``MEMORY_BOUND``): its measured 2-layer slice (cached) synthesised to full depth."""
     from synth import synthesize
 
-    from planner.app.partition import partition_file
     from planner.formats.profile import save_profile
 
     case = MEMORY_BOUND
@@ -211,8 +212,53 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
         save_profile(profile_model(case["spec"], repeats=3, warmup=1, estimate=("t4",), estimate_precision="fp32"),
                      slice_path)
     deep = CACHE / f"llama_1b_{case['layers']}L.profile.json"
-    profile = synthesize(load_profile(slice_path), case["layers"])
-    save_profile(profile, deep)
+    save_profile(synthesize(load_profile(slice_path), case["layers"]), deep)
+    return deep
+
+
+RECOMPUTE_MEMORY_GIB = (4.0, 3.5, 3.4, 3.25)
+"""Per-device memory of the recomputation section: from room for a plan without recomputation down to where only
+recomputation fits (the model's weights, gradients and Adam state over 8 devices take about 2 GiB each)."""
+
+
+def recompute_section(reprofile: bool) -> dict[str, Any]:
+    """Recomputation where needed: the memory-bound model on ``MEMORY_BOUND``'s cluster with less memory per device,
+    planned (dp, layer cuts, one pipeline, m = 8) with ``--recompute off``, ``on`` (every stage) and ``auto`` (only the
+    stages that need it, when nothing fits without)."""
+    from planner.app.partition import partition_file
+    from planner.errors import InfeasibleError
+
+    case, deep = MEMORY_BOUND, deep_profile(reprofile)
+    base = json.loads((REPO / "profiles" / "clusters" / f"{case['cluster']}.json").read_text())
+    rows = []
+    for gib in RECOMPUTE_MEMORY_GIB:
+        cluster = {**base, "name": f"{base['name']}-{gib}g",
+                   "devices": [{**d, "memory_bytes": int(gib * 2**30)} for d in base["devices"]]}
+        path = CACHE / f"recompute-{gib}g.cluster.json"
+        path.write_text(json.dumps(cluster))
+        for schedule in ("gpipe", "1f1b"):
+            row: dict[str, Any] = {"memory_gib": gib, "schedule": schedule}
+            for mode in ("off", "on", "auto"):
+                try:
+                    plan = partition_file(deep, str(path), None, method="dp", microbatches=case["microbatches"],
+                                          schedule=schedule, data_parallel=1, granularity="layer", recompute=mode)
+                except InfeasibleError:
+                    row[mode] = None
+                    continue
+                row[mode] = {"step_s": plan.step_time_s, "stages": len(plan.stages),
+                             "recomputing": sum(plan.recomputed()), "peak_bytes": plan.peak_memory_bytes}
+            rows.append(row)
+    return {"rows": rows}
+
+
+def memory_bound(reprofile: bool) -> dict[str, Any]:
+    """The memory-bound case (``MEMORY_BOUND``): ``plan partition --schedule auto -d auto``, and every schedule's
+    candidate it weighed (``choices``): shape, step, fullest device and step over the work bound."""
+    from planner.app.partition import partition_file
+
+    case = MEMORY_BOUND
+    deep = deep_profile(reprofile)
+    profile = load_profile(deep)
     params = sum(n.param_bytes for n in profile.nodes)  # bytes, fp32: 4 a parameter; with gradients and Adam, 16
     memory = min(d.memory_bytes for d in load_cluster(REPO / "profiles" / "clusters" / f"{case['cluster']}.json").devices)
     began = time.perf_counter()
@@ -321,6 +367,28 @@ def render(results: dict[str, Any]) -> str:
             lines += ["", f"1F1B: {one['step_s'] / one['bound_s']:.2f}x the work bound; the fastest flushing "
                       f"schedule, {best['schedule']}: {best['step_s'] / best['bound_s']:.2f}x (target: at most 1.5x)."]
         lines.append("")
+    if results.get("recompute"):
+        lines += ["## 4. Recomputation where needed (simulated)", "", _made(results, "recompute"), "",
+                  f"The model of section 3 on `{MEMORY_BOUND['cluster']}` with less memory per device: `plan partition "
+                  f"--method dp -d 1 --granularity layer -n {MEMORY_BOUND['microbatches']} --recompute off|on|auto`. "
+                  f"*on* recomputes in every stage; *auto* only in the stages whose devices cannot hold their saved "
+                  f"activations, when nothing fits without it or when that beats the plan without "
+                  f"(docs/cost-model.md, \"Recomputation\"). "
+                  f"Each cell: predicted step (s), stages recomputing of all, fullest device (GiB).", "",
+                  "| memory per device (GiB) | schedule | off | on (every stage) | auto | off / auto | on / auto |",
+                  "|---:|---|---|---|---|---:|---:|"]
+
+        def cell(c: dict[str, Any] | None) -> str:
+            return "does not fit" if c is None else \
+                f"{c['step_s']:.3f} ({c['recomputing']}/{c['stages']}, {c['peak_bytes'] / 2**30:.2f})"
+
+        def ratio(c: dict[str, Any] | None, auto: dict[str, Any] | None) -> str:
+            return f"{c['step_s'] / auto['step_s']:.2f}x" if c and auto else "-"
+
+        for r in results["recompute"]["rows"]:
+            lines.append(f"| {r['memory_gib']} | {r['schedule']} | {cell(r['off'])} | {cell(r['on'])} | "
+                         f"{cell(r['auto'])} | {ratio(r['off'], r['auto'])} | {ratio(r['on'], r['auto'])} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -372,7 +440,7 @@ def _sim_summary(rows: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("measured", "simulated", "memory-bound"), action="append")
+    parser.add_argument("--only", choices=("measured", "simulated", "memory-bound", "recompute"), action="append")
     parser.add_argument("--models", nargs="+", default=list(MEASURED_MODELS), choices=sorted(MEASURED_MODELS))
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--steps", type=int, default=8)
@@ -381,7 +449,7 @@ def main() -> None:
     parser.add_argument("--reprofile", action="store_true")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT))
     args = parser.parse_args()
-    only = set(args.only or ("measured", "simulated", "memory-bound"))
+    only = set(args.only or ("measured", "simulated", "memory-bound", "recompute"))
     CACHE.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.output).with_suffix(".json")
     results: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
@@ -390,6 +458,8 @@ def main() -> None:
         results["simulated"] = simulated()
     if "memory-bound" in only:
         results["memory_bound"] = memory_bound(args.reprofile)
+    if "recompute" in only:
+        results["recompute"] = recompute_section(args.reprofile)
     if "measured" in only:  # rows of models and counts not run now are kept, each with the command that made it
         new = measured(args)
         for row in new:

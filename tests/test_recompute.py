@@ -137,3 +137,23 @@ def test_the_stage_table_marks_the_stages_that_recompute() -> None:
     text = console.export_text()
     assert text.count("+AC") == 2  # stage 0's row and the caption's key
     assert "+AC: the stage recomputes its activations" in text
+
+
+@pytest.mark.parametrize("memory, expect", [(1800, (True, False)), (2400, (True, False)), (2600, (False, False))])
+def test_auto_takes_recomputation_where_it_is_faster_than_none(tmp_path, memory: int, expect: tuple[bool, ...]) -> None:
+    """A cheap forward (0.2 s against a 2 s backward): without recomputation stage 0 must be short to hold its two
+    micro-batches, which slows the pipeline; auto also places with recomputation where needed and keeps the faster,
+    up to the memory where the balanced cut fits without it (2600 B) and no recomputation wins again."""
+    from planner.app.partition import partition_file
+    from planner.formats.profile import save_profile
+
+    save_profile(chain(6, fwd=0.2, bwd=2.0, saved=400, out=50), tmp_path / "profile.json")
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster(2, memory_bytes=memory).to_dict()))
+    plans = {mode: partition_file(tmp_path / "profile.json", str(tmp_path / "cluster.json"), None, method="dp",
+                                  microbatches=8, schedule="1f1b", data_parallel=1, recompute=mode)
+             for mode in ("off", "auto")}
+    assert plans["auto"].recomputed() == expect
+    assert plans["auto"].step_time_s <= plans["off"].step_time_s
+    if any(expect):
+        assert plans["auto"].step_time_s < 0.9 * plans["off"].step_time_s
+        assert plans["auto"].peak_memory_bytes <= memory

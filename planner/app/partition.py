@@ -23,8 +23,10 @@ from planner.formats.profile import load_profile
 
 
 RECOMPUTE_CHOICES = ("off", "on", "auto")
-"""``--recompute``: activation recomputation never, in every stage, or only where nothing fits without it: placed as if
-every stage recomputed, then kept only on the stages whose devices cannot hold their saved activations."""
+"""``--recompute``: activation recomputation never, in every stage, or only where it pays: ``auto`` places as if every
+stage recomputed and keeps it only on the stages whose devices cannot hold their saved activations, and takes that
+plan when nothing fits without recomputation or when it is faster than the plan without (memory may have bent that
+plan's cuts; docs/cost-model.md, "Recomputation")."""
 
 
 def check_recompute(recompute: str, schedule: str) -> None:
@@ -67,11 +69,11 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     ``PlannerError`` on bad input; on any error nothing is written. ``sync``, ``sync_period`` and ``staleness``: how
     replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
     schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field. ``recompute``:
-    activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (for a candidate only when nothing
-    fits without it, and then only in the stages that need it). ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
+    activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (only in the stages that need it, for a
+    candidate when nothing fits without it or when that is faster than the plan without; ``RECOMPUTE_CHOICES``). ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
     (``Problem.drain_every``; ``None``: the steady state)."""
     from planner.partition import partition
-    from planner.partition.search.settings import choose, parse_microbatches
+    from planner.partition.search.settings import TIE, choose, parse_microbatches
 
     count = parse_microbatches(microbatches, global_batch)
     check_settings(method, count, schedule, optimizer)
@@ -134,11 +136,15 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                 raise UsageError(f"{schedule_name} does not recompute activations (stashed weight versions)")
             return place(True)
         try:
-            return place(False)
+            plain = place(False)
         except InfeasibleError:
             if recompute != "auto" or asynchronous:
                 raise
             return place("auto")  # nothing fits without it: recompute in the stages that need it
+        if recompute != "auto" or asynchronous:
+            return plain
+        where_needed = place("auto")  # the cuts of recomputation, kept only where needed: faster where memory bent
+        return where_needed if where_needed.step_time_s < plain.step_time_s * (1 - TIE) else plain  # plain's cuts
 
     if schedule == "auto" or count is None:  # --refine: only the finalists (settings.choose)
         quick = functools.partial(plan_with, refine=False) if refine else plan_with

@@ -60,8 +60,8 @@ def partition_cmd(
     async_correction: Annotated[str, typer.Option("--async-correction", help="async-1f1b and 2bw: predict (weight "
                                 "prediction on top of weight stashing) or none (stashing alone); docs/async.md.")] = "predict",
     recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: off, on (every stage keeps "
-                         "only its inputs and runs its forward again before the backward), or auto (only when "
-                         "nothing fits without it, and then only in the stages that need it).")] = "off",
+                         "only its inputs and runs its forward again before the backward), or auto (only in the "
+                         "stages that need it, when nothing fits without it or when that is faster).")] = "off",
     round_steps: Annotated[Optional[int], typer.Option("--round-steps", help="async-1f1b and 2bw: the steps plan run "
                            "will run per round (its --round-steps), where the pipeline drains; each round then pays "
                            "one fill and drain in the prediction. Default: never drains (the steady state).",

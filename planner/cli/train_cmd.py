@@ -40,8 +40,9 @@ def train_cmd(
     sync_period: Annotated[Optional[int], typer.Option("--sync-period", help="local-sgd / adaptive: local steps "
                            "between aggregations.", show_default=False)] = None,
     method: Annotated[str, typer.Option("--method", "-m", help="Placer (greedy, dp, ilp, ...).")] = "greedy",
-    recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: auto (only when nothing "
-                         "fits without it, and only in the stages that need it), on (every stage) or off.")] = "auto",
+    recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: auto (only in the stages "
+                         "that need it, when nothing fits without it or when that is faster), on (every stage) or "
+                         "off.")] = "auto",
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam (default: adam, as "
                          "planned).", show_default=False)] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default 0.01 sgd, 1e-3 adam).",
