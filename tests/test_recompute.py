@@ -157,3 +157,19 @@ def test_auto_takes_recomputation_where_it_is_faster_than_none(tmp_path, memory:
     if any(expect):
         assert plans["auto"].step_time_s < 0.9 * plans["off"].step_time_s
         assert plans["auto"].peak_memory_bytes <= memory
+
+
+@pytest.mark.parametrize("recompute, shown", [(0, "2x1 "), (1, "2x1 +AC1"), (2, "2x1 +AC"), (True, "2x1 +AC")])
+def test_the_strategy_table_counts_the_recomputing_stages(recompute, shown: str) -> None:
+    """plan train's candidate table: +ACk when k stages of a plan recompute, +AC when all do (and for the every-stage
+    flag of earlier versions' summaries)."""
+    from rich.console import Console
+
+    from planner.report.render import render_strategy
+
+    row = {"schedule": "1f1b", "microbatches": 8, "stages": 2, "degree": 1, "sync": None, "step_time_s": 1.0,
+           "peak_memory_bytes": 1, "memory_fraction": 0.5, "recompute": recompute, "verdict": "chosen"}
+    console = Console(record=True, width=200)
+    render_strategy(console, {"candidates": [row], "failed": [], "search_s": 0.1}, 1)
+    text = console.export_text()
+    assert shown.strip() in text and ("+AC" in text) == bool(recompute)

@@ -70,7 +70,8 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
     schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field. ``recompute``:
     activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (only in the stages that need it, for a
-    candidate when nothing fits without it or when that is faster than the plan without; ``RECOMPUTE_CHOICES``). ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
+    candidate when nothing fits without it or when that is faster than the plan without; ``RECOMPUTE_CHOICES``).
+    ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
     (``Problem.drain_every``; ``None``: the steady state)."""
     from planner.partition import partition
     from planner.partition.search.settings import TIE, choose, parse_microbatches

@@ -9,8 +9,8 @@ from typing import Mapping, Sequence
 
 from planner.formats.jsonio import check_writable, write_bytes_atomic
 from planner.formats.plan import Plan, load_plan
-from planner.report.events import TimedEvent, memory_timeline, split_tracks
 from planner.partition.sim.simulate import SimStage, held_bytes
+from planner.report.events import TimedEvent, memory_timeline, split_tracks
 from planner.report.replay import sim_stage, simulate_plan
 from planner.report.table import device_types
 from planner.report.timeline import write_timeline

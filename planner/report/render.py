@@ -194,9 +194,10 @@ def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) ->
                           ("step", "right"), ("peak mem", "right"), ("verdict", "left")):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for row in [*fits[:show + 1], *failed[:1]]:
-        again = int(row.get("recompute") or 0)  # stages that recompute (earlier versions: true for every stage)
+        stages, raw = int(row.get("stages") or 0), row.get("recompute")
+        again = stages if raw is True else int(raw or 0)  # stages that recompute (earlier versions: true for all)
         shape = f"{row.get('stages')}x{int(row.get('degree') or 1)}" + (
-            "" if not again else " +AC" if again is True or again >= int(row.get("stages") or 0) else f" +AC{again}")
+            "" if not again else " +AC" if again >= stages else f" +AC{again}")
         memory = (f"{fmt_bytes(row['peak_memory_bytes'])} {row['memory_fraction']:.0%}"
                   if row.get("peak_memory_bytes") and row.get("memory_fraction") is not None else "")
         size = f"x{row['microbatch_size']}" if row.get("microbatch_size") else ""

@@ -27,8 +27,8 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
             "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
     again = plan.recomputed()
-    caption = ("compute and transfer per micro-batch, idle per step" + sync
-               + ("; +AC: the stage recomputes its activations (its backward runs its forward again)" if any(again) else ""))
+    key = "; +AC: the stage recomputes its activations (its backward runs its forward again)" if any(again) else ""
+    caption = "compute and transfer per micro-batch, idle per step" + sync + key
     table = Table(title=None if title is None else Text(title), title_justify="left", header_style="bold",
                   caption=caption, caption_justify="left")
     columns = [("#", "right"), ("device", "left"), ("layers / ops", "left"), ("compute", "right"),

@@ -11,8 +11,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
-from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_fwd_bwd_s, stage_memory_bytes, stage_sims, stage_sync_s,
-                                          stage_update_s, stage_weight_s, transfer_s)
+from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_fwd_bwd_s, stage_memory_bytes,
+                                          stage_sims, stage_sync_s, stage_update_s, stage_weight_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)

@@ -1,15 +1,15 @@
 """Which stages recompute their activations, under ``--recompute auto`` (docs/cost-model.md, "Recomputation").
 
 A placer sees one problem: either no stage recomputes or every stage does (``Problem.recompute``), because its cost
-tables price a range of blocks one way. When nothing fits without recomputation, ``partition`` places with it
-everywhere and then hands the split here, which takes it away again from every stage whose device still holds its
-saved activations: those stages stop paying their forward twice, and the plan records ``recompute: "full"`` only on
-the stages that need it.
+tables price a range of blocks one way. Under ``recompute="auto"``, ``partition`` places with it everywhere and then
+hands the split here, which takes it away again from every stage whose device still holds its saved activations: those
+stages stop paying their forward twice, and the plan records ``recompute: "full"`` only on the stages that need it.
+(``plan partition --recompute auto`` then keeps this plan or the one without recomputation, the faster.)
 
 The order is the stage whose recomputation costs its pipeline the most first (its forward seconds per micro-batch,
 times its replicas' micro-batches), so where two stages share a device that cannot hold both sets of activations the
 one that saves more keeps them. With one stage per device each stage's choice touches only its own device's memory,
-so the result is exact: no other subset of recomputing stages fits and recomputes less of any stage. With several
+so the result is exact: no other choice of recomputing stages for this split fits and is faster. With several
 stages per device (interleaved and V schedules) it is greedy. Deterministic: ties go to the earlier stage.
 """
 
