@@ -254,17 +254,28 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
             tokens = torch.randint(0, 128, (rows, 17), generator=torch.Generator().manual_seed(step))
             return (tokens[:, :-1],), tokens[:, 1:]
 
-        engine = AsyncEngine(stages, make_optimizer(stages.params, optimizer, lr), criterion, correction,
-                             inflight=inflight, record_versions=True)
+        opt = make_optimizer(stages.params, optimizer, lr)
+        engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True)
         losses: list[float | None] = []
+        log: list[tuple[int, int, int, int]] = []
+        swapped = correction == "none"  # a re-plan's new engine at every round end: the rule goes on unchanged
+        first_compute = None
         for first in range(0, 7, 3):
+            if swapped and first > 0:
+                log += engine.log or []
+                first_compute = engine.compute_s if first_compute is None else first_compute
+                engine.close()
+                engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True,
+                                     before=engine)
             losses += engine.run_round(first, min(3, 7 - first), batch)
         engine.close()
+        log += engine.log or []
         ref_losses, ref_params = train_async_reference(stages.graphs, model, init, criterion, optimizer, lr, schedule,
                                                        plan.microbatches, batch, 7, 3, correction, inflight)
         mine = ref_params[engine.stage]
         row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
-               "losses": losses, "ref_losses": ref_losses, "log": engine.log, "tied": [t.name for t in stages.tied]}
+               "losses": losses, "ref_losses": ref_losses, "log": log, "tied": [t.name for t in stages.tied],
+               "report": engine.report(), "first_compute": first_compute}
         if inflight == 1:  # one micro-batch at a time: plain synchronous training, torch's arithmetic
             torch.manual_seed(0)
             whole, _ = digits_mlp()
@@ -315,6 +326,9 @@ def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_
     assert ranks[0]["gpt/async-1f1b/predict/None/adam"]["tied"] == ["wte.weight"]  # the case tests a tie
     stale = [tau for _, v, _, tau in ranks[0]["digits/async-1f1b/predict/None/sgd"]["log"] if v >= 0]
     assert max(stale) == 1 and min(stale) == 0  # stage 0's gradients are at most one update late
+    for rank in ranks:  # the case whose engine was replaced twice reports the whole run
+        row = rank["digits/async-1f1b/none/None/adam"]
+        assert row["report"]["updates"] == 7 and row["report"]["compute_s"] > row["first_compute"] > 0
     sync = ranks[1]["digits/async-1f1b/predict/1/sgd"]
     assert sync["sync_diff"] < 1e-5 and sync["losses"] == pytest.approx(sync["sync_losses"], rel=1e-5)
 

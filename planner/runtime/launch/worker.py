@@ -93,11 +93,12 @@ class RankRun:
                              options=self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
-        if getattr(self, "engine", None) is not None:
-            self.engine.close()  # a re-plan or resume: the tied weights' last all-reduce lands first
+        before: AsyncEngine | None = getattr(self, "engine", None)
+        if before is not None:
+            before.close()  # a re-plan or resume: the tied weights' last all-reduce lands first
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
-            self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan))
+            self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan), before=before)
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's

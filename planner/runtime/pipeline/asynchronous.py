@@ -120,7 +120,8 @@ class AsyncEngine:
     """One rank's stage under an asynchronous schedule (module docstring); ``run_round`` trains some steps."""
 
     def __init__(self, stages: RankStages, optimizer: torch.optim.Optimizer, criterion: Callable[..., torch.Tensor],
-                 correction: str = "predict", inflight: int | None = None, record_versions: bool = False) -> None:
+                 correction: str = "predict", inflight: int | None = None, record_versions: bool = False,
+                 before: "AsyncEngine | None" = None) -> None:
         plan = stages.plan
         check_async(plan)
         if correction not in ASYNC_CORRECTIONS:
@@ -157,9 +158,15 @@ class AsyncEngine:
         """Ranks this rank has sent its shapes to (once, before the first message)."""
         self.log: list[tuple[int, int, int, int]] | None = [] if record_versions else None
         """(micro-batch, forward's version, backward's version, staleness) when ``record_versions``."""
-        self.compute_s = 0.0
-        self.update_s = 0.0
-        self.stash_peak = 1
+        self.started = False
+        """Whether ``run_round`` has run: the first call starts the versions at its step (``_rebase``)."""
+        self.compute_s = before.compute_s if before is not None else 0.0
+        self.update_s = before.update_s if before is not None else 0.0
+        self.stash_peak = before.stash_peak if before is not None else 1
+        self.waited_before = before.wait_s if before is not None else 0.0
+        """``before``: the engine this one replaces on this rank (a re-plan); the report counts the whole run."""
+        if before is not None:
+            self.updates = before.updates
         self.timer: Any = None
         """A ``planner.runtime.timing.RankTimer`` the rebalancing hooks set: passes run under its ``compute()``
         (which also stretches them by an emulated slowdown) and receives under its ``blocked()``."""
@@ -192,8 +199,9 @@ class AsyncEngine:
         micro-batch losses over the step's micro-batch count on the last stage's rank (None elsewhere; summed over the
         replicas' last stages, the step's mean loss)."""
         m, base = self.m, first_step * self.m
-        if self.updates == 0 and first_step > 0:
+        if not self.started and first_step > 0:
             self._rebase(first_step)
+        self.started = True
         losses = [0.0] * steps
         cache: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         order = async_orders(self.p, m, steps, self.inflight)[self.stage]
@@ -361,8 +369,8 @@ class AsyncEngine:
 
     @property
     def wait_s(self) -> float:
-        """Seconds this rank has waited for activations and gradients."""
-        return sum(inbox.wait_s for inbox in (self.activations, self.grads) if inbox is not None)
+        """Seconds this rank has waited for activations and gradients (over the engines it replaced too)."""
+        return self.waited_before + sum(inbox.wait_s for inbox in (self.activations, self.grads) if inbox is not None)
 
     def report(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "correction": self.correction, "updates": self.updates,
