@@ -173,3 +173,18 @@ def test_the_strategy_table_counts_the_recomputing_stages(recompute, shown: str)
     render_strategy(console, {"candidates": [row], "failed": [], "search_s": 0.1}, 1)
     text = console.export_text()
     assert shown.strip() in text and ("+AC" in text) == bool(recompute)
+
+
+def test_plan_check_recomputes_memory_stage_by_stage() -> None:
+    """The check prices each stage as the plan says: the where-needed plan holds; the same plan with its recomputing
+    stage edited to keep its activations does not fit, and the check says which device."""
+    from planner.partition.validate import validate_plan
+
+    auto = plan_with(PROFILE, cluster(2, memory_bytes=TIGHT), method="dp", microbatches=8, schedule="1f1b",
+                     recompute="auto")
+    assert auto.recomputed() == (True, False)
+    assert validate_plan(auto, PROFILE) == []
+    doc = json.loads(json.dumps(auto.to_dict()))
+    doc["stages"][0]["recompute"] = "none"
+    problems = validate_plan(plan_from_dict(doc), PROFILE)
+    assert len(problems) == 1 and "d0" in problems[0], problems
