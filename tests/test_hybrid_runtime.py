@@ -113,8 +113,11 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [4, 4], "gpipe")
     assert len(json.loads(plan.read_text())["stages"][0]["nodes"]) != cut
     log = tmp_path / "rounds.jsonl"
-    # patience 3 over 5 rounds: a round whose waits the shared machine blurs does not end rebalancing early
-    options = {"emulate_slowdown": "0=3.0,1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 3}
+    # patience 3 over 5 rounds: a round whose waits the shared machine blurs does not end rebalancing early; any
+    # predicted gain adopts the re-plan (min_improvement 0): 4 ranks on 2 cores blur the fitted speeds, and the
+    # default 5% then failed about 1 run in 4, before and after this test's subject changed
+    options = {"emulate_slowdown": "0=3.0,1=4.0", "log": str(log), "replan_method": "test-shift", "patience": 3,
+               "min_improvement": 0.0}
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
     code, summary, _ = job(plan, STEPS + 7, options, env=env, nproc=4)
