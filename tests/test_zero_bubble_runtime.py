@@ -85,9 +85,10 @@ def test_pipeline_2_by_data_2_under_zero_bubble(tmp_path, profiles):
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_training_exact(tmp_path, profiles):
-    """Rank 1 emulated 3x slower: the re-plan (the test placer cutting at blocks.1.mlp, then re-cut into a V of two
-    stages per rank, which simulates faster) changes the layout mid-run; the new plan carries its own generated order,
-    the ranks switch to it, and losses and parameters still equal one process's."""
+    """Rank 1 emulated 3x slower: the re-plan (the test placer cutting at blocks.1.mlp, then, when the fitted speeds
+    make it simulate faster, re-cut into a V of two stages per rank) changes the layout mid-run; the new plan carries
+    its own generated order, the ranks switch to it, and losses and parameters still equal one process's. Which of
+    the two layouts wins depends on the speeds fitted on this shared machine (about 1 run in 5 keeps two stages)."""
     from tests._runtime_jobs import job
 
     nodes = json.loads(profiles[GPT].read_text())["nodes"]
@@ -97,17 +98,25 @@ def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_traini
     doc["schedule_order"] = hand_order(4)
     plan.write_text(json.dumps(doc))
     assert len(doc["stages"][0]["nodes"]) != cut
-    options = {"emulate_slowdown": "1=3.0", "replan_method": "test-shift", "patience": 3}  # noise cannot end it early
+    # patience 3: noise cannot end it early; min_improvement 0: any predicted gain adopts the re-plan (under a loaded
+    # CI run the fitted speeds blur and the default 5% once kept the plan, as in test_hybrid_runtime's re-plan test)
+    options = {"emulate_slowdown": "1=3.0", "replan_method": "test-shift", "patience": 3, "min_improvement": 0.0,
+               "log": str(tmp_path / "rounds.jsonl")}
     env = {"PLANNER_TEST_HOOKS": "tests._shift_placer:hooks", "PLANNER_TEST_CUT": str(cut),
            "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
     code, summary, _ = job(plan, 10, options, env=env)
     assert code == 0, summary
     final = summary["plan"]
-    # the placer's cut, which the re-plan then re-cuts into 4 stages in a V (2 per rank) because that simulates faster
+    reasons = [json.loads(line).get("reason") or "" for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert any("re-planned" in r for r in reasons), reasons
     devices = [st["device"] for st in final["stages"]]
-    assert final["schedule"] == "zb-planned" and devices == ["cpu0", "cpu1", "cpu1", "cpu0"], devices
-    assert final["interleave"]["chunks"] == 2
-    assert final["schedule_order"] != doc["schedule_order"]  # the re-plan's own order, generated for the V
+    assert final["schedule"] == "zb-planned" and final["schedule_order"]
+    if len(devices) == 4:  # the placer's cut re-cut into a V (2 stages per rank), with its own order for the V
+        assert devices == ["cpu0", "cpu1", "cpu1", "cpu0"] and final["interleave"]["chunks"] == 2
+        assert final["schedule_order"] != doc["schedule_order"]
+    else:  # the placer's cut (polished), one stage per rank: the cut moved
+        assert devices == ["cpu0", "cpu1"], (devices, reasons)
+        assert final["stages"][0]["nodes"] != doc["stages"][0]["nodes"]
     assert_parity(tmp_path, plan, GPT, summary, steps=10)
 
 
