@@ -128,7 +128,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         extra.update(methods.facts_of(chosen))
     if method in EXACT_METHODS and polish_on:  # polish off (--refine ablations): the placer's plan as it is
         chosen = _exact_on_small(problem, requested, chosen, extra)
-    if recompute == "auto" and not violations(problem, chosen):  # a split that does not fit is build_plan's to name
+    if recompute == "auto":  # a split that does not fit keeps recomputing everywhere, for build_plan to name
         chosen = recompute_where_needed(problem, chosen)
     if entry.takes_weights:
         extra["weights"] = used

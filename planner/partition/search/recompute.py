@@ -26,8 +26,8 @@ __all__ = ["recompute_where_needed"]
 
 def recompute_where_needed(problem: Problem, partition: Partition) -> Partition:
     """``partition`` with recomputation turned off on every stage that fits without it, most costly first (module
-    docstring). ``partition`` must fit as it is; every stage gets an explicit ``recompute``, and its shares and facts
-    are kept."""
+    docstring). Every stage gets an explicit ``recompute``, and its shares and facts are kept; a partition that does
+    not fit even so keeps recomputing everywhere (no trial fits)."""
     tables = problem.tables
     stages = [replace(st, recompute=recomputes(tables, st)) for st in partition]
     shares = shares_of(partition, problem.microbatches)

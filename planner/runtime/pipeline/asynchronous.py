@@ -42,6 +42,7 @@ from torch.func import functional_call
 from planner.errors import UsageError
 from planner.formats.plan import ASYNC_CORRECTIONS, Plan
 from planner.partition.sim.schedules import FWD, UPD, async_orders, async_violation, forward_version, inflight_depth
+from planner.runtime.data_parallel.local import assign_flat, flat_of
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
 from planner.runtime.pipeline.stages import RankStages
 
@@ -309,9 +310,11 @@ class AsyncEngine:
 
     def _update(self) -> None:
         start = time.perf_counter()
-        if self.replicas is not None:  # every replica of this stage reaches this update: sum their gradients
-            for acc in self.acc.values():
-                dist.all_reduce(acc, group=self.replicas)
+        if self.replicas is not None:  # every replica of this stage reaches this update: sum their gradients, in one
+            sums = list(self.acc.values())  # all-reduce of the stage's parameters, as the simulator prices it
+            flat = flat_of(sums)
+            dist.all_reduce(flat, group=self.replicas)
+            assign_flat(sums, flat)
         for c, p in self.params.items():
             p.grad = self.acc[c].div_(self.total)
         self._exchange_tied()
