@@ -138,8 +138,8 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     profile = str(tmp_path / "profile.json")
     cases = [
         (["-s", "async-gpipe"], "unknown schedule 'async-gpipe'"),
-        (["-s", "2bw", "-c", "cpu-4", "-n", "4", "-d", "2", "--sync", "local-sgd", "--sync-period", "2"],
-         "averages its replicas' gradients at every update (ssgd)"),
+        (["-s", "2bw", "-c", "cpu-4", "-n", "4", "-d", "2", "--sync", "bsp"],
+         "runs replica pipelines that combine their updates among themselves"),
         (["-s", "async-1f1b", "--async-correction", "pipemare"], "--async-correction must be one of predict, none"),
         (["-s", "2bw", "-c", "cpu-4", "-n", "1"], "2bw needs at least 3 micro-batches per step on 4 stages"),
     ]
@@ -272,7 +272,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
         log += engine.log or []
         ref_losses, ref_params = train_async_reference(stages.graphs, model, init, criterion, optimizer, lr, schedule,
                                                        plan.microbatches, batch, 7, 3, correction, inflight)
-        mine = ref_params[engine.stage]
+        mine = ref_params[0][engine.stage]
         row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
                "losses": losses, "ref_losses": ref_losses, "log": log, "tied": [t.name for t in stages.tied],
                "report": engine.report(), "first_compute": first_compute}
@@ -354,9 +354,11 @@ def test_plan_run_trains_an_async_plan_and_evaluates_it(tmp_path: Path, schedule
     assert [e["step"] for e in summary["eval"]] == [0, 6, 12] and summary["eval"][-1]["accuracy"] > 0.1
 
 
-REPLICA_CASES = [("async-1f1b", "predict", "sgd", [2, 2]), ("async-1f1b", "predict", "adam", [3, 1]),
-                 ("2bw", "none", "sgd", [3, 1])]
-"""(schedule, correction, optimizer, shares) of 2 stages x 2 replicas on 4 ranks."""
+REPLICA_CASES = [("async-1f1b", "predict", "sgd", [2, 2], "ssgd"), ("async-1f1b", "predict", "adam", [3, 1], "ssgd"),
+                 ("2bw", "none", "sgd", [3, 1], "ssgd"), ("async-1f1b", "predict", "adam", [3, 1], "local-sgd"),
+                 ("2bw", "predict", "sgd", [2, 2], "local-sgd")]
+"""(schedule, correction, optimizer, shares, sync) of 2 stages x 2 replicas on 4 ranks; local-sgd averages every 2
+updates."""
 
 
 def _replica_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
@@ -376,9 +378,11 @@ def _replica_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
     from planner.runtime.pipeline.training import make_optimizer
 
     results = {}
-    for schedule, correction, optimizer, shares in REPLICA_CASES:
+    for schedule, correction, optimizer, shares, sync in REPLICA_CASES:
         base = load_plan(plan_path)
-        extra = {**base.extra, "data_parallel": {**base.extra["data_parallel"], "microbatches": shares}}
+        period = 2 if sync == "local-sgd" else 1
+        extra = {**base.extra, "data_parallel": {**base.extra["data_parallel"], "microbatches": shares, "sync": sync,
+                                                 **({"period": period} if period > 1 else {})}}
         plan = dataclasses.replace(base, schedule=schedule, microbatches=sum(shares), extra=extra)
         torch.manual_seed(0)
         model, example = digits_mlp()
@@ -403,9 +407,9 @@ def _replica_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
         engine.close()
         ref_losses, ref_params = train_async_reference(stages.graphs, model, init, F.cross_entropy, optimizer, lr,
                                                        schedule, plan.microbatches, whole, 7, 3, correction,
-                                                       shares=shares)
-        expected = ref_params[engine.stage]
-        results[f"{schedule}/{correction}/{optimizer}/{shares}"] = {
+                                                       shares=shares, sync=sync, period=period)
+        expected = ref_params[stages.replica if sync == "local-sgd" else 0][engine.stage]
+        results[f"{schedule}/{correction}/{optimizer}/{shares}/{sync}"] = {
             "max_diff": max(float((p.detach() - expected[c]).abs().max()) for c, p in engine.params.items()),
             "losses": losses, "ref_losses": ref_losses, "replica": stages.replica, "stage": engine.stage}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
@@ -415,9 +419,10 @@ def _replica_ranks(rank: int, world: int, plan_path: str, out_dir: str) -> None:
 @pytest.mark.timeout(300)
 def test_replica_pipelines_run_asynchronously_and_equal_the_documented_rule(tmp_path: Path) -> None:
     """Issue 26: plans with replicas under the asynchronous schedules. Each replica pipeline runs its own share without
-    a flush, every stage's update sums its gradient with its replicas', and the weights equal the single-process
-    reference of the rule with the same shares (each replica's versions follow its own share), even and uneven
-    (4 gloo ranks on 2 cores: correctness only)."""
+    a flush; under ssgd every stage's update sums its gradient with its replicas', under local-sgd each replica steps
+    on its own and the replicas average every 2 updates; the weights equal the single-process reference of the rule
+    with the same shares (each replica's versions follow its own share), even and uneven (4 gloo ranks on 2 cores:
+    correctness only). ``plan run`` runs ssgd and adaptive plans end to end."""
     pytest.importorskip("sklearn")
     from planner.formats.plan import load_plan
     from tests._gloo import run_ranks
@@ -444,9 +449,21 @@ def test_replica_pipelines_run_asynchronously_and_equal_the_documented_rule(tmp_
     assert summary["world_size"] == 4 and summary["schedule"] == "async-1f1b" and len(summary["losses"]) == 6
     assert summary["async"]["updates"] == 6 and summary["sync"]["degree"] == 2
     assert [e["step"] for e in summary["eval"]] == [0, 3, 6]
+    # seed 001's adaptive mode between the replica pipelines: the plan is made and run as the flushing ones are
+    made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-4", "-m", "uniform", "-n", "4", "-d", "2",
+                "-s", "async-1f1b", "--sync", "adaptive", "--sync-period", "2", "-o", str(tmp_path / "adaptive.json"))
+    assert made.returncode == 0, made.stderr
+    done = _cli("run", str(tmp_path / "adaptive.json"), "planner.examples.digits:digits_mlp", "--data",
+                "planner.data.digits:batches", "--steps", "6", "--eval-every", "3", "--round-steps", "3", "--optimizer",
+                "sgd", "--lr", "0.05", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert summary["async"]["updates"] == 6 and summary["sync"]["mode"] == "adaptive"
+    assert summary["sync"]["aggregations"] >= 1 and summary["sync"]["periods"][0] == 2, summary["sync"]
+    assert summary["eval"][-1]["loss"] < summary["eval"][0]["loss"]
 
 
-def test_async_replicas_refuse_other_sync_modes_and_are_simulated_at_the_slowest_replica() -> None:
+def test_async_replicas_refuse_the_server_modes_and_are_simulated_at_the_slowest_replica() -> None:
     from _partition_cases import FREE, cluster
 
     from planner.partition.sim.hybrid import simulate_async_replicas
@@ -462,7 +479,12 @@ def test_async_replicas_refuse_other_sync_modes_and_are_simulated_at_the_slowest
     assert both.step_time_s == pytest.approx(alone.step_time_s)  # the slow replica sets the pace
     assert both.devices["d0"].sync_s == 0.25 and both.devices["d0"].update_s == pytest.approx(0.5)
     assert both.devices["d0"].idle_s > both.devices["d2"].idle_s
-    done = _cli("partition", "-c", "cpu-4", "-n", "4", "-d", "2", "-s", "async-1f1b", "--sync", "local-sgd",
-                "--sync-period", "2", str(Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"))
+    done = _cli("partition", "-c", "cpu-4", "-n", "4", "-d", "2", "-s", "async-1f1b", "--sync", "ssp",
+                str(Path(__file__).parent / "golden" / "profiles" / "gpt_tiny.json"))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode != 0 and len(lines) == 1 and "ssgd" in lines[0], done.stderr
+    assert done.returncode != 0 and len(lines) == 1 and "parameter server" in lines[0], done.stderr
+    from planner.partition.sim.schedules import async_violation
+
+    assert async_violation("async-1f1b", 2, 2, 2, 2, "local-sgd") is None
+    assert async_violation("2bw", 2, 2, 2, 2, "adaptive") is None
+    assert "parameter server" in (async_violation("async-1f1b", 2, 2, 2, 2, "dasp") or "")

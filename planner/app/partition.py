@@ -18,7 +18,7 @@ from planner.clusters import load_cluster_spec
 from planner.errors import InfeasibleError, UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, DEFAULT_SYNC, SCHEDULES, Plan, save_plan
+from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, SCHEDULES, SERVER_SYNCS, Plan, save_plan
 from planner.formats.profile import load_profile
 
 
@@ -85,9 +85,10 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         if async_correction not in ASYNC_CORRECTIONS:
             raise UsageError(f"--async-correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
                              f"{async_correction!r}")
-        if schedule != "auto" and degree not in (None, 1) and sync != DEFAULT_SYNC:
-            raise UsageError(f"--schedule {schedule} averages its replicas' gradients at every update (ssgd), found "
-                             f"--sync {sync}; use --sync ssgd, or --schedule 1f1b for {sync}")
+        if schedule != "auto" and degree not in (None, 1) and sync in SERVER_SYNCS:
+            raise UsageError(f"--schedule {schedule} runs replica pipelines that combine their updates among "
+                             f"themselves (ssgd, local-sgd, adaptive), found --sync {sync}, which trains through a "
+                             f"parameter server; use one of those, or --schedule 1f1b for {sync}")
     from planner.partition.model.problem import check_sync
 
     check_sync(sync, sync_period, staleness)

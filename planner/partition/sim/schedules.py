@@ -53,7 +53,7 @@ from functools import lru_cache
 from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
-from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
+from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES, SERVER_SYNCS, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 
 FWD = "F"
 BWD = "B"
@@ -436,13 +436,16 @@ def version_copies(schedule: str, stages_to_end: int, microbatches: int) -> int:
 def async_violation(schedule: str, num_stages: int, num_devices: int, microbatches: int, degree: int = 1,
                     sync: str = "ssgd") -> str | None:
     """Why the runtime cannot run ``schedule`` on this shape (None when it can, or for a flushing schedule).
-    ``num_devices``: one replica pipeline's; ``microbatches``: the smallest replica's share. Replicas average
-    their gradients at every update of a stage (``ssgd``); other sync modes are refused."""
+    ``num_devices``: one replica pipeline's; ``microbatches``: the smallest replica's share. Replica pipelines combine
+    their updates among themselves at each update of a stage (``ssgd``: gradients summed; ``local-sgd``,
+    ``adaptive``: models averaged every few updates); the parameter-server modes, which train whole-model replicas
+    through a server rank, are refused."""
     if schedule not in ASYNC_SCHEDULES:
         return None
-    if degree > 1 and sync != "ssgd":
-        return (f"{schedule} with replicas averages their gradients at every update of each stage (ssgd), but the "
-                f"plan asks --sync {sync}; use --sync ssgd, or a flushing schedule (1f1b) for {sync}")
+    if degree > 1 and sync in SERVER_SYNCS:
+        return (f"{schedule} runs replica pipelines that combine their updates among themselves (ssgd, local-sgd, "
+                f"adaptive), but the plan asks --sync {sync}, which trains whole-model replicas through a parameter "
+                f"server; use one of those, or --schedule 1f1b for {sync}")
     if num_devices != num_stages:
         return (f"{schedule} runs one stage per device, but the plan puts {num_stages} stages on {num_devices} "
                 f"devices; re-partition with --schedule {schedule}")

@@ -55,6 +55,9 @@ class UpdateSync(Protocol):
     mode: str
     reduces_in_backward: bool
     """True when ``after_backward`` itself averages over micro-batches (and replicas); the worker then does not."""
+    moves_weights: bool
+    """True when ``after_backward`` or ``after_step`` changes the parameters themselves (an averaging, a pull), not
+    only their gradients: the asynchronous engine then takes a version's delta from the optimizer's step alone."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
@@ -85,6 +88,7 @@ class SingleReplica(_EveryStep):
 
     mode = "none"
     reduces_in_backward = False
+    moves_weights = False
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
         return None
@@ -99,6 +103,7 @@ class Synchronous(_EveryStep):
     mode = "ssgd"
     reduces_in_backward = True
     """The micro-batch average is part of ``after_backward`` (the worker does not divide again)."""
+    moves_weights = False
 
     def __init__(self, group: Any, microbatches: int) -> None:
         self.group = group

@@ -105,6 +105,8 @@ class LocalSGD:
     mode = "local-sgd"
     reduces_in_backward = True
     """``after_backward`` turns the summed gradients into this replica's own mean (the worker does not)."""
+    moves_weights = True
+    """Aggregations (and ``adaptive``'s pull) set the parameters."""
 
     def __init__(self, group: Any, share: int, microbatches: int, period: int,
                  buffers: Sequence[torch.Tensor] = ()) -> None:

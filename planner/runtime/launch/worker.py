@@ -98,7 +98,8 @@ class RankRun:
             before.close()  # a re-plan or resume: the tied weights' last all-reduce lands first
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
-            self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan), before=before)
+            self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan), before=before,
+                                      sync=self.sync)
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's

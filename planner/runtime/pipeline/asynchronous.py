@@ -42,7 +42,7 @@ from torch.func import functional_call
 from planner.errors import UsageError
 from planner.formats.plan import ASYNC_CORRECTIONS, Plan
 from planner.partition.sim.schedules import FWD, UPD, async_orders, async_violation, forward_version, inflight_depth
-from planner.runtime.data_parallel.local import assign_flat, flat_of
+from planner.runtime.data_parallel import UpdateSync, sync_for
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
 from planner.runtime.pipeline.stages import RankStages
 
@@ -89,11 +89,14 @@ class Version:
     """``tau -> W + tau * delta``, made once per staleness and kept as long as the version."""
 
     @classmethod
-    def of(cls, index: int, params: Mapping[str, torch.Tensor], previous: Version | None) -> Version:
-        """A snapshot of ``params`` as version ``index``, its delta taken against ``previous``."""
+    def of(cls, index: int, params: Mapping[str, torch.Tensor], previous: Version | None,
+           delta: Mapping[str, torch.Tensor] | None = None) -> Version:
+        """A snapshot of ``params`` as version ``index``, its delta taken against ``previous`` unless given (the
+        optimizer's own step, when something else moved the weights too)."""
         weights = {c: p.detach().clone().requires_grad_(True) for c, p in params.items()}
-        delta = {c: (weights[c] - previous.weights[c]).detach() for c in weights} if previous is not None else None
-        return cls(index, weights, delta)
+        if delta is None and previous is not None:
+            delta = {c: (weights[c] - previous.weights[c]).detach() for c in weights}
+        return cls(index, weights, dict(delta) if delta is not None else None)
 
 
 def predict_weights(version: Version, tau: int) -> dict[str, torch.Tensor]:
@@ -122,7 +125,7 @@ class AsyncEngine:
 
     def __init__(self, stages: RankStages, optimizer: torch.optim.Optimizer, criterion: Callable[..., torch.Tensor],
                  correction: str = "predict", inflight: int | None = None, record_versions: bool = False,
-                 before: "AsyncEngine | None" = None) -> None:
+                 before: "AsyncEngine | None" = None, sync: UpdateSync | None = None) -> None:
         plan = stages.plan
         check_async(plan)
         if correction not in ASYNC_CORRECTIONS:
@@ -137,7 +140,10 @@ class AsyncEngine:
         self.m = stages.microbatches  # this replica's share: its order and its versions follow it
         self.total = plan.microbatches  # the step's micro-batches over every replica: the gradient's divisor
         self.replicas = stages.mesh.get_group("dp") if stages.mesh is not None else None
-        """The stage's replicas (one rank per replica pipeline): their gradients are summed at every update."""
+        """The stage's replicas (one rank per replica pipeline)."""
+        self.sync = sync if sync is not None else sync_for(
+            plan, self.replicas, replica=stages.replica, buffers=[b for mod in stages.modules for b in mod.buffers()])
+        """How every update combines with the replicas' (``plan run``'s own, which also ends its rounds)."""
         self.p = len(plan.stages)
         self.stage = next(g.index for g in stages.graphs if stages.rank_of_stage[g.index] == stages.rank)
         graph: StageGraph = stages.graphs[self.stage]
@@ -173,8 +179,9 @@ class AsyncEngine:
         (which also stretches them by an emulated slowdown) and receives under its ``blocked()``."""
 
     # -- versions ---------------------------------------------------------------------------------------------
-    def _snapshot(self, index: int, previous: Version | None) -> Version:
-        version = self.versions[index] = Version.of(index, self.params, previous)
+    def _snapshot(self, index: int, previous: Version | None,
+                  delta: dict[str, torch.Tensor] | None = None) -> Version:
+        version = self.versions[index] = Version.of(index, self.params, previous, delta)
         return version
 
     def _rebase(self, step: int) -> None:
@@ -309,18 +316,26 @@ class AsyncEngine:
         self.tied_pending.clear()
 
     def _update(self) -> None:
+        """The stage's optimizer step after its ``m``-th backward, combined with its replicas as ``self.sync`` says:
+        ``ssgd`` sums the gradients of every replica first (one flat all-reduce, as the simulator prices it);
+        ``local-sgd`` and ``adaptive`` step on this replica's own mean gradient and average the models every few
+        updates. The new version's delta is the optimizer's step alone, so weight prediction extrapolates the
+        optimizer's progress, not an averaging's jump."""
         start = time.perf_counter()
-        if self.replicas is not None:  # every replica of this stage reaches this update: sum their gradients, in one
-            sums = list(self.acc.values())  # all-reduce of the stage's parameters, as the simulator prices it
-            flat = flat_of(sums)
-            dist.all_reduce(flat, group=self.replicas)
-            assign_flat(sums, flat)
         for c, p in self.params.items():
-            p.grad = self.acc[c].div_(self.total)
+            p.grad = self.acc[c]
+        if not self.sync.reduces_in_backward:
+            for p in self.params.values():
+                assert p.grad is not None
+                p.grad.div_(self.total)
+        self.sync.after_backward(self.stages.params)
         self._exchange_tied()
+        before = {c: p.detach().clone() for c, p in self.params.items()} if self.sync.moves_weights else None
         self.optimizer.step()
+        delta = {c: p.detach() - before[c] for c, p in self.params.items()} if before is not None else None
+        self.sync.after_step(self.stages.params)
         self.updates += 1
-        self.newest = self._snapshot(self.updates, self.newest)
+        self.newest = self._snapshot(self.updates, self.newest, delta)
         self.acc = {c: torch.zeros_like(p) for c, p in self.params.items()}
         self._drop_unused()
         self.update_s += time.perf_counter() - start
@@ -452,29 +467,38 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                           criterion: Callable[..., Any],
                           optimizer: str, lr: float, schedule: str, microbatches: int, batch: Batch, steps: int,
                           round_steps: int, correction: str = "predict", inflight: int | None = None,
-                          shares: Sequence[int] | None = None) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
+                          shares: Sequence[int] | None = None, sync: str = "ssgd",
+                          period: int = 1) -> tuple[list[float], list[list[dict[str, torch.Tensor]]]]:
     """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
     stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
     stages updated with the sum of their gradients one update late (as the runtime does). ``shares``: replica
     pipelines' micro-batches per step (default: one pipeline), the step's micro-batches dealt to them in order, each
-    replica's versions following its own share, every update taking the sum over all. ``model`` names the parameters (``canonical_param_names``; the
+    replica's versions following its own share. ``sync``: how the replicas combine. ``ssgd``: one set of weights,
+    every update taking the sum over all; ``local-sgd``: each replica its own weights, stepped on the mean over its
+    own micro-batches, and after every ``period``-th update the replicas' weights averaged, weighted by their shares
+    (a version's delta is its optimizer step alone). ``model`` names the parameters (``canonical_param_names``; the
     graphs read its tensors) and ``params`` gives their starting values by those names. Returns the step losses
-    and each stage's weights at the end; the distributed run must equal it (``tests/test_async.py``)."""
+    and, per replica (one for ``ssgd``), each stage's weights at the end; the distributed run must equal it
+    (``tests/test_async.py``)."""
     from planner.runtime.pipeline.training import make_optimizer
 
+    if sync not in ("ssgd", "local-sgd"):
+        raise UsageError(f"the reference combines replicas by ssgd or local-sgd, found {sync!r}")
     p, m = len(graphs), microbatches
     shares = list(shares or (m,))
     replica_of = [(r, j) for r, share in enumerate(shares) for j in range(share)]  # micro-batch i of a step
+    copies = len(shares) if sync == "local-sgd" else 1
+    divisor = [float(share) for share in shares] if sync == "local-sgd" else [float(m)]
     canonical = canonical_param_names(model)
     names = [_stage_names(g, canonical) for g in graphs]
-    live = [{c: torch.nn.Parameter(params[c].detach().clone()) for _, c in n} for n in names]
-    optimizers = [make_optimizer(w, optimizer, lr) for w in live]
-    history = [{0: Version.of(0, stage, None)} for stage in live]
-    acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
-    shared = {c for stage in live for c in stage if sum(c in other for other in live) > 1}
+    live = [[{c: torch.nn.Parameter(params[c].detach().clone()) for _, c in n} for n in names] for _ in range(copies)]
+    optimizers = [[make_optimizer(w, optimizer, lr) for w in copy] for copy in live]
+    history = [[{0: Version.of(0, stage, None)} for stage in copy] for copy in live]
+    acc = [[{c: torch.zeros_like(w) for c, w in stage.items()} for stage in copy] for copy in live]
+    shared = {c for stage in live[0] for c in stage if sum(c in other for other in live[0]) > 1}
     losses: list[float] = []
-    tied: dict[str, torch.Tensor] = {}
+    tied: list[dict[str, torch.Tensor]] = [{} for _ in range(copies)]
     for first in range(0, steps, round_steps):
         start = first * m
         for k in range(start, min(first + round_steps, steps) * m):
@@ -486,10 +510,11 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
             values: tuple[torch.Tensor, ...] = tuple(c[i] for c in chunks)
             used = []
             r, j = replica_of[i]
+            q = r if copies > 1 else 0
             for s, graph in enumerate(graphs):
                 index = forward_version(schedule, s, p, shares[r], step * shares[r] + j, round_start=first * shares[r],
                                         inflight=inflight)
-                version = history[s][index]
+                version = history[q][s][index]
                 weights = predict_weights(version, step - index) if correction == "predict" else version.weights
                 used.append(weights)
                 out = functional_call(graph.module, {name: weights[c] for name, c in names[s]}, values)
@@ -498,15 +523,42 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
             wanted = [(s, c, w) for s, weights in enumerate(used) for c, w in weights.items()]
             for (s, c, _), g in zip(wanted, torch.autograd.grad(loss, [w for _, _, w in wanted], allow_unused=True)):
                 if g is not None:
-                    acc[s][c].add_(g)
+                    acc[q][s][c].add_(g)
             losses[-1] += float(loss.detach()) / m
             if i == m - 1:
-                for s, stage in enumerate(live):
-                    for c, w in stage.items():  # tied across stages: the holders' sum of the previous update
-                        w.grad = tied.get(c, torch.zeros_like(w)) if c in shared else acc[s][c] / m
-                tied = {c: sum(a[c] for a in acc if c in a) / m for c in shared}
-                for s, stage in enumerate(live):
-                    optimizers[s].step()
-                    history[s][step + 1] = Version.of(step + 1, stage, history[s][step])
-                acc = [{c: torch.zeros_like(w) for c, w in stage.items()} for stage in live]
-    return losses, [{c: w.detach().clone() for c, w in stage.items()} for stage in live]
+                _reference_update(live, optimizers, history, acc, tied, shared, divisor, step)
+                if copies > 1 and (step + 1) % period == 0:
+                    _average(live, history, shares, step + 1)
+                acc = [[{c: torch.zeros_like(w) for c, w in stage.items()} for stage in copy] for copy in live]
+    return losses, [[{c: w.detach().clone() for c, w in stage.items()} for stage in copy] for copy in live]
+
+
+def _reference_update(live: list[list[dict[str, torch.nn.Parameter]]], optimizers: list[list[Any]],
+                      history: list[list[dict[int, Version]]], acc: list[list[dict[str, torch.Tensor]]],
+                      tied: list[dict[str, torch.Tensor]], shared: set[str], divisor: list[float], step: int) -> None:
+    """Every copy's stages step on their mean gradient (a weight tied across stages: its holders' sum of the previous
+    update) and record version ``step + 1`` with the optimizer's step as its delta."""
+    for q, copy in enumerate(live):
+        for s, stage in enumerate(copy):
+            for c, w in stage.items():
+                w.grad = tied[q].get(c, torch.zeros_like(w)) if c in shared else acc[q][s][c] / divisor[q]
+        tied[q] = {c: sum(a[c] for a in acc[q] if c in a) / divisor[q] for c in shared}
+        for s, stage in enumerate(copy):
+            before = {c: w.detach().clone() for c, w in stage.items()}
+            optimizers[q][s].step()
+            delta = {c: w.detach() - before[c] for c, w in stage.items()}
+            history[q][s][step + 1] = Version.of(step + 1, stage, history[q][s][step], delta)
+
+
+def _average(live: list[list[dict[str, torch.nn.Parameter]]], history: list[list[dict[int, Version]]],
+             shares: Sequence[int], index: int) -> None:
+    """``local-sgd``'s aggregation in the reference: every replica's weights set to the share-weighted mean, version
+    ``index`` too (its delta stays the optimizer's step)."""
+    total = float(sum(shares))
+    with torch.no_grad():
+        for s in range(len(live[0])):
+            for c in live[0][s]:
+                mean = sum(copy[s][c].detach() * (share / total) for copy, share in zip(live, shares))
+                for q, copy in enumerate(live):
+                    copy[s][c].copy_(mean)
+                    history[q][s][index].weights[c].copy_(mean)
