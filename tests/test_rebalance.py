@@ -171,6 +171,25 @@ def test_slowdown_specs_parse_and_stretch() -> None:
     assert Slowdown().stretch(1.0) == 0.0
 
 
+
+def test_a_slowed_rank_keeps_its_memory_in_use_while_it_waits_out_the_stretch() -> None:
+    """On a host that reclaims idle memory a rank that slept computed its next pass slower than FACTOR times its own
+    (docs/bench-machine.md): the stretch now touches the training state every few milliseconds, and lasts as long."""
+    import torch
+
+    from planner.runtime.slowdown import WARM_EVERY_S, Slowdown, touch_pages
+
+    now, touches = [0.0], []
+    slow = Slowdown(3.0, sleep=lambda s: now.__setitem__(0, now[0] + s), keep_warm=lambda: touches.append(now[0]),
+                    clock=lambda: now[0])
+    assert slow.stretch(0.1) == pytest.approx(0.2) and now[0] == pytest.approx(0.2)
+    assert len(touches) == pytest.approx(0.2 / WARM_EVERY_S, abs=1)  # one touch per slice, the first at once
+    assert touches[0] == 0.0 and max(b - a for a, b in zip(touches, touches[1:])) <= WARM_EVERY_S + 1e-12
+    kept = [torch.arange(5000.0), torch.ones(3, 4).t(), torch.zeros(0), torch.ones(10, dtype=torch.bfloat16)]
+    before = [t.clone() for t in kept]
+    touch_pages(kept)  # reads only: values, and non-contiguous or empty tensors, are left alone
+    assert all(torch.equal(a, b) for a, b in zip(kept, before))
+
 def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
     from planner.runtime.slowdown import Slowdown
     from planner.partition.search.rebalance import DeviceRound

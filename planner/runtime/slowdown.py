@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+
+import torch
 
 from planner.errors import UsageError
 
-__all__ = ["parse_slowdowns", "parse_slowdown_patterns", "SlowdownPattern", "Slowdown"]
+__all__ = ["parse_slowdowns", "parse_slowdown_patterns", "SlowdownPattern", "Slowdown", "touch_pages"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,26 @@ def parse_slowdowns(specs: Sequence[str] | str | None, world_size: int | None = 
     return {rank: p.factor for rank, p in patterns.items()}
 
 
-class Slowdown:
-    """Stretch measured compute intervals by ``factor`` (1 = no effect)."""
+WARM_EVERY_S = 0.005
+"""How often a slowed rank re-touches its memory while it waits out its stretch (``Slowdown.keep_warm``)."""
 
-    def __init__(self, factor: float = 1.0, sleep: Callable[[float], None] = time.sleep) -> None:
+
+class Slowdown:
+    """Stretch measured compute intervals by ``factor`` (1 = no effect).
+
+    ``keep_warm``: called every ``WARM_EVERY_S`` while the stretch is waited out (the rank's training state read once
+    per memory page). A slower device keeps computing, so its memory stays in use; a rank that sleeps leaves it
+    untouched, and on a host that reclaims idle guest memory the next pass then pays to touch it again
+    (docs/bench-machine.md measures it), which made the emulated rank slower than ``factor``."""
+
+    def __init__(self, factor: float = 1.0, sleep: Callable[[float], None] = time.sleep,
+                 keep_warm: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         if not (factor >= 1.0 and math.isfinite(factor)):
             raise UsageError(f"a slowdown factor must be a finite number >= 1, found {factor!r}")
         self.factor = factor
         self._sleep = sleep
+        self.keep_warm = keep_warm
+        self._clock = clock
 
     @classmethod
     def for_rank(cls, slowdowns: Mapping[int, float], rank: int) -> "Slowdown":
@@ -109,8 +123,26 @@ class Slowdown:
         return (self.factor - 1.0) * max(compute_s, 0.0)
 
     def stretch(self, compute_s: float) -> float:
-        """Sleep the extra time now; return it."""
+        """Wait the extra time now (touching the rank's memory meanwhile, when ``keep_warm`` is set); return it."""
         extra = self.extra_s(compute_s)
-        if extra > 0:
+        if extra <= 0:
+            return extra
+        if self.keep_warm is None:
             self._sleep(extra)
-        return extra
+            return extra
+        end = self._clock() + extra
+        while True:
+            self.keep_warm()
+            left = end - self._clock()
+            if left <= 0:
+                return extra
+            self._sleep(min(WARM_EVERY_S, left))
+
+
+def touch_pages(tensors: Iterable[torch.Tensor]) -> None:
+    """Read one element per 4 KiB page of every contiguous tensor: brings its memory back into use for a fraction of
+    the cost of reading it whole."""
+    with torch.no_grad():
+        for t in tensors:
+            if t.is_contiguous() and t.numel() > 0 and t.device.type == "cpu":
+                t.view(-1)[::max(4096 // t.element_size(), 1)].sum()

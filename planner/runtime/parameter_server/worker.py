@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from planner.runtime.parameter_server.wire import ModelTensors, Push, recv_reply, send_push
-from planner.runtime.slowdown import SlowdownPattern
+from planner.runtime.slowdown import Slowdown, SlowdownPattern, touch_pages
 
 __all__ = ["WorkerSetup", "work"]
 
@@ -53,12 +53,11 @@ def work(setup: WorkerSetup, module: nn.Module, rows: Callable[[int], Batch],
             loss.backward()
             loss_sum += float(loss.detach())
         compute = time.perf_counter() - began
-        if setup.slowdown is not None:
-            extra = (setup.slowdown.factor_at(clock) - 1.0) * compute
-            if extra > 0:
-                sleep(extra)
-                slept += extra
-                compute += extra
+        if setup.slowdown is not None:  # the stretch keeps the worker's memory in use, as a slower device would
+            extra = Slowdown(setup.slowdown.factor_at(clock), sleep=sleep, keep_warm=lambda: touch_pages(
+                [*tensors.params, *(p.grad for p in tensors.params if p.grad is not None)])).stretch(compute)
+            slept += extra
+            compute += extra
         compute_total += compute
         send_push(setup.server, Push(clock, version, loss_sum, compute, waited), tensors.grads_and_buffers(out))
         clock += 1

@@ -36,7 +36,7 @@ from planner.partition.search.rebalance import RebalanceState, decide, initial_s
 from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method, stage_keys
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
-from planner.runtime.slowdown import Slowdown, parse_slowdowns
+from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
 from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
 from planner.runtime.pipeline.training import make_optimizer
@@ -77,7 +77,10 @@ class DynamicHooks(RunHooks):
         world = dist.get_world_size()
         self.ranks = device_order(run.plan)
         slow = parse_slowdowns(self.opt["emulate_slowdown"], world)
-        self.timer = RankTimer(run.rank, self.ranks[run.rank], Slowdown.for_rank(slow, run.rank))
+        slowdown = Slowdown.for_rank(slow, run.rank)
+        if slowdown.factor > 1.0:
+            slowdown.keep_warm = lambda: touch_pages(_training_state(run))
+        self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown)
         self._p2p = timed_p2p(self.timer)
         self._p2p.__enter__()
         self.state = initial_state(self.ranks, run.plan.extra.get("weights"))
@@ -277,6 +280,15 @@ class DynamicHooks(RunHooks):
         self.warm_up = True
         self.round_index = int(info.extra.get("round", 0))
         log.info("rank %d resumed from %s at step %d", run.rank, info.path, info.step)
+
+
+def _training_state(run: RankRun) -> list[torch.Tensor]:
+    """What this rank's training touches every step: its stages' parameters, their gradients, the optimizer's state
+    (read at call time, so a re-plan's new stages are the ones kept warm)."""
+    params = list(run.stages.params.values())
+    grads = [p.grad for p in params if p.grad is not None]
+    state = [v for s in run.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return params + grads + state
 
 
 def _named_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
