@@ -10,10 +10,10 @@ model built from per-op timings does not see. Writes docs/bench-machine.md.
    layer chain, like a stage's forward) timed right after the process waited ``gap`` seconds, against the same
    pass right after another. On a host that reclaims or compresses idle guest memory, memory untouched for a
    while is slow to touch again, so a rank's compute depends on how long it idled before it: the waits of an
-   unbalanced pipeline and the sleeps of ``--emulate-slowdown`` make the next passes slower. Three controls
-   say where the time goes: the wait spent spinning instead of sleeping (the core stays busy, the memory still
-   goes untouched), the same weights allocated as transparent huge pages (``THP_MEM_ALLOC_ENABLE``), and a
-   read-only sweep of the weights (no arithmetic).
+   unbalanced pipeline make the next passes slower (and so did ``--emulate-slowdown`` while it only slept).
+   Three controls say where the time goes: the wait spent spinning instead of sleeping (the core stays busy,
+   the memory still goes untouched), the same weights allocated as transparent huge pages
+   (``THP_MEM_ALLOC_ENABLE``), and a read-only sweep of the weights (no arithmetic).
 
     python3 bench/drift.py                          # 2 processes x 150 s, then the cold-memory probe
     python3 bench/drift.py --seconds 60 --processes 1 --output /tmp/m.md
@@ -174,8 +174,9 @@ def cold(repeats: int) -> list[str]:
               f"on the core instead, {huge_slow:.1f}x with huge pages. Memory left untouched is slow to touch "
               f"again, the longer it was left{stays}. "
               f"A rank's compute therefore depends on how long it idled before it: the fast rank of an unbalanced "
-              f"pipeline computes slower than the same rank in a balanced one, and `--emulate-slowdown` (which "
-              f"sleeps after each pass) makes the slow rank more than FACTOR times slower. The cost model prices "
+              f"pipeline computes slower than the same rank in a balanced one, and `--emulate-slowdown`, had it only "
+              f"slept after each pass, would make the slowed rank more than FACTOR times slower (it keeps the "
+              f"rank's memory in use instead, docs/rebalancing.md). The cost model prices "
               f"ops as they run back to back (the profile), so on this host the prediction of a plan with long "
               f"waits comes out low, and speed factors fitted across an unbalanced and a balanced round mix the two "
               f"(docs/rebalancing.md). Accelerators keep their memory resident; the probe is here so that a reader "

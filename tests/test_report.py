@@ -91,7 +91,7 @@ def test_layer_span_without_layers_names_first_and_last_node() -> None:
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(2.5, "2.5 s"), (0.0123, "12.3 ms"), (4.56e-5, "45.6 µs"),
-                                               (0, "0 s"), (None, "-")])
+                                               (3e-9, "3 ns"), (4.34e-19, "0 s"), (0, "0 s"), (None, "-")])
 def test_fmt_time(seconds: object, text: str) -> None:
     assert fmt_time(seconds) == text
 

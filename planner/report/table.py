@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.clusters import embedded_cluster
-from planner.formats.plan import V_SCHEDULES, Plan, Stage
+from planner.formats.plan import PERIODIC_SYNCS, V_SCHEDULES, Plan, Stage
 
 
 def stage_table(plan: Plan, title: str | None = None) -> Table:
@@ -24,6 +24,8 @@ def stage_table(plan: Plan, title: str | None = None) -> Table:
     shape = plan.shape()
     hybrid = shape.replicated
     sync = ("; sync: every worker's exchange with the parameter server, per step" if shape.served else
+            f"; sync: one averaging of the stage's weights over its replicas ({shape.sync_text()})"
+            if hybrid and shape.sync in PERIODIC_SYNCS else
             "; sync: all-reducing the stage's gradients over its replicas, per step" if hybrid else "")
     # Names (devices, layers, paths) go in as Text so brackets in them are never read as rich markup.
     again = plan.recomputed()
@@ -213,10 +215,13 @@ def _layers(stage: Stage) -> Sequence[str]:
 
 
 def fmt_time(seconds: Any) -> str:
-    """Seconds in the unit that keeps 3 significant digits: ``1.23 s``, ``45.6 ms``, ``789 µs``."""
+    """Seconds in the unit that keeps 3 significant digits: ``1.23 s``, ``45.6 ms``, ``789 µs``; below a picosecond
+    (a difference of floats that should cancel, such as a device's idle time when it is the busiest) ``0 s``."""
     if not isinstance(seconds, (int, float)):
         return "-"
     value = float(seconds)
+    if abs(value) < 1e-12:
+        return "0 s"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"

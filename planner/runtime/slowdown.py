@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from planner.errors import UsageError
+
+if TYPE_CHECKING:  # the options' checks import this module before torch is needed
+    import torch
 
 __all__ = ["parse_slowdowns", "parse_slowdown_patterns", "SlowdownPattern", "Slowdown", "touch_pages"]
 
@@ -139,9 +140,11 @@ class Slowdown:
             self._sleep(min(WARM_EVERY_S, left))
 
 
-def touch_pages(tensors: Iterable[torch.Tensor]) -> None:
+def touch_pages(tensors: Iterable["torch.Tensor"]) -> None:
     """Read one element per 4 KiB page of every contiguous tensor: brings its memory back into use for a fraction of
     the cost of reading it whole."""
+    import torch
+
     with torch.no_grad():
         for t in tensors:
             if t.is_contiguous() and t.numel() > 0 and t.device.type == "cpu":
