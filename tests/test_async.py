@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any, Sequence
 
 import pytest
 
@@ -131,6 +132,19 @@ def test_the_memory_model_counts_the_stashed_versions_and_refuses_what_cannot_ho
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return plan_in_process(*args)
+
+
+def _run_digits(tmp_path: Path, name: str, partition: Sequence[str], steps: int, every: int) -> dict[str, Any]:
+    """``plan partition`` the digits MLP's profile (``digits_plan``) with ``partition``, then ``plan run`` it with SGD
+    for ``steps`` steps, evaluated and in rounds every ``every``; the run's summary."""
+    plan = str(tmp_path / f"{name}.json")
+    made = _cli("partition", str(tmp_path / "profile.json"), "-m", "uniform", *partition, "-o", plan)
+    assert made.returncode == 0, made.stderr
+    done = _cli("run", plan, "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches", "--steps",
+                str(steps), "--eval-every", str(every), "--round-steps", str(every), "--optimizer", "sgd", "--lr",
+                "0.05", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
@@ -341,14 +355,7 @@ def test_plan_run_trains_an_async_plan_and_evaluates_it(tmp_path: Path, schedule
     and the run failed building torch's 1F1B schedule, which it only evaluates with)."""
     pytest.importorskip("sklearn")
     digits_plan(tmp_path)
-    made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-2", "-m", "uniform", "-n", str(microbatches),
-                "-s", schedule, "-o", str(tmp_path / "2bw.json"))
-    assert made.returncode == 0, made.stderr
-    done = _cli("run", str(tmp_path / "2bw.json"), "planner.examples.digits:digits_mlp", "--data",
-                "planner.data.digits:batches", "--steps", "12", "--eval-every", "6", "--round-steps", "6", "--optimizer",
-                "sgd", "--lr", "0.05", "--json")
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = _run_digits(tmp_path, schedule, ["-c", "cpu-2", "-n", str(microbatches), "-s", schedule], 12, 6)
     assert summary["schedule"] == schedule and len(summary["losses"]) == 12
     assert summary["async"]["updates"] == 12 and summary["async"]["correction"] == "predict"
     assert [e["step"] for e in summary["eval"]] == [0, 6, 12] and summary["eval"][-1]["accuracy"] > 0.1
@@ -441,23 +448,13 @@ def test_replica_pipelines_run_asynchronously_and_equal_the_documented_rule(tmp_
         lasts = [rank[name] for rank in ranks if rank[name]["stage"] == 1]
         summed = [sum(x) for x in zip(*(r["losses"] for r in lasts))]  # the replicas' last stages add up the step
         assert summed == pytest.approx(lasts[0]["ref_losses"], rel=1e-5)
-    done = _cli("run", str(tmp_path / "replicas.json"), "planner.examples.digits:digits_mlp", "--data",
-                "planner.data.digits:batches", "--steps", "6", "--eval-every", "3", "--round-steps", "3", "--optimizer",
-                "sgd", "--lr", "0.05", "--json")
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    replicas = ["-c", "cpu-4", "-n", "4", "-d", "2", "-s", "async-1f1b"]
+    summary = _run_digits(tmp_path, "replicas", replicas, 6, 3)
     assert summary["world_size"] == 4 and summary["schedule"] == "async-1f1b" and len(summary["losses"]) == 6
     assert summary["async"]["updates"] == 6 and summary["sync"]["degree"] == 2
     assert [e["step"] for e in summary["eval"]] == [0, 3, 6]
     # seed 001's adaptive mode between the replica pipelines: the plan is made and run as the flushing ones are
-    made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-4", "-m", "uniform", "-n", "4", "-d", "2",
-                "-s", "async-1f1b", "--sync", "adaptive", "--sync-period", "2", "-o", str(tmp_path / "adaptive.json"))
-    assert made.returncode == 0, made.stderr
-    done = _cli("run", str(tmp_path / "adaptive.json"), "planner.examples.digits:digits_mlp", "--data",
-                "planner.data.digits:batches", "--steps", "6", "--eval-every", "3", "--round-steps", "3", "--optimizer",
-                "sgd", "--lr", "0.05", "--json")
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads(done.stdout)
+    summary = _run_digits(tmp_path, "adaptive", [*replicas, "--sync", "adaptive", "--sync-period", "2"], 6, 3)
     assert summary["async"]["updates"] == 6 and summary["sync"]["mode"] == "adaptive"
     assert summary["sync"]["aggregations"] >= 1 and summary["sync"]["periods"][0] == 2, summary["sync"]
     assert summary["eval"][-1]["loss"] < summary["eval"][0]["loss"]

@@ -141,11 +141,11 @@ class Slowdown:
 
 
 def touch_pages(tensors: Iterable["torch.Tensor"]) -> None:
-    """Read one element per 4 KiB page of every contiguous tensor: brings its memory back into use for a fraction of
-    the cost of reading it whole."""
+    """Read one element per 4 KiB page of every contiguous tensor of a page or more: brings its memory back into use
+    for a fraction of the cost of reading it whole (smaller tensors cost a call each and hold few pages)."""
     import torch
 
     with torch.no_grad():
         for t in tensors:
-            if t.is_contiguous() and t.numel() > 0 and t.device.type == "cpu":
+            if t.is_contiguous() and t.numel() * t.element_size() >= 4096 and t.device.type == "cpu":
                 t.view(-1)[::max(4096 // t.element_size(), 1)].sum()
