@@ -171,7 +171,6 @@ def test_slowdown_specs_parse_and_stretch() -> None:
     assert Slowdown().stretch(1.0) == 0.0
 
 
-
 def test_a_slowed_rank_keeps_its_memory_in_use_while_it_waits_out_the_stretch() -> None:
     """On a host that reclaims idle memory a rank that slept computed its next pass slower than FACTOR times its own
     (docs/bench-machine.md): the stretch now touches the training state every few milliseconds, and lasts as long."""
@@ -189,6 +188,7 @@ def test_a_slowed_rank_keeps_its_memory_in_use_while_it_waits_out_the_stretch() 
     before = [t.clone() for t in kept]
     touch_pages(kept)  # reads only: values, and non-contiguous or empty tensors, are left alone
     assert all(torch.equal(a, b) for a, b in zip(kept, before))
+
 
 def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
     from planner.runtime.slowdown import Slowdown

@@ -5,10 +5,11 @@ the rank from its step ``START`` on (a node that slows down mid-run), and ``RANK
 in bursts: ``EVERY`` steps slow, ``EVERY`` steps at full speed, and so on from ``START`` (``SlowdownPattern``).
 
 A testing aid, off by default. Identical CPUs (or GPUs) cannot show heterogeneity, so the chosen
-rank sleeps ``(FACTOR - 1)`` times each compute interval it has just measured, right after it: its
+rank waits ``(FACTOR - 1)`` times each compute interval it has just measured, right after it: its
 forward and backward passes take FACTOR times as long, and everything downstream waits for it as it
-would for a slower device. Sleeping holds no core, so the emulation does not slow the other ranks
-sharing the machine (a busy-loop would).
+would for a slower device. It sleeps, so the emulation does not take the cores of the other ranks sharing
+the machine (a busy-loop would), in slices of ``WARM_EVERY_S``, between which ``keep_warm`` touches the
+rank's training state, so that its memory stays in use as a slower device's would (``Slowdown``).
 """
 
 from __future__ import annotations
