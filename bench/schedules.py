@@ -225,17 +225,20 @@ def recompute_section(reprofile: bool) -> dict[str, Any]:
     """Recomputation where needed: the memory-bound model on ``MEMORY_BOUND``'s cluster with less memory per device,
     planned (dp, layer cuts, one pipeline, m = 8) with ``--recompute off``, ``on`` (every stage) and ``auto`` (only the
     stages that need it, when nothing fits without)."""
+    from dataclasses import replace
+
     from planner.app.partition import partition_file
+    from planner.clusters import load_cluster_spec
     from planner.errors import InfeasibleError
+    from planner.formats.cluster import save_cluster
 
     case, deep = MEMORY_BOUND, deep_profile(reprofile)
-    base = json.loads((REPO / "profiles" / "clusters" / f"{case['cluster']}.json").read_text())
+    base = load_cluster_spec(case["cluster"])
     rows = []
     for gib in RECOMPUTE_MEMORY_GIB:
-        cluster = {**base, "name": f"{base['name']}-{gib}g",
-                   "devices": [{**d, "memory_bytes": int(gib * 2**30)} for d in base["devices"]]}
-        path = CACHE / f"recompute-{gib}g.cluster.json"
-        path.write_text(json.dumps(cluster))
+        devices = tuple(replace(d, memory_bytes=int(gib * 2**30)) for d in base.devices)
+        path = save_cluster(replace(base, name=f"{base.name}-{gib}g", devices=devices),
+                            CACHE / f"recompute-{gib}g.cluster.json")
         for schedule in ("gpipe", "1f1b"):
             row: dict[str, Any] = {"memory_gib": gib, "schedule": schedule}
             for mode in ("off", "on", "auto"):

@@ -49,15 +49,16 @@ LINKS = {"slow": "1e8,0.005", "fast": "1e9,0.0005"}
 MODES = {"ssgd": ["--sync", "ssgd"], "local-sgd H=4": ["--sync", "local-sgd", "--sync-period", "4"],
          "local-sgd H=16": ["--sync", "local-sgd", "--sync-period", "16"], "adaptive": ["--sync", "adaptive"],
          "adaptive, elastic 0.02": ["--sync", "adaptive", "--sync-elastic", "0.02"]}
-"""Rounds are each data set's evaluation interval (``eval_every``): evaluations come at round ends, so a run's time to
-target is read that often. digits takes 300 steps and is read every 10; text reaches its target in 30-40 steps and
-is read every 5 (read every 10, two modes one evaluation apart differed by a quarter of their steps to target). The
-per-round bookkeeping (a barrier, the losses, the rebalancer's broadcast) costs each mode the same few link
-latencies."""
 
 
 def train_mode(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list[str], seed: int) -> dict[str, Any]:
-    """One run of ``plan`` in ``mode`` on the emulated ``link`` (``learning.train``: summary, load, command)."""
+    """One run of ``plan`` in ``mode`` on the emulated ``link`` (``learning.train``: summary, load, command).
+
+    Rounds are the data set's evaluation interval (``eval_every``): evaluations come at round ends, so a run's time to
+    target is read that often. digits takes 300 steps and is read every 10; text reaches its target in 30-40 steps and
+    is read every 5 (read every 10, two modes one evaluation apart differed by a quarter of their steps to target).
+    The per-round bookkeeping (a barrier, the losses, the rebalancer's broadcast) costs each mode the same few link
+    latencies."""
     return train(tag, plan, spec, "--seed", str(seed), "--eval-every", str(spec["eval_every"]), "--target",
                  spec["target"], "--emulate-link", link, *mode, work=WORK, round_steps=spec["eval_every"])
 

@@ -137,14 +137,12 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
             if asynchronous:
                 raise UsageError(f"{schedule_name} does not recompute activations (stashed weight versions)")
             return place(True)
+        if recompute == "off" or asynchronous:
+            return place(False)
         try:
             plain = place(False)
         except InfeasibleError:
-            if recompute != "auto" or asynchronous:
-                raise
             return place("auto")  # nothing fits without it: recompute in the stages that need it
-        if recompute != "auto" or asynchronous:
-            return plain
         where_needed = place("auto")  # the cuts of recomputation, kept only where needed: faster where memory bent
         return where_needed if where_needed.step_time_s < plain.step_time_s * (1 - TIE) else plain  # plain's cuts
 

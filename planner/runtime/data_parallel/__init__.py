@@ -35,7 +35,7 @@ group, which is wrong for uneven shares. The flat all-reduce after the schedule 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -45,8 +45,11 @@ from planner.errors import PlanMismatchError
 from planner.formats.plan import SERVER_SYNCS, SYNC_MODES, Plan
 from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD, aggregation_report
 
+if TYPE_CHECKING:
+    from planner.runtime.pipeline.stages import RankStages
+
 __all__ = ["UpdateSync", "SingleReplica", "Synchronous", "LocalSGD", "Adaptive", "AdaptiveOptions", "SYNC_MODES",
-           "sync_for"]
+           "sync_for", "sync_of"]
 
 
 class UpdateSync(Protocol):
@@ -160,3 +163,10 @@ def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequen
         return Adaptive(group, shape.shares[replica], plan.microbatches, shape.period, buffers,
                         options or AdaptiveOptions(), world)
     return Synchronous(group, plan.microbatches)
+
+
+def sync_of(stages: "RankStages", options: AdaptiveOptions | None = None) -> UpdateSync:
+    """The ``UpdateSync`` of a rank's ``stages``: their plan's mode over their ``dp`` group, with their buffers."""
+    return sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None,
+                    replica=stages.replica, buffers=[b for module in stages.modules for b in module.buffers()],
+                    options=options)

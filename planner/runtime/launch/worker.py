@@ -39,7 +39,7 @@ from planner.errors import DistributedError
 from planner.formats.plan import ASYNC_SCHEDULES, Plan
 from planner.data import factory as data_mod
 from planner.runtime import netem
-from planner.runtime.data_parallel import sync_for
+from planner.runtime.data_parallel import sync_of
 from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
@@ -88,9 +88,7 @@ class RankRun:
         self.schedule = build_schedule(stages, criterion)
         if getattr(self, "sync", None) is not None:
             self.sync.finish(self.stages.params)  # an aggregation in flight lands on the old stages
-        self.sync = sync_for(stages.plan, stages.mesh.get_group("dp") if stages.mesh is not None else None,
-                             replica=stages.replica, buffers=[b for module in stages.modules for b in module.buffers()],
-                             options=self.prepared.sync_options)
+        self.sync = sync_of(stages, self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
         before: AsyncEngine | None = getattr(self, "engine", None)

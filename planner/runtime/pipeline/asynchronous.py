@@ -42,7 +42,7 @@ from torch.func import functional_call
 from planner.errors import UsageError
 from planner.formats.plan import ASYNC_CORRECTIONS, Plan
 from planner.partition.sim.schedules import FWD, UPD, async_orders, async_violation, forward_version, inflight_depth
-from planner.runtime.data_parallel import UpdateSync, sync_for
+from planner.runtime.data_parallel import UpdateSync, sync_of
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
 from planner.runtime.pipeline.stages import RankStages
 
@@ -139,11 +139,9 @@ class AsyncEngine:
         self.inflight = inflight
         self.m = stages.microbatches  # this replica's share: its order and its versions follow it
         self.total = plan.microbatches  # the step's micro-batches over every replica: the gradient's divisor
-        self.replicas = stages.mesh.get_group("dp") if stages.mesh is not None else None
-        """The stage's replicas (one rank per replica pipeline)."""
-        self.sync = sync if sync is not None else sync_for(
-            plan, self.replicas, replica=stages.replica, buffers=[b for mod in stages.modules for b in mod.buffers()])
-        """How every update combines with the replicas' (``plan run``'s own, which also ends its rounds)."""
+        self.sync = sync if sync is not None else sync_of(stages)
+        """How every update combines with the stage's replicas' (``plan run`` passes its own, which also ends its
+        rounds)."""
         self.p = len(plan.stages)
         self.stage = next(g.index for g in stages.graphs if stages.rank_of_stage[g.index] == stages.rank)
         graph: StageGraph = stages.graphs[self.stage]
