@@ -63,6 +63,21 @@ def train_mode(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list
                  spec["target"], "--emulate-link", link, *mode, work=WORK, round_steps=spec["eval_every"])
 
 
+def round_end_cost(name: str, plan: Path, spec: dict[str, Any], link: str, pairs: int = 3) -> float:
+    """What one round's end costs training on ``link`` (the round-end exchange, the barrier, the rebalancer's
+    decision): 40 steps of local-sgd H=16 in rounds of 5 against rounds of 20, the extra wall time over the 6 extra
+    rounds, the median of ``pairs`` such pairs. Every mode pays it once a round."""
+    costs = []
+    for pair in range(pairs):
+        walls = {}
+        for rounds_of in (5, 20):
+            summary = train(f"{name}-roundend-{rounds_of}-p{pair}", plan, {**spec, "steps": 40}, "--seed", str(pair),
+                            "--emulate-link", link, *MODES["local-sgd H=16"], work=WORK, round_steps=rounds_of)
+            walls[rounds_of] = summary["wall_s"]
+        costs.append((walls[5] - walls[20]) / (40 // 5 - 40 // 20))
+    return statistics.median(costs)
+
+
 def _steps_to_target(run: dict[str, Any]) -> float | None:
     """The step of the first evaluation at the run's time to target (None: not reached)."""
     reached = run["time_to_target_s"]
@@ -115,11 +130,13 @@ def main() -> None:
                     tag = f"{name}-{link_name}-{mode.replace(' ', '').replace('=', '')}-s{seed}"
                     print(f"{tag} ...", file=sys.stderr, flush=True)
                     runs[mode].append(train_mode(tag, plan, spec, link, flags, seed))
+            print(f"{name}-{link_name} round-end cost ...", file=sys.stderr, flush=True)
+            round_end_s = round_end_cost(name, plan, spec, link)
             ssgd = runs["ssgd"]
             blocking = statistics.median(r["sync"]["aggregation_s"] / max(r["sync"]["aggregations"], 1) for r in ssgd)
             results[f"{name}/{link_name}"] = {
                 "data": name, "link": link, "metric": spec["metric"], "target": spec["target"],
-                "blocking_all_reduce_s": blocking, "date": time.strftime("%Y-%m-%d"), "eval_every": spec["eval_every"],
+                "blocking_all_reduce_s": blocking, "round_end_s": round_end_s, "date": time.strftime("%Y-%m-%d"), "eval_every": spec["eval_every"],
                 "modes": {mode: row(rs, spec["metric"], blocking) for mode, rs in runs.items()}}
             _curves(name, link_name, {mode: rs[0] for mode, rs in runs.items()})
     results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -153,6 +170,14 @@ def _equal_steps_ceiling(row: dict[str, Any]) -> float | None:
     return reached / (reached - row["exposed_per_step_s"] * steps)
 
 
+def _round_end(entry: dict[str, Any]) -> str:
+    """The section's measured round-end cost, where it was measured (``round_end_cost``)."""
+    if "round_end_s" not in entry:
+        return " Round-end cost not measured (the run predates it)."
+    return (f" A round's end costs training {entry['round_end_s'] * 1e3:.1f} ms on this link, in every mode (40 steps "
+            f"of local-sgd H=16 in rounds of 5 against rounds of 20, the median of 3 pairs).")
+
+
 def _fmt_s(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.2f}"
 
@@ -177,7 +202,7 @@ def render(results: dict[str, Any]) -> str:
         base = modes["ssgd"]["time_to_target_s"]
         lines += [f"## {entry['data']}, link {entry['link']} (B/s, s): target {entry['target']}", "",
                   f"Measured {entry['date']}, evaluated every {entry.get('eval_every', 10)} steps. ssgd's blocking "
-                  f"all-reduce: {entry['blocking_all_reduce_s'] * 1e3:.1f} ms.", "",
+                  f"all-reduce: {entry['blocking_all_reduce_s'] * 1e3:.1f} ms.{_round_end(entry)}", "",
                   "| mode | to target (s) | vs ssgd | reached | final " + entry["metric"] + " | bytes sent | waited per step | hidden | periods | load |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for mode in [m for m in MODES if m in modes]:

@@ -165,9 +165,11 @@ def test_chunked_prioritised_aggregation_equals_one_all_reduce() -> None:
 def _one_interval(rank: int, world: int) -> None:
     import torch.distributed as dist
 
+    from planner.runtime.launch.worker import exchange_rows
+
     sync = Adaptive(dist.group.WORLD, 1, 2, 4)
     sync.last_exposed_s = 0.02 if rank == 0 else 0.05  # ranks measure differently ...
-    sync.after_round([2.0, 1.9], 0.01 * (rank + 1))
+    sync.after_round([2.0, 1.9], exchange_rows(sync.round_figures(0.01 * (rank + 1))))  # as the worker's round end
     periods = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(periods, torch.tensor([float(sync.period)]))
     assert len({float(p) for p in periods}) == 1  # ... and agree on the interval

@@ -54,6 +54,31 @@ def test_migration_moves_values_and_optimizer_state_to_the_new_owner() -> None:
     run_ranks(_migrate, 2, timeout_s=100)
 
 
+def _round_end(rank: int, world: int) -> None:
+    from planner.runtime import netem
+    from planner.runtime.launch.worker import exchange_rows
+    from planner.runtime.rebalancing.hooks import _share_decision
+
+    with netem.instrument(netem.Traffic()) as traffic:
+        rows = exchange_rows([float(rank), 10.0 + rank, -1.0])
+        assert rows == [(0.0, 10.0, -1.0), (1.0, 11.0, -1.0)]  # every rank's row, by rank, on every rank
+        after_exchange = traffic.bytes_sent
+        assert after_exchange == 3 * 8  # one all-gather of three float64s: what a round's end costs besides the flag
+        decision = {"plan": None, "state": {"rounds": 4}, "imbalance": 0.0} if rank == 0 else None
+        plan, state = _share_decision(decision, with_state=False)
+        assert plan is None and state == ({"rounds": 4} if rank == 0 else None)
+        if rank == 0:  # a round that keeps its plan and saves nothing broadcasts one float64, no object
+            assert traffic.bytes_sent - after_exchange == 8
+        plan, state = _share_decision(decision, with_state=True)  # a checkpoint round: every rank saves the state
+        assert plan is None and state == {"rounds": 4}
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_round_that_keeps_its_plan_ends_with_one_exchange_and_one_number() -> None:
+    run_ranks(_round_end, 2, timeout_s=100)
+
+
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from tests._runtime_jobs import make_plans

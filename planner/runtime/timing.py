@@ -1,4 +1,4 @@
-"""Per-rank compute and wait time over a round, and gathering them on every rank.
+"""Per-rank compute and wait time over a round, and combining every rank's on every rank.
 
 A rank's round splits into *compute* (its stages' forward and backward passes, the emulated
 slowdown included, and the last stage's loss) and *wait* (everything else: blocked on point-to-point receives and sends, and
@@ -18,13 +18,13 @@ import contextlib
 import functools
 import time
 from dataclasses import replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankTimer", "instrument_stage", "instrument_schedule", "timed_p2p", "gather_round",
-           "stats_from"]
+__all__ = ["RankTimer", "instrument_stage", "instrument_schedule", "timed_p2p", "ROUND_FIELDS", "round_row",
+           "stats_from", "stats_from_rows"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
@@ -151,12 +151,17 @@ def stats_from(rounds: list[DeviceRound], *, round_index: int, first_step: int, 
     return RoundStats(round=round_index, first_step=first_step, steps=steps, wall_s=wall, devices=devices)
 
 
-def gather_round(mine: DeviceRound, *, round_index: int, first_step: int, steps: int,
-                 group: Any = None) -> RoundStats:
-    """All-gather every rank's ``DeviceRound`` (small pickled objects) and combine them on every rank."""
-    import torch.distributed as dist
+ROUND_FIELDS = ("compute_s", "wait_s", "recv_s", "post_s", "update_s", "wall_s", "emulated_s")
+"""A ``DeviceRound``'s numbers, in the order ``round_row`` packs them (its device and rank are known on every rank)."""
 
-    world = dist.get_world_size(group)
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine, group=group)
-    return stats_from(list(everyone), round_index=round_index, first_step=first_step, steps=steps)
+
+def round_row(mine: DeviceRound) -> tuple[float, ...]:
+    """This rank's round as the numbers it adds to the round-end exchange (``worker.exchange_rows``)."""
+    return tuple(float(getattr(mine, name)) for name in ROUND_FIELDS)
+
+
+def stats_from_rows(rows: Sequence[Sequence[float]], devices: Sequence[str], *, round_index: int, first_step: int,
+                    steps: int) -> RoundStats:
+    """``stats_from`` every rank's ``round_row`` (by rank; ``devices``: each rank's device)."""
+    rounds = [DeviceRound(devices[rank], **dict(zip(ROUND_FIELDS, row)), rank=rank) for rank, row in enumerate(rows)]
+    return stats_from(rounds, round_index=round_index, first_step=first_step, steps=steps)

@@ -8,8 +8,9 @@ their updates. The worker calls one ``UpdateSync`` per rank at two points of a s
   micro-batches and averaged by ``pipeline.stages.average_grads``); a synchronous mode averages them here;
 - ``after_step(params)``: the optimizer has stepped; a mode that averages parameters does it here;
 
-and ``after_round(losses, compute_s)`` after every round (the round's step losses, the same on every rank, and
-this rank's compute seconds per step), ``finish(params)`` before anything reads the model (evaluation, a
+and at every round's end ``round_figures(compute_s)`` (what this rank adds to the worker's one round-end exchange,
+given its compute seconds per step) and ``after_round(losses, figures)`` (the round's step losses and every rank's
+figures, the same on every rank), ``finish(params)`` before anything reads the model (evaluation, a
 re-plan, the end of the run), ``report()`` for the run summary.
 
 Modes: ``SingleReplica`` (degree 1: pure pipelines), ``Synchronous`` (``ssgd``: gradients averaged every
@@ -66,7 +67,9 @@ class UpdateSync(Protocol):
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
-    def after_round(self, losses: Sequence[float], compute_s: float) -> None: ...
+    def round_figures(self, compute_s: float) -> tuple[float, ...]: ...
+
+    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None: ...
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
@@ -76,7 +79,10 @@ class UpdateSync(Protocol):
 class _EveryStep:
     """What the modes that combine every step (or never) do between rounds: nothing."""
 
-    def after_round(self, losses: Sequence[float], compute_s: float) -> None:
+    def round_figures(self, compute_s: float) -> tuple[float, ...]:
+        return ()
+
+    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
         return None
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None:
@@ -139,9 +145,8 @@ class Synchronous(_EveryStep):
 
 
 def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequence[torch.Tensor] = (),
-             options: AdaptiveOptions | None = None, world: Any = None) -> UpdateSync:
-    """The ``UpdateSync`` of ``plan`` for this rank (``replica``, holding ``buffers``) over its ``dp`` ``group``
-    (``world``: every rank, for decisions all must share); a sync mode this runtime does not have is refused in one
+             options: AdaptiveOptions | None = None) -> UpdateSync:
+    """The ``UpdateSync`` of ``plan`` for this rank (``replica``, holding ``buffers``) over its ``dp`` ``group``; a sync mode this runtime does not have is refused in one
     line (before any rank starts: ``group`` may be ``None`` there)."""
     shape = plan.shape()
     if not shape.replicated:
@@ -161,7 +166,7 @@ def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequen
         return LocalSGD(group, shape.shares[replica], plan.microbatches, shape.period, buffers)
     if mode == "adaptive":
         return Adaptive(group, shape.shares[replica], plan.microbatches, shape.period, buffers,
-                        options or AdaptiveOptions(), world)
+                        options or AdaptiveOptions())
     return Synchronous(group, plan.microbatches)
 
 

@@ -19,7 +19,7 @@ What is averaged, and what is not:
 
 1. **the interval** ``H`` is re-chosen every round from the measured step compute, the measured cost of an
    aggregation and the training loss (``planner.partition.search.sync_period``); every rank of the world
-   agrees on it through one small all-reduce per round;
+   agrees on it, choosing from every rank's figures, which travel in the worker's one round-end exchange;
 2. **a parameter correction** between aggregations (off by default, ``elastic = 0``: docs/sync.md says why): an elastic pull (EASGD, Zhang, Choromanska and LeCun,
    NeurIPS 2015) of each local model towards where the global model is expected to be, the last global model
    moved on by the global progress per step of the last interval. Progress the replicas share is not pulled
@@ -150,7 +150,10 @@ class LocalSGD:
         self.periods.append(self.period)
         self.since = 0
 
-    def after_round(self, losses: Sequence[float], compute_s: float) -> None:
+    def round_figures(self, compute_s: float) -> tuple[float, ...]:
+        return ()
+
+    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
         return None
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None:
@@ -170,10 +173,9 @@ class Adaptive(LocalSGD):
     mode = "adaptive"
 
     def __init__(self, group: Any, share: int, microbatches: int, period: int, buffers: Sequence[torch.Tensor] = (),
-                 options: AdaptiveOptions = AdaptiveOptions(), world: Any = None) -> None:
+                 options: AdaptiveOptions = AdaptiveOptions()) -> None:
         super().__init__(group, share, microbatches, period, buffers)
         self.options = options
-        self.world = world
         self.anchor: torch.Tensor | None = None
         """The last global model (flat)."""
         self.velocity: torch.Tensor | None = None
@@ -278,23 +280,26 @@ class Adaptive(LocalSGD):
     def report(self) -> dict[str, Any]:
         return {**super().report(), "copy_s": self.copy_total_s, "interference_s": self.interference_s}
 
-    def after_round(self, losses: Sequence[float], compute_s: float) -> None:
-        """Re-choose the interval from this round's measurements, the same on every rank (one all-reduce of the
-        world's largest figures): the step compute without an aggregation in flight, and an aggregation's cost
-        to training: the wait once the overlap has hidden what it can, the copies that combine the models, and
-        what the travelling chunks added to the compute of the step under them."""
-        loss = sum(losses) / len(losses) if losses else None
-        if self.loss_start is None:
-            self.loss_start = loss
+    def round_figures(self, compute_s: float) -> tuple[float, ...]:
+        """This rank's figures for the interval rule: the step compute without an aggregation in flight (``compute_s``,
+        the round's mean, until a clean step was measured), and an aggregation's cost to training: the wait once the
+        overlap has hidden what it can, the copies that combine the models, and what the travelling chunks added to
+        the compute of the step under them (-1 before the first aggregation)."""
         if self.clean:
             self.clean_s = statistics.median(self.clean)
         if self.busy and self.clean_s is not None:
             self.interference_s = max(statistics.median(self.busy) - self.clean_s, 0.0)
         self.busy, self.clean, self.step_mark = [], [], None
         cost = -1.0 if self.last_exposed_s is None else self.last_exposed_s + self.interference_s
-        figures = torch.tensor([compute_s if self.clean_s is None else self.clean_s, cost], dtype=torch.float64)
-        dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.world)
-        step_s, cost_s = figures.tolist()
+        return (compute_s if self.clean_s is None else self.clean_s, cost)
+
+    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
+        """Re-choose the interval from the world's largest figures (``round_figures`` of every rank, exchanged by the
+        worker), so every rank chooses the same."""
+        loss = sum(losses) / len(losses) if losses else None
+        if self.loss_start is None:
+            self.loss_start = loss
+        step_s, cost_s = (max(column) for column in zip(*figures))
         if cost_s < 0.0:
             return  # nothing aggregated yet: keep the plan's first interval
         self.period = next_period(step_s, cost_s, self.loss_start, loss, self.options.rule)

@@ -97,7 +97,9 @@ class RoundEnd:
     wall_s: float
     """Wall time of the round's steps on this rank (data, schedule, gradient sync, optimizer)."""
     losses: tuple[float, ...]
-    """Mean micro-batch loss of each step (broadcast from the last stage's rank)."""
+    """Mean micro-batch loss of each step (summed over the replicas' last stages)."""
+    figures: tuple[tuple[float, ...], ...] = ()
+    """By rank, what the hook receiving this ``RoundEnd`` returned from ``round_figures`` on that rank."""
 
 
 class RunHooks:
@@ -108,6 +110,12 @@ class RunHooks:
 
     def before_round(self, run: "RankRun") -> None:
         """Just before each round's first step."""
+
+    def round_figures(self, run: "RankRun") -> tuple[float, ...]:
+        """Right after each round's last step: numbers every rank should see. They travel in the round's one exchange
+        (with the losses) and come back, from every rank, as ``on_round``'s ``stats.figures``. Every rank must return
+        as many."""
+        return ()
 
     def on_round(self, run: "RankRun", stats: RoundEnd) -> None:
         """After each round (may ``run.install(run.build(new_plan))`` after moving parameters)."""

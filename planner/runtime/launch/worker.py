@@ -24,6 +24,7 @@ Hooks (issue 5, for rebalancing, migration and checkpoints):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -48,7 +49,7 @@ from planner.runtime.pipeline.stages import (RankStages, average_grads, build_ra
 from planner.runtime.pipeline.asynchronous import AsyncEngine, correction_of
 from planner.runtime.pipeline.training import make_optimizer
 
-__all__ = ["RankRun", "run_rank", "steady_step_time_s"]
+__all__ = ["RankRun", "exchange_rows", "run_rank", "steady_step_time_s"]
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,10 @@ class RankRun:
         return {"loss": loss / max(rows, 1.0),
                 "accuracy": correct / max(rows, 1.0) if data_mod.has_accuracy(spec) else None}
 
-    def train_round(self, steps: int) -> RoundEnd:
-        """``steps`` steps, then the step losses summed over the replicas' last stages, on every rank."""
+    def train_round(self, steps: int, hooks: Sequence[RunHooks] = ()) -> tuple[RoundEnd, list[RoundEnd]]:
+        """``steps`` steps, then the round's one exchange (``exchange_rows``): every rank's step losses (summed over the
+        replicas' last stages), its sync's ``round_figures`` and each hook's. Returns the round and, per hook, the
+        round with that hook's figures from every rank."""
         first, local = self.step, []
         start, exposed = time.perf_counter(), self.sync.report().get("exposed_s", 0.0)
         if self.engine is not None:
@@ -176,14 +179,33 @@ class RankRun:
             for _ in range(steps):
                 local.append(self.train_step())
         wall_s = time.perf_counter() - start
-        losses = torch.tensor([x if x is not None else 0.0 for x in local], dtype=torch.float64, device=self.device)
-        dist.all_reduce(losses)
-        stats = RoundEnd(len(self.rounds), first, steps, wall_s, tuple(losses.tolist()))
         waited = self.sync.report().get("exposed_s", 0.0) - exposed
-        self.sync.after_round(stats.losses, (wall_s - waited) / steps)
+        parts = [tuple(x if x is not None else 0.0 for x in local), self.sync.round_figures((wall_s - waited) / steps),
+                 *(hook.round_figures(self) for hook in hooks)]
+        rows = exchange_rows([x for part in parts for x in part], self.device)
+        split = [[row[i:j] for row in rows] for i, j in _bounds([len(part) for part in parts])]
+        losses = tuple(float(sum(column)) for column in zip(*split[0]))
+        stats = RoundEnd(len(self.rounds), first, steps, wall_s, losses)
+        self.sync.after_round(stats.losses, split[1])
         self.losses.extend(stats.losses)
         self.rounds.append(stats)
-        return stats
+        return stats, [dataclasses.replace(stats, figures=tuple(rows)) for rows in split[2:]]
+
+
+def exchange_rows(row: Sequence[float], device: torch.device | None = None) -> list[tuple[float, ...]]:
+    """Every rank's ``row`` (float64, the same length on every rank), by rank: one all-gather. A round's end needs
+    several small things from every rank (losses, timings, a sync rule's figures); on a slow link each collective
+    costs a latency or two, so they travel together."""
+    mine = torch.tensor(list(row), dtype=torch.float64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [tuple(t.tolist()) for t in everyone]
+
+
+def _bounds(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of consecutive parts of the given lengths."""
+    ends = list(itertools.accumulate(lengths))
+    return list(zip([0, *ends[:-1]], ends))
 
 
 def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any]:
@@ -249,10 +271,10 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
     while run.step < config.steps and not stop:
         for hook in hooks:
             hook.before_round(run)
-        stats = run.train_round(min(config.round_steps, config.steps - run.step))
+        stats, seen = run.train_round(min(config.round_steps, config.steps - run.step), hooks)
         log.info("rank %d round %d: loss %.6f wall %.3fs", rank, stats.index, stats.losses[-1], stats.wall_s)
-        for hook in hooks:
-            hook.on_round(run, stats)
+        for hook, round_end in zip(hooks, seen):
+            hook.on_round(run, round_end)
         every = config.eval_every
         if every and (run.step // every > stats.first_step // every or run.step >= config.steps):
             stop = evaluate()

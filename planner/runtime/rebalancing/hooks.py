@@ -5,12 +5,14 @@ Installed on every rank by ``planner.runtime.launch.main.rank_main``; options co
 
 1. ``before_round``: the rank's ``RankTimer`` starts; the stages' compute methods are timed (and
    stretched by ``--emulate-slowdown``), the schedules' p2p waits counted as blocked time.
-2. ``on_round``: a monitored barrier (a rank that stopped answering is named, not waited for), then
-   every rank's compute and wait are all-gathered; rank 0 judges the balance, updates weights and
-   speed factors (``rebalance.decide``), re-plans (``replan.propose``) and broadcasts the outcome;
-   every rank migrates what changed owner (``migrate.migrate``) and installs the new stages; S6
-   bookkeeping; rank 0 logs the round; a checkpoint is written when a multiple of
-   ``checkpoint_every`` steps was reached.
+2. ``round_figures``: the rank's compute and wait, which travel in the worker's one round-end exchange
+   (``worker.exchange_rows``, with the losses); ``on_round``: a monitored barrier (a rank that stopped
+   answering is named, not waited for); rank 0 judges the balance, updates weights and speed factors
+   (``rebalance.decide``), re-plans (``replan.propose``), does the S6 bookkeeping and broadcasts a new plan
+   (one number says whether one follows: ``_share_decision``); every rank migrates what changed owner
+   (``migrate.migrate``) and installs the new stages; rank 0 logs the round; a checkpoint is written when a
+   multiple of ``checkpoint_every`` steps was reached (rank 0's rebalancer state travels with the decision
+   then). Three collectives end a round that keeps its plan: the exchange, the barrier and that number.
 3. ``on_start`` resumes from the newest complete checkpoint (the plan in force there, its weights,
    optimizer state, step, losses and rebalancer state); ``on_end`` writes the final plan.
 """
@@ -38,7 +40,7 @@ from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
-from planner.runtime.timing import RankTimer, gather_round, instrument_schedule, instrument_stage, timed_p2p
+from planner.runtime.timing import RankTimer, instrument_schedule, instrument_stage, round_row, stats_from_rows, timed_p2p
 from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.resume import IDENTITY_KEY
@@ -146,34 +148,39 @@ class DynamicHooks(RunHooks):
         self.timer.begin_round()
         self._update_mark = run.update_s
 
-    def on_round(self, run: RankRun, stats: RoundEnd) -> None:
+    def round_figures(self, run: RankRun) -> tuple[float, ...]:
+        """This rank's timings of the round, for the worker's round-end exchange."""
         self.timer.add_update(run.update_s - self._update_mark)
-        mine = self.timer.end_round()
+        return round_row(self.timer.end_round())
+
+    def on_round(self, run: RankRun, stats: RoundEnd) -> None:
         _monitored_barrier(self.config.timeout_s)
-        stats_all = gather_round(mine, round_index=self.round_index, first_step=stats.first_step, steps=stats.steps)
+        stats_all = stats_from_rows(stats.figures, self.ranks, round_index=self.round_index,
+                                    first_step=stats.first_step, steps=stats.steps)
         if run.rank == 0 and self.model is not None and not self.warm_up:  # what the first steady rounds calibrate
             predicted = self.model.predicted_compute_s(run.plan, stats_all.steps)
             self.calibration_rounds.append(({d.device: d.compute_s for d in stats_all.devices}, predicted))
-        payload = self._decide_safely(run, stats_all) if run.rank == 0 else None
-        box = [payload]
-        dist.broadcast_object_list(box, src=0)
-        payload = box[0]
-        new_plan = plan_from_dict(payload["plan"]) if payload["plan"] else None
+        every = int(self.opt["checkpoint_every"] or 0)
+        saving = bool(self.opt["checkpoint_dir"]) and every > 0 and run.step // every > self.saved_step // every
+        decision = self._decide_safely(run, stats_all) if run.rank == 0 else None
+        if decision is not None and not self.warm_up:  # S6 bookkeeping, on the plan in force after the round
+            plan = plan_from_dict(decision["plan"]) if decision["plan"] else run.plan
+            decision["state"] = settle(RebalanceState.from_dict(decision["state"]), stage_keys(plan),
+                                       self.rebalance).to_dict()
+        new_plan, state = _share_decision(decision, with_state=saving)
         moved, moved_bytes = (self._switch(run, new_plan) if new_plan is not None else (0, 0))
-        self.state = RebalanceState.from_dict(payload["state"])
-        if not payload["warm_up"]:
-            self.state = settle(self.state, stage_keys(run.plan), self.rebalance)
+        if state is not None:
+            self.state = RebalanceState.from_dict(state)
         self.warm_up = new_plan is not None
-        if self.log is not None:
+        if self.log is not None and decision is not None:
             self.log.write(round_record(
-                stats_all, self.state, imbalance=payload["imbalance"], balanced=payload["balanced"],
-                plan_changed=new_plan is not None, reason=payload["reason"], loss=stats.losses[-1],
+                stats_all, self.state, imbalance=decision["imbalance"], balanced=decision["balanced"],
+                plan_changed=new_plan is not None, reason=decision["reason"], loss=stats.losses[-1],
                 moved_tensors=moved, moved_bytes=moved_bytes,
                 stages=[{"device": s.device, "nodes": len(s.nodes), "first": s.nodes[0], "last": s.nodes[-1]}
                         for s in run.plan.stages]))
         self.round_index += 1
-        every = int(self.opt["checkpoint_every"] or 0)
-        if self.opt["checkpoint_dir"] and every > 0 and run.step // every > self.saved_step // every:
+        if saving:
             self._save(run)
 
     def on_eval(self, run: RankRun, result: Mapping[str, Any]) -> None:
@@ -280,6 +287,25 @@ class DynamicHooks(RunHooks):
         self.warm_up = True
         self.round_index = int(info.extra.get("round", 0))
         log.info("rank %d resumed from %s at step %d", run.rank, info.path, info.step)
+
+
+def _share_decision(decision: Mapping[str, Any] | None, *, with_state: bool) -> tuple[Plan | None, Any]:
+    """Rank 0's ``decision`` to every rank: the new plan, if any, and the rebalancer's state (every rank: on rank 0
+    always; elsewhere only ``with_state``, when a checkpoint saves it this round). One broadcast number says whether
+    anything else follows; most rounds keep their plan and save nothing, and pay that one collective."""
+    message = None
+    if decision is not None:
+        message = {"plan": decision["plan"], "state": decision["state"] if with_state else None}
+    follows = torch.tensor([float(message is not None and (message["plan"] is not None or with_state))],
+                           dtype=torch.float64)
+    dist.broadcast(follows, src=0)
+    if follows.item():
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        message = box[0]
+    plan = message["plan"] if message is not None else None
+    state = decision["state"] if decision is not None else (message or {}).get("state")
+    return (plan_from_dict(plan) if plan else None), state
 
 
 def _training_state(run: RankRun) -> list[torch.Tensor]:
