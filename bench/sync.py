@@ -136,7 +136,8 @@ def main() -> None:
             blocking = statistics.median(r["sync"]["aggregation_s"] / max(r["sync"]["aggregations"], 1) for r in ssgd)
             results[f"{name}/{link_name}"] = {
                 "data": name, "link": link, "metric": spec["metric"], "target": spec["target"],
-                "blocking_all_reduce_s": blocking, "round_end_s": round_end_s, "date": time.strftime("%Y-%m-%d"), "eval_every": spec["eval_every"],
+                "blocking_all_reduce_s": blocking, "round_end_s": round_end_s, "date": time.strftime("%Y-%m-%d"),
+                "eval_every": spec["eval_every"],
                 "modes": {mode: row(rs, spec["metric"], blocking) for mode, rs in runs.items()}}
             _curves(name, link_name, {mode: rs[0] for mode, rs in runs.items()})
     results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),

@@ -146,8 +146,9 @@ class Synchronous(_EveryStep):
 
 def sync_for(plan: Plan, group: Any = None, *, replica: int = 0, buffers: Sequence[torch.Tensor] = (),
              options: AdaptiveOptions | None = None) -> UpdateSync:
-    """The ``UpdateSync`` of ``plan`` for this rank (``replica``, holding ``buffers``) over its ``dp`` ``group``; a sync mode this runtime does not have is refused in one
-    line (before any rank starts: ``group`` may be ``None`` there)."""
+    """The ``UpdateSync`` of ``plan`` for this rank (``replica``, holding ``buffers``) over its ``dp`` ``group``; a
+    sync mode this runtime does not have is refused in one line (before any rank starts: ``group`` may be ``None``
+    there)."""
     shape = plan.shape()
     if not shape.replicated:
         return SingleReplica()

@@ -16,7 +16,8 @@ Hooks (issue 5, for rebalancing, migration and checkpoints):
     (moving parameter values and optimizer state between ranks is the hook's job);
 (c) ``RankRun.stages.stages`` are plain ``PipelineStage`` s whose compute methods a hook may wrap
     (``planner.runtime.timing.instrument_stage``); ``before_round`` runs just before a round starts and
-    ``RoundEnd`` carries the round's wall time and losses;
+    ``RoundEnd`` carries the round's wall time and losses, and to each hook the numbers it returned from
+    ``round_figures`` on every rank (they travel with the losses in one all-gather, ``exchange_rows``);
 (d) the optimizer is built from canonical parameter names (``RankStages.params``), so state moves by name;
 (e) ``RankRun.step`` is the next step to run and ``RankRun.batch(step)`` a pure function of (seed, step).
 """

@@ -40,7 +40,8 @@ from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
-from planner.runtime.timing import RankTimer, instrument_schedule, instrument_stage, round_row, stats_from_rows, timed_p2p
+from planner.runtime.timing import (RankTimer, instrument_schedule, instrument_stage, round_row, stats_from_rows,
+                                    timed_p2p)
 from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.resume import IDENTITY_KEY
