@@ -289,7 +289,8 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
         mine = ref_params[0][engine.stage]
         row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
                "losses": losses, "ref_losses": ref_losses, "log": log, "tied": [t.name for t in stages.tied],
-               "report": engine.report(), "first_compute": first_compute}
+               "report": engine.report(), "first_compute": first_compute,
+               "tied_sums": {t.name: float(engine.params[t.name].detach().double().sum()) for t in stages.tied}}
         if inflight == 1:  # one micro-batch at a time: plain synchronous training, torch's arithmetic
             torch.manual_seed(0)
             whole, _ = digits_mlp()
@@ -338,6 +339,8 @@ def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_
         last = ranks[1][name]
         assert last["losses"] == pytest.approx(last["ref_losses"], rel=1e-5)
     assert ranks[0]["gpt/async-1f1b/predict/None/adam"]["tied"] == ["wte.weight"]  # the case tests a tie
+    tied = [rank["gpt/async-1f1b/predict/None/adam"]["tied_sums"]["wte.weight"] for rank in ranks]
+    assert tied[0] == tied[1]  # the later holder applied the last sum by the round's end: the copies are equal
     stale = [tau for _, v, _, tau in ranks[0]["digits/async-1f1b/predict/None/sgd"]["log"] if v >= 0]
     assert max(stale) == 1 and min(stale) == 0  # stage 0's gradients are at most one update late
     for rank in ranks:  # the case whose engine was replaced twice reports the whole run

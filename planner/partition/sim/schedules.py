@@ -376,6 +376,13 @@ def inflight_depth(stage: int, num_stages: int, inflight: int | None = None) -> 
     return max(1, min(num_stages - stage, inflight if inflight is not None else num_stages))
 
 
+def tied_grace(leader: int, num_stages: int, inflight: int | None = None) -> int:
+    """How many forwards of a step a later holder of a weight tied to stage ``leader`` (its first holder) runs before
+    it applies the weight's sum from the last update (``planner.runtime.pipeline.asynchronous``): as many as the
+    leader runs of that step before its own update (``inflight_depth(leader) - 1``), so the wait costs nothing."""
+    return inflight_depth(leader, num_stages, inflight) - 1
+
+
 def forward_version(schedule: str, stage: int, num_stages: int, microbatches: int, k: int, *, round_start: int = 0,
                     inflight: int | None = None) -> int:
     """The weight version (optimizer steps taken before it) stage ``stage``'s forward of micro-batch ``k`` uses.

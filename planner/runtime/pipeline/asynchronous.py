@@ -41,7 +41,8 @@ from torch.func import functional_call
 
 from planner.errors import UsageError
 from planner.formats.plan import ASYNC_CORRECTIONS, Plan
-from planner.partition.sim.schedules import FWD, UPD, async_orders, async_violation, forward_version, inflight_depth
+from planner.partition.sim.schedules import (FWD, UPD, async_orders, async_violation, forward_version, inflight_depth,
+                                             tied_grace)
 from planner.runtime.data_parallel import UpdateSync, sync_of
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
 from planner.runtime.pipeline.stages import RankStages
@@ -157,6 +158,15 @@ class AsyncEngine:
         self.pending: dict[int, _InFlight] = {}
         self.sends: list[Any] = []
         self.tied_pending: dict[str, tuple[Any, torch.Tensor]] = {}
+        """Tied weights' all-reduces in flight, by name (``_exchange_tied``)."""
+        self.sums_at_once = not self.sync.moves_weights and plan.shape().degree == 1
+        """A tied weight steps with its update's own sum (``_exchange_tied``); else with the previous update's."""
+        self.tied_late = self.sums_at_once and any(
+            tie.group is not None and _tie_leader(tie, stages.rank_of_stage) != self.stage for tie in stages.tied)
+        """This rank holds a tied weight after its first holder's stage, and applies the sums late."""
+        self.grace = min((tied_grace(_tie_leader(tie, stages.rank_of_stage), self.p, inflight) for tie in stages.tied
+                          if tie.group is not None), default=0)
+        """This rank applies its tied weights' sums before its forward of a step's micro-batch ``grace`` (``tied_grace``)."""
         self.activations = _Inbox(self.prev) if self.prev is not None else None
         self.grads = _Inbox(self.next) if self.next is not None else None
         self.headed: set[int] = set()
@@ -232,6 +242,7 @@ class AsyncEngine:
                 if loss is not None:
                     losses[step - first_step] += loss / self.total
         self._drain_sends(wait=True)
+        self._apply_tied_sums()  # evaluation, a re-plan or a checkpoint after the round sees equal copies
         return losses if self.next is None else [None] * steps
 
     def _forward(self, k: int, round_start: int, inputs: tuple[torch.Tensor, ...], target: torch.Tensor) -> None:
@@ -239,6 +250,8 @@ class AsyncEngine:
             inputs = self._recv_activations()
         inputs = tuple(x.requires_grad_(True) if self.prev is not None and x.is_floating_point() else x
                        for x in inputs)
+        if self.tied_late and k % self.m >= self.grace:
+            self._apply_tied_sums()
         index = forward_version(self.schedule, self.stage, self.p, self.m, k, round_start=round_start,
                                 inflight=self.inflight)
         if self.schedule == "async-1f1b" and index != self.newest.index:
@@ -288,27 +301,65 @@ class AsyncEngine:
         return float(item.loss.detach()) if item.loss is not None else None
 
     def _exchange_tied(self) -> None:
-        """A weight tied across ranks (an LM head and its embedding) steps with its holders' summed gradient of the
-        *previous* update, whose all-reduce ran during this step, and starts this update's sum: both copies take
-        the same steps, and no stage waits at its update for the other to finish its step (a blocking all-reduce
-        there would put back a bubble of one backward per step). Its gradient is one update later than the rest."""
+        """A weight tied across ranks (an LM head and its embedding) steps with its holders' summed gradient, and no
+        holder waits at its update for another to finish its step (a blocking all-reduce there would put back a
+        bubble of one backward per step):
+
+        * its first holder (the lowest stage, ``_tie_leader``) finishes its step last, so the others' parts of this
+          update's sum are already posted: it waits for the sum and steps with it;
+        * every later holder posts its part and steps without the weight; it applies the same sum with the same
+          optimizer (``_apply_tied_sums``) before its forward of the next step's micro-batch ``tied_grace``, the
+          first that needs the first holder's post-update outputs, so the wait costs nothing. Its first forwards of a
+          step run on the weight one sum behind (stashed, so their backward matches). Both copies take the same
+          steps in the same order.
+
+        With replicas (a later holder could not apply its sum after a ``local-sgd`` or ``adaptive`` averaging, and
+        the reference rule keeps one set of weights for ``ssgd`` replicas) every holder steps with the previous
+        update's sum instead, one update late for the whole weight, which costs convergence (docs/async.md)."""
         for tie in self.stages.tied:
             if tie.group is None:
                 continue
             param = self.params[tie.name]
             mine = param.grad  # this update's accumulator: _update starts a fresh one
+            work = dist.all_reduce(mine, group=tie.group, async_op=True)
+            if self.sums_at_once:
+                if _tie_leader(tie, self.stages.rank_of_stage) == self.stage:
+                    work.wait()
+                    param.grad = mine
+                else:
+                    param.grad = None  # skipped by this step; applied by _apply_tied_sums
+                    self.tied_pending[tie.name] = (work, mine)
+                continue
             previous = self.tied_pending.pop(tie.name, None)
             if previous is None:
                 param.grad = torch.zeros_like(param)
             else:
-                work, summed = previous
-                work.wait()
+                done, summed = previous
+                done.wait()
                 param.grad = summed
-            self.tied_pending[tie.name] = (dist.all_reduce(mine, group=tie.group, async_op=True), mine)
+            self.tied_pending[tie.name] = (work, mine)
+
+    def _apply_tied_sums(self) -> None:
+        """A later holder's tied weights step with the sums posted at its last update (``_exchange_tied``): the
+        optimizer steps them alone, and the newest version is taken again (the micro-batches in flight keep theirs)."""
+        if not (self.tied_late and self.tied_pending):
+            return
+        for c, p in self.params.items():
+            p.grad = None
+        for name, (work, summed) in self.tied_pending.items():
+            work.wait()
+            self.params[name].grad = summed
+        self.tied_pending.clear()
+        self.optimizer.step()
+        for p in self.params.values():
+            p.grad = None
+        self.newest = self._snapshot(self.newest.index, None, self.newest.delta)
 
     def close(self) -> None:
-        """Wait for the tied weights' last all-reduce (collective with the other holders; the gradient it sums is
-        left unapplied: the run ends, or a new engine starts from the weights as they are)."""
+        """Land the tied weights' last sums: a later holder applies them (``_apply_tied_sums``); with replicas the
+        last all-reduce is waited for and its sum left unapplied (the run ends, or a new engine starts from the
+        weights as they are)."""
+        self._apply_tied_sums()
         for work, _ in self.tied_pending.values():
             work.wait()
         self.tied_pending.clear()
@@ -320,6 +371,7 @@ class AsyncEngine:
         updates. The new version's delta is the optimizer's step alone, so weight prediction extrapolates the
         optimizer's progress, not an averaging's jump."""
         start = time.perf_counter()
+        self._apply_tied_sums()  # a step with fewer forwards than the grace: the last sums land before this one
         for c, p in self.params.items():
             p.grad = self.acc[c]
         if not self.sync.reduces_in_backward:
@@ -455,6 +507,11 @@ def _unheader(head: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...]]:
     return _DTYPES[values[0]], tuple(values[2:2 + values[1]])
 
 
+def _tie_leader(tie: Any, rank_of_stage: Sequence[int]) -> int:
+    """The first stage holding a tied weight (the lowest whose rank is among the tie's)."""
+    return min(stage for stage, rank in enumerate(rank_of_stage) if rank in tie.ranks)
+
+
 def _stage_names(graph: StageGraph, canonical: Mapping[int, str]) -> list[tuple[str, str]]:
     """(name in the stage module, the model's canonical name) of every parameter the stage reads:
     ``functional_call`` needs every name the module knows a parameter by (a tied one has several)."""
@@ -470,7 +527,9 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
     stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
-    stages updated with the sum of their gradients one update late (as the runtime does). ``shares``: replica
+    stages updated with the sum of their gradients as the runtime does (``AsyncEngine._exchange_tied``): in one
+    pipeline, its first holder at the update and the later holders before their forward of the next step's
+    micro-batch ``tied_grace`` (``_LateSums``); with replicas, every holder with the previous update's sum. ``shares``: replica
     pipelines' micro-batches per step (default: one pipeline), the step's micro-batches dealt to them in order, each
     replica's versions following its own share. ``sync``: how the replicas combine. ``ssgd``: one set of weights,
     every update taking the sum over all; ``local-sgd``: each replica its own weights, stepped on the mean over its
@@ -497,6 +556,7 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     shared = {c for stage in live[0] for c in stage if sum(c in other for other in live[0]) > 1}
     losses: list[float] = []
     tied: list[dict[str, torch.Tensor]] = [{} for _ in range(copies)]
+    late = _LateSums(live[0], optimizers[0], history[0], shared, inflight) if len(shares) == 1 else None
     for first in range(0, steps, round_steps):
         start = first * m
         for k in range(start, min(first + round_steps, steps) * m):
@@ -510,6 +570,8 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
             r, j = replica_of[i]
             q = r if copies > 1 else 0
             for s, graph in enumerate(graphs):
+                if late is not None:
+                    late.before_forward(s, j)
                 index = forward_version(schedule, s, p, shares[r], step * shares[r] + j, round_start=first * shares[r],
                                         inflight=inflight)
                 version = history[q][s][index]
@@ -524,28 +586,91 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                     acc[q][s][c].add_(g)
             losses[-1] += float(loss.detach()) / m
             if i == m - 1:
-                _reference_update(live, optimizers, history, acc, tied, shared, divisor, step)
+                _reference_update(live, optimizers, history, acc, tied, shared, divisor, step, late)
                 if copies > 1 and (step + 1) % period == 0:
                     _average(live, history, shares, step + 1)
                 acc = [[{c: torch.zeros_like(w) for c, w in stage.items()} for stage in copy] for copy in live]
+        if late is not None:
+            late.apply_all()  # the round's end
     return losses, [[{c: w.detach().clone() for c, w in stage.items()} for stage in copy] for copy in live]
 
 
 def _reference_update(live: list[list[dict[str, torch.nn.Parameter]]], optimizers: list[list[Any]],
                       history: list[list[dict[int, Version]]], acc: list[list[dict[str, torch.Tensor]]],
-                      tied: list[dict[str, torch.Tensor]], shared: set[str], divisor: list[float], step: int) -> None:
-    """Every copy's stages step on their mean gradient (a weight tied across stages: its holders' sum of the previous
-    update) and record version ``step + 1`` with the optimizer's step as its delta."""
+                      tied: list[dict[str, torch.Tensor]], shared: set[str], divisor: list[float], step: int,
+                      late: "_LateSums | None") -> None:
+    """Every copy's stages step on their mean gradient (a weight tied across stages: its holders' sum, see
+    ``train_async_reference``) and record version ``step + 1`` with the optimizer's step as its delta."""
     for q, copy in enumerate(live):
+        if late is not None:
+            late.apply_all()  # sums a later holder has not applied yet land before this update
+        sums = {c: sum(a[c] for a in acc[q] if c in a) / divisor[q] for c in shared}
         for s, stage in enumerate(copy):
             for c, w in stage.items():
-                w.grad = tied[q].get(c, torch.zeros_like(w)) if c in shared else acc[q][s][c] / divisor[q]
-        tied[q] = {c: sum(a[c] for a in acc[q] if c in a) / divisor[q] for c in shared}
+                if c not in shared:
+                    w.grad = acc[q][s][c] / divisor[q]
+                elif late is not None:
+                    w.grad = late.hold(s, c, sums[c])
+                else:
+                    w.grad = tied[q].get(c, torch.zeros_like(w))
+        tied[q] = sums
         for s, stage in enumerate(copy):
             before = {c: w.detach().clone() for c, w in stage.items()}
             optimizers[q][s].step()
             delta = {c: w.detach() - before[c] for c, w in stage.items()}
             history[q][s][step + 1] = Version.of(step + 1, stage, history[q][s][step], delta)
+        if late is not None:
+            late.updated(step + 1)
+
+
+class _LateSums:
+    """The reference's tied weights in one pipeline (``AsyncEngine._exchange_tied``): the first holder steps with
+    an update's sum at the update; a later holder holds the sum, and applies it alone with its optimizer before its
+    forward of the next step's micro-batch ``tied_grace`` (or at the next update, or the round's end), taking its
+    newest version again."""
+
+    def __init__(self, stages: list[dict[str, torch.nn.Parameter]], optimizers: list[Any],
+                 history: list[dict[int, Version]], shared: set[str], inflight: int | None) -> None:
+        self.stages, self.optimizers, self.history = stages, optimizers, history
+        self.leader = {c: min(s for s, stage in enumerate(stages) if c in stage) for c in shared}
+        follows = [[self.leader[c] for c in shared if c in stage and self.leader[c] != s] for s, stage in
+                   enumerate(stages)]
+        self.grace = [min((tied_grace(lead, len(stages), inflight) for lead in leads), default=0) for leads in follows]
+        self.pending: list[dict[str, torch.Tensor]] = [{} for _ in stages]
+        self.newest = 0
+
+    def hold(self, stage: int, name: str, summed: torch.Tensor) -> torch.Tensor | None:
+        """The gradient ``stage`` steps ``name`` with at this update: the sum for its first holder, none (held) for
+        the others."""
+        if self.leader[name] == stage:
+            return summed
+        self.pending[stage][name] = summed
+        return None
+
+    def updated(self, index: int) -> None:
+        self.newest = index
+
+    def before_forward(self, stage: int, microbatch: int) -> None:
+        """Before ``stage``'s forward of micro-batch ``microbatch`` of a step."""
+        if microbatch >= self.grace[stage]:
+            self.apply(stage)
+
+    def apply_all(self) -> None:
+        for stage in range(len(self.stages)):
+            self.apply(stage)
+
+    def apply(self, stage: int) -> None:
+        if not self.pending[stage]:
+            return
+        weights = self.stages[stage]
+        for c, w in weights.items():
+            w.grad = self.pending[stage].get(c)
+        self.pending[stage] = {}
+        self.optimizers[stage].step()
+        for w in weights.values():
+            w.grad = None
+        old = self.history[stage][self.newest]
+        self.history[stage][self.newest] = Version.of(self.newest, weights, None, old.delta)
 
 
 def _average(live: list[list[dict[str, torch.nn.Parameter]]], history: list[list[dict[int, Version]]],
