@@ -159,14 +159,15 @@ class AsyncEngine:
         self.sends: list[Any] = []
         self.tied_pending: dict[str, tuple[Any, torch.Tensor]] = {}
         """Tied weights' all-reduces in flight, by name (``_exchange_tied``)."""
-        self.sums_at_once = not self.sync.moves_weights and plan.shape().degree == 1
-        """A tied weight steps with its update's own sum (``_exchange_tied``); else with the previous update's."""
+        self.sums_at_once = plan.shape().degree == 1
+        """One pipeline: a tied weight steps with its update's own sum (``_exchange_tied``); replicas: with the
+        previous update's."""
         self.tied_late = self.sums_at_once and any(
             tie.group is not None and _tie_leader(tie, stages.rank_of_stage) != self.stage for tie in stages.tied)
         """This rank holds a tied weight after its first holder's stage, and applies the sums late."""
         self.grace = min((tied_grace(_tie_leader(tie, stages.rank_of_stage), self.p, inflight) for tie in stages.tied
                           if tie.group is not None), default=0)
-        """This rank applies its tied weights' sums before its forward of a step's micro-batch ``grace`` (``tied_grace``)."""
+        """This rank applies its tied weights' sums before its forward of a step's micro-batch ``grace``."""
         self.activations = _Inbox(self.prev) if self.prev is not None else None
         self.grads = _Inbox(self.next) if self.next is not None else None
         self.headed: set[int] = set()
@@ -529,15 +530,15 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
     stages updated with the sum of their gradients as the runtime does (``AsyncEngine._exchange_tied``): in one
     pipeline, its first holder at the update and the later holders before their forward of the next step's
-    micro-batch ``tied_grace`` (``_LateSums``); with replicas, every holder with the previous update's sum. ``shares``: replica
-    pipelines' micro-batches per step (default: one pipeline), the step's micro-batches dealt to them in order, each
-    replica's versions following its own share. ``sync``: how the replicas combine. ``ssgd``: one set of weights,
-    every update taking the sum over all; ``local-sgd``: each replica its own weights, stepped on the mean over its
-    own micro-batches, and after every ``period``-th update the replicas' weights averaged, weighted by their shares
-    (a version's delta is its optimizer step alone). ``model`` names the parameters (``canonical_param_names``; the
-    graphs read its tensors) and ``params`` gives their starting values by those names. Returns the step losses
-    and, per replica (one for ``ssgd``), each stage's weights at the end; the distributed run must equal it
-    (``tests/test_async.py``)."""
+    micro-batch ``tied_grace`` (``_LateSums``); with replicas, every holder with the previous update's sum.
+    ``shares``: replica pipelines' micro-batches per step (default: one pipeline), the step's micro-batches dealt to
+    them in order, each replica's versions following its own share. ``sync``: how the replicas combine. ``ssgd``:
+    one set of weights, every update taking the sum over all; ``local-sgd``: each replica its own weights, stepped on
+    the mean over its own micro-batches, and after every ``period``-th update the replicas' weights averaged,
+    weighted by their shares (a version's delta is its optimizer step alone). ``model`` names the parameters
+    (``canonical_param_names``; the graphs read its tensors) and ``params`` gives their starting values by those
+    names. Returns the step losses and, per replica (one for ``ssgd``), each stage's weights at the end; the
+    distributed run must equal it (``tests/test_async.py``)."""
     from planner.runtime.pipeline.training import make_optimizer
 
     if sync not in ("ssgd", "local-sgd"):
