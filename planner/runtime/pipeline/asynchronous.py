@@ -162,11 +162,13 @@ class AsyncEngine:
         self.sums_at_once = plan.shape().degree == 1
         """One pipeline: a tied weight steps with its update's own sum (``_exchange_tied``); replicas: with the
         previous update's."""
-        self.tied_late = self.sums_at_once and any(
-            tie.group is not None and _tie_leader(tie, stages.rank_of_stage) != self.stage for tie in stages.tied)
+        self.tie_leader = {tie.name: _tie_leader(tie, stages.rank_of_stage) for tie in stages.tied
+                           if tie.group is not None}
+        """Each tied weight this rank holds with another rank: the first stage holding it."""
+        followed = [leader for leader in self.tie_leader.values() if leader != self.stage]
+        self.tied_late = self.sums_at_once and bool(followed)
         """This rank holds a tied weight after its first holder's stage, and applies the sums late."""
-        self.grace = min((tied_grace(_tie_leader(tie, stages.rank_of_stage), self.p, inflight) for tie in stages.tied
-                          if tie.group is not None), default=0)
+        self.grace = min((tied_grace(leader, self.p, inflight) for leader in followed), default=0)
         """This rank applies its tied weights' sums before its forward of a step's micro-batch ``grace``."""
         self.activations = _Inbox(self.prev) if self.prev is not None else None
         self.grads = _Inbox(self.next) if self.next is not None else None
@@ -324,7 +326,7 @@ class AsyncEngine:
             mine = param.grad  # this update's accumulator: _update starts a fresh one
             work = dist.all_reduce(mine, group=tie.group, async_op=True)
             if self.sums_at_once:
-                if _tie_leader(tie, self.stages.rank_of_stage) == self.stage:
+                if self.tie_leader[tie.name] == self.stage:
                     work.wait()
                     param.grad = mine
                 else:
