@@ -27,11 +27,13 @@ def cpu_cluster(count: int) -> dict:
     return cluster
 
 
-def hybrid_case(tmp: Path, profile_path: Path, replicas: list[list[str]], shares: list[int], schedule: str) -> Path:
-    """A plan cutting the profile's ops into ``len(replicas)`` equal stages, stage ``s`` on ``replicas[s]``."""
+def hybrid_case(tmp: Path, profile_path: Path, replicas: list[list[str]], shares: list[int], schedule: str,
+                bounds: list[int] | None = None) -> Path:
+    """A plan cutting the profile's ops into ``len(replicas)`` stages, stage ``s`` on ``replicas[s]``: equal ones,
+    or between the given node ``bounds``."""
     names = [n["name"] for n in json.loads(profile_path.read_text())["nodes"]]
     parts = len(replicas)
-    bounds = [len(names) * i // parts for i in range(parts + 1)]
+    bounds = bounds or [len(names) * i // parts for i in range(parts + 1)]
     devices = {d for group in replicas for d in group}
     plan = {
         "schema_version": 1, "method": "hand", "schedule": schedule, "microbatches": sum(shares),
@@ -110,7 +112,11 @@ def test_a_rebalancing_change_moves_cuts_and_shares_mid_run_and_keeps_training_e
     names = [n["name"] for n in json.loads(gpt_profile.read_text())["nodes"]]
     modules = [n.get("module_path", "") for n in json.loads(gpt_profile.read_text())["nodes"]]
     cut = next(i for i, m in enumerate(modules) if m.startswith("blocks.1.mlp"))
-    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [4, 4], "gpipe")
+    # The plan in force leaves the second stage only the last 4 ops, so the shifted cut is predicted faster whatever
+    # speeds the fit reads on 4 ranks sharing 2 cores: from equal halves, the fit once predicted it slower and the
+    # test saw no re-plan (a fresh clone, 2026-11-26).
+    plan = hybrid_case(tmp_path, gpt_profile, [["cpu0", "cpu2"], ["cpu1", "cpu3"]], [4, 4], "gpipe",
+                       bounds=[0, len(names) - 4, len(names)])
     assert len(json.loads(plan.read_text())["stages"][0]["nodes"]) != cut
     log = tmp_path / "rounds.jsonl"
     # patience 3 over 5 rounds: a round whose waits the shared machine blurs does not end rebalancing early; any
