@@ -213,6 +213,20 @@ def estimate_update_s_per_param_byte(optimizer: str, spec: DeviceSpec) -> float:
     return UPDATE_BYTES_PER_PARAM_BYTE[optimizer] / (spec.memory_bandwidth_Bps * memory_eff)
 
 
+VERSION_BYTES_PER_PARAM_BYTE = 9
+"""Memory traffic of an asynchronous stage's version bookkeeping at each update, per parameter byte
+(``planner.runtime.pipeline.versions.version_work``): the snapshot reads the weights and writes a copy (2), the
+delta reads both versions and writes one (3), the predicted copy reads version and delta and writes one (3), and the
+gradient accumulators are zeroed (1)."""
+
+
+def estimate_version_s_per_param_byte(spec: DeviceSpec) -> float:
+    """Roofline estimate of that bookkeeping's seconds per parameter byte on ``spec``: a bandwidth-bound
+    element-wise sweep of :data:`VERSION_BYTES_PER_PARAM_BYTE` bytes."""
+    _, memory_eff = EFFICIENCY["elementwise"]
+    return VERSION_BYTES_PER_PARAM_BYTE / (spec.memory_bandwidth_Bps * memory_eff)
+
+
 LOSS_BYTES_PER_OUTPUT_BYTE = 3
 """Memory traffic of the default loss per byte of the model's output, each way: cross-entropy's forward
 reads the logits twice (max and sum of exponentials) and writes the log-probabilities; its backward reads

@@ -194,6 +194,34 @@ def test_each_stage_pays_the_update_of_its_own_parameters() -> None:
     assert evaluate(problem, split).step_time_s > evaluate(plain, split).step_time_s
 
 
+def test_asynchronous_stages_also_pay_their_weight_versions_at_each_update() -> None:
+    """The version bookkeeping (snapshot, delta, predicted copy) is measured per parameter byte on the profiled type,
+    estimated elsewhere, and charged on top of the optimizer step under async-1f1b and 2bw only; a profile older
+    than the measurement charges none."""
+    from planner.formats.catalog import load_catalog
+    from planner.partition.model.cost import stage_sims
+    from planner.partition.model.problem import StageSpec
+    from planner.roofline import estimate_version_s_per_param_byte
+
+    prof = with_whole_model(chain(4), update_s={"adam": 0.4, "sgd": 0.1}, update_param_bytes=40, version_s=0.2)
+    net = cluster(2, types=["cpu", "a100-80g"])
+    split = (StageSpec(0, 2, "d0"), StageSpec(2, 5, "d1"))  # chain(4): input + 4 ops of 10 param bytes
+    updates = {}
+    for schedule in ("1f1b", "async-1f1b", "2bw"):
+        problem = build_problem(prof, net, catalog=load_catalog(), microbatches=4, schedule=schedule)
+        updates[schedule] = [s.update_s for s in stage_sims(problem, split)]
+    assert problem.version_s_per_param_byte["cpu"] == pytest.approx(0.2 / 40)
+    a100 = load_catalog()["a100-80g"]
+    assert problem.version_s_per_param_byte["a100-80g"] == pytest.approx(estimate_version_s_per_param_byte(a100))
+    adam_a100 = problem.update_s_per_param_byte["a100-80g"]
+    assert updates["1f1b"] == pytest.approx([0.1, 30 * adam_a100])
+    assert updates["async-1f1b"] == updates["2bw"] == pytest.approx(
+        [0.1 + 0.05, 30 * (adam_a100 + estimate_version_s_per_param_byte(a100))])
+    older = with_whole_model(chain(4), update_s={"adam": 0.4, "sgd": 0.1}, update_param_bytes=40)
+    old = build_problem(older, cluster(2), microbatches=4, schedule="async-1f1b")
+    assert old.version_s_per_param_byte == {} and [s.update_s for s in stage_sims(old, split)] == pytest.approx([0.1, 0.3])
+
+
 def test_the_default_loss_is_paid_by_the_last_block() -> None:
     from planner.formats.catalog import load_catalog
     from planner.roofline import estimate_loss_s

@@ -90,7 +90,8 @@ def test_uncounted_flops_list_working_ops_without_a_formula(tiny):
 def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     whole = tiny.extra["whole_model"]
     assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
-                          "update_param_bytes", "loss"}
+                          "update_param_bytes", "version_s", "loss"}
+    assert whole["version_s"] > 0
     assert whole["loss"]["name"] in ("lm-cross-entropy", "mse") and whole["loss"]["fwd_s"] >= 0
     assert whole["loss"]["output_bytes"] > 0
     assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0 and whole["train_s"] > 0
@@ -101,6 +102,7 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
 
 def test_training_and_update_measurements_leave_the_model_as_it_was():
     from planner.profile.whole_model import measure_training as _measure_training, measure_update as _measure_update, probe as _probe
+    from planner.profile.whole_model import measure_versions
     from planner.profile.timer import Timer
 
     torch.manual_seed(0)
@@ -111,6 +113,7 @@ def test_training_and_update_measurements_leave_the_model_as_it_was():
     _, grads_out = _probe(model, inputs)
     assert _measure_training(model, inputs, grads_out, timer) > 0
     assert set(_measure_update(model, timer)) == {"sgd", "adam"}
+    assert measure_versions(model, timer) > 0
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 

@@ -41,8 +41,8 @@ from planner.profile.capture import Captured
 from planner.profile.memory import nbytes, record
 from planner.profile.op_timing import OpMeasurement, grad_call_overhead, measure_op
 from planner.profile.timer import Timer, steady_cpu_allocator
-from planner.profile.whole_model import (WholeModel, measure_loss, measure_training, measure_update, measure_whole,
-                                         num_threads, probe, time_training, warm_whole)
+from planner.profile.whole_model import (WholeModel, measure_loss, measure_training, measure_update, measure_versions,
+                                         measure_whole, num_threads, probe, time_training, warm_whole)
 
 __all__ = ["Measurement", "OpMeasurement", "WholeModel", "Progress", "measure", "time_training"]
 
@@ -91,9 +91,11 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         whole = measure_whole(module, inputs, grads_out, timer)
         train_s = measure_training(module, inputs, grads_out, timer)
         update_s = measure_update(module, timer)
+        version_s = measure_versions(module, timer)
         loss = measure_loss(inputs, output, timer)
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
-                        update_s, sum(nbytes(p) for p in module.parameters() if p.requires_grad), loss)
+                        update_s, sum(nbytes(p) for p in module.parameters() if p.requires_grad), version_s=version_s,
+                        loss=loss)
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)

@@ -41,6 +41,9 @@ class WholeModel:
     """Optimizer name -> seconds of one step over every trainable parameter (empty without any)."""
     update_param_bytes: int = 0
     """Bytes of the parameters that step updated."""
+    version_s: float = 0.0
+    """Seconds of the asynchronous pipeline's version bookkeeping at one update over the same parameters
+    (``measure_versions``; 0 without any)."""
     loss: Mapping[str, Any] = field(default_factory=dict)
     """The default loss on the model's output: ``{"name", "fwd_s", "bwd_s", "output_bytes"}`` (empty if none)."""
 
@@ -52,6 +55,8 @@ class WholeModel:
         if self.update_s:
             out["update_s"] = dict(self.update_s)
             out["update_param_bytes"] = self.update_param_bytes
+        if self.version_s > 0:
+            out["version_s"] = self.version_s
         if self.loss:
             out["loss"] = dict(self.loss)
         return out
@@ -120,10 +125,11 @@ def measure_training(module: nn.Module, inputs: Sequence[Any], grads_out: list[t
 
 
 UPDATE_OPTIMIZERS = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.0),
-    "adam": lambda params: torch.optim.Adam(params, lr=0.0),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.0, foreach=True),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.0, foreach=True),
 }
-"""The optimizers ``plan run`` offers, built as it builds them (torch defaults) but with lr 0."""
+"""The optimizers ``plan run`` offers, built as it builds them (``runtime.pipeline.training.make_optimizer``:
+torch defaults, foreach) but with lr 0."""
 
 
 def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> dict[str, float]:
@@ -154,6 +160,20 @@ def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> di
     finally:
         for p, grad in zip(params, before):
             p.grad = grad
+
+
+def measure_versions(module: nn.Module, timer: Timer) -> float:
+    """Seconds of the version bookkeeping an asynchronous stage does at each update besides its optimizer step
+    (``planner.runtime.pipeline.versions.version_work``: a snapshot of the weights, their delta against the last
+    one, a predicted copy, the gradient accumulators zeroed), over every trainable parameter; 0 without any."""
+    from planner.runtime.pipeline.versions import Version, version_work
+
+    params = {str(i): p for i, p in enumerate(p for p in module.parameters() if p.requires_grad)}
+    if not params:
+        return 0.0
+    accumulators = [torch.zeros_like(p) for p in params.values()]
+    previous = Version.of(0, params, None)
+    return timer.time(lambda _: version_work(params, accumulators, previous))
 
 
 def measure_loss(inputs: Sequence[Any], output: Any, timer: Timer) -> dict[str, Any]:

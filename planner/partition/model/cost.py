@@ -15,8 +15,8 @@ docs/cost-model.md for the formulas and what they leave out.
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.formats.plan import (DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES, ZERO_BUBBLE_SCHEDULES,
-                                  ParallelShape)
+from planner.formats.plan import (ASYNC_SCHEDULES, DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES,
+                                  ZERO_BUBBLE_SCHEDULES, ParallelShape)
 from planner.partition.model.allreduce import allreduce_s, server_exchange_s
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
@@ -293,11 +293,15 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
 
 
 def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> float:
-    """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step)."""
+    """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step); under an
+    asynchronous schedule with the weight versions' bookkeeping it adds (``Problem.version_s_per_param_byte``)."""
     tables = problem.tables
     if device not in tables.update_rate:
         problem.cluster.device(device)  # raises naming the known devices
-    return tables.update_rate[device] * (tables.param_prefix[stop] - tables.param_prefix[start])
+    rate = tables.update_rate[device]
+    if problem.schedule in ASYNC_SCHEDULES:
+        rate += tables.version_rate[device]
+    return rate * (tables.param_prefix[stop] - tables.param_prefix[start])
 
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:

@@ -27,7 +27,7 @@ from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
 from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
-from planner.partition.model.times import calibration_factors, loss_times, node_times, update_rates
+from planner.partition.model.times import calibration_factors, loss_times, node_times, update_rates, version_rates
 from planner.roofline import check_precision, weight_share
 
 
@@ -78,6 +78,9 @@ class Problem:
     update_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
     """Device type -> seconds of the optimizer step per parameter byte (``update_rates``; 0 when absent).
     Each device pays it for its stages' parameters once per step, after its last backward."""
+    version_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> seconds per parameter byte of the weight-version bookkeeping an asynchronous schedule adds to
+    each update (``version_rates``; 0 when absent); ``cost.stage_update_s`` charges it under those schedules."""
     sync: str = DEFAULT_SYNC
     """How replicated stages combine their updates (``data_parallel.sync``; ``with_sync``)."""
     sync_period: int | None = 1
@@ -365,6 +368,7 @@ def build_problem(
         corrections=tuple(checked),
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
+        version_s_per_param_byte=MappingProxyType(version_rates(profile, types, estimated, catalog or {})),
         recompute=recompute,
         drain_every=check_drain_every(drain_every),
     )

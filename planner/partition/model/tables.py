@@ -50,6 +50,9 @@ class CostTables:
     """Every ordered pair of distinct devices -> the link between them."""
     update_rate: Mapping[str, float]
     """Per device id: optimizer-step seconds per parameter byte (``Problem.update_s_per_param_byte``)."""
+    version_rate: Mapping[str, float]
+    """Per device id: an asynchronous update's version bookkeeping, seconds per parameter byte
+    (``Problem.version_s_per_param_byte``)."""
 
     @classmethod
     def build(cls, problem: "Problem") -> "CostTables":
@@ -71,6 +74,7 @@ class CostTables:
             capacity_bytes=MappingProxyType({d.id: d.memory_bytes for d in devices}),
             links=MappingProxyType(_links(problem)),
             update_rate=MappingProxyType({d.id: problem.update_s_per_param_byte.get(d.type, 0.0) for d in devices}),
+            version_rate=MappingProxyType({d.id: problem.version_s_per_param_byte.get(d.type, 0.0) for d in devices}),
         )
 
 

@@ -14,9 +14,10 @@ from planner.errors import PlannerError
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.profile import Node, OpTime, Profile
-from planner.roofline import estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte
+from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte,
+                              estimate_version_s_per_param_byte)
 
-__all__ = ["node_times", "loss_times", "update_rates", "calibration_factors", "CALIBRATION_RANGE"]
+__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "calibration_factors", "CALIBRATION_RANGE"]
 
 
 def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str],
@@ -62,6 +63,28 @@ def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimat
         if dev_type in estimated:
             if dev_type in catalog:
                 out[dev_type] = estimate_update_s_per_param_byte(optimizer, catalog[dev_type])
+    return out
+
+
+def version_rates(profile: Profile, types: Sequence[str], estimated: Collection[str],
+                  catalog: Mapping[str, DeviceSpec]) -> dict[str, float]:
+    """Device type -> seconds per parameter byte of an asynchronous stage's version bookkeeping at each update
+    (snapshot, delta, predicted copy: docs/async.md), which the asynchronous schedules add to the optimizer step.
+
+    As ``update_rates``: the profiled type from ``whole_model.version_s`` over ``update_param_bytes``, estimated
+    types from a bandwidth-bound sweep (``planner.roofline.estimate_version_s_per_param_byte``); other measured
+    types (a profile older than the field) get none."""
+    whole = profile.extra.get("whole_model") or {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    measured = whole.get("version_s")
+    param_bytes = int(whole.get("update_param_bytes", 0) or 0)
+    out = {}
+    for dev_type in types:
+        if dev_type in estimated:
+            if dev_type in catalog:
+                out[dev_type] = estimate_version_s_per_param_byte(catalog[dev_type])
+        elif dev_type == measured_type and measured is not None and param_bytes > 0:
+            out[dev_type] = float(measured) / param_bytes
     return out
 
 

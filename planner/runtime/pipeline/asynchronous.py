@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -46,6 +46,7 @@ from planner.partition.sim.schedules import (FWD, UPD, async_orders, async_viola
 from planner.runtime.data_parallel import UpdateSync, sync_of
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
 from planner.runtime.pipeline.stages import RankStages
+from planner.runtime.pipeline.versions import Version, predict_weights
 
 __all__ = ["AsyncEngine", "check_async", "correction_of", "predict_weights", "train_async_reference",
            "Version"]
@@ -74,40 +75,6 @@ def check_async(plan: Plan) -> None:
         raise UsageError(f"the plan cannot run: it recomputes activations under {plan.schedule}, which runs its stages "
                          f"on stashed weight versions without recomputation; re-partition with --recompute off or a "
                          f"flushing schedule (1f1b, gpipe)")
-
-
-@dataclass
-class Version:
-    """One version of a stage's weights: detached tensors (by canonical name) and the step that made it."""
-
-    index: int
-    weights: dict[str, torch.Tensor]
-    delta: dict[str, torch.Tensor] | None
-    """``weights - previous version``: the optimizer's last step (None for version 0)."""
-    users: int = 0
-    """Micro-batches in flight whose forward used this version."""
-    predicted: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    """``tau -> W + tau * delta``, made once per staleness and kept as long as the version."""
-
-    @classmethod
-    def of(cls, index: int, params: Mapping[str, torch.Tensor], previous: Version | None,
-           delta: Mapping[str, torch.Tensor] | None = None) -> Version:
-        """A snapshot of ``params`` as version ``index``, its delta taken against ``previous`` unless given (the
-        optimizer's own step, when something else moved the weights too)."""
-        weights = {c: p.detach().clone().requires_grad_(True) for c, p in params.items()}
-        if delta is None and previous is not None:
-            delta = {c: (weights[c] - previous.weights[c]).detach() for c in weights}
-        return cls(index, weights, dict(delta) if delta is not None else None)
-
-
-def predict_weights(version: Version, tau: int) -> dict[str, torch.Tensor]:
-    """The weights a forward of staleness ``tau`` runs on under weight prediction (module docstring)."""
-    if tau <= 0 or version.delta is None:
-        return version.weights
-    if tau not in version.predicted:
-        version.predicted[tau] = {n: (w + tau * version.delta[n]).detach().requires_grad_(w.requires_grad)
-                                  for n, w in version.weights.items()}
-    return version.predicted[tau]
 
 
 @dataclass
@@ -303,13 +270,14 @@ class AsyncEngine:
         self._release(item.version)
         return float(item.loss.detach()) if item.loss is not None else None
 
-    def _exchange_tied(self) -> None:
+    def _exchange_tied(self) -> dict[str, tuple[Any, torch.Tensor]]:
         """A weight tied across ranks (an LM head and its embedding) steps with its holders' summed gradient, and no
         holder waits at its update for another to finish its step (a blocking all-reduce there would put back a
         bubble of one backward per step):
 
         * its first holder (the lowest stage, ``_tie_leader``) finishes its step last, so the others' parts of this
-          update's sum are already posted: it waits for the sum and steps with it;
+          update's sum are already posted: it steps its other weights while the sum travels, then the tied weight
+          with the sum (returned here, name -> (all-reduce, tensor); ``_update`` steps them with ``_step_alone``);
         * every later holder posts its part and steps without the weight; it applies the same sum with the same
           optimizer (``_apply_tied_sums``) before its forward of the next step's micro-batch ``tied_grace``, the
           first that needs the first holder's post-update outputs, so the wait costs nothing. Its first forwards of a
@@ -319,6 +287,7 @@ class AsyncEngine:
         With replicas (a later holder could not apply its sum after a ``local-sgd`` or ``adaptive`` averaging, and
         the reference rule keeps one set of weights for ``ssgd`` replicas) every holder steps with the previous
         update's sum instead, one update late for the whole weight, which costs convergence (docs/async.md)."""
+        awaited: dict[str, tuple[Any, torch.Tensor]] = {}
         for tie in self.stages.tied:
             if tie.group is None:
                 continue
@@ -326,12 +295,11 @@ class AsyncEngine:
             mine = param.grad  # this update's accumulator: _update starts a fresh one
             work = dist.all_reduce(mine, group=tie.group, async_op=True)
             if self.sums_at_once:
+                param.grad = None  # skipped by this step
                 if self.tie_leader[tie.name] == self.stage:
-                    work.wait()
-                    param.grad = mine
+                    awaited[tie.name] = (work, mine)  # stepped right after it (_update)
                 else:
-                    param.grad = None  # skipped by this step; applied by _apply_tied_sums
-                    self.tied_pending[tie.name] = (work, mine)
+                    self.tied_pending[tie.name] = (work, mine)  # applied by _apply_tied_sums
                 continue
             previous = self.tied_pending.pop(tie.name, None)
             if previous is None:
@@ -341,21 +309,15 @@ class AsyncEngine:
                 done.wait()
                 param.grad = summed
             self.tied_pending[tie.name] = (work, mine)
+        return awaited
 
     def _apply_tied_sums(self) -> None:
         """A later holder's tied weights step with the sums posted at its last update (``_exchange_tied``): the
         optimizer steps them alone, and the newest version is taken again (the micro-batches in flight keep theirs)."""
         if not (self.tied_late and self.tied_pending):
             return
-        for c, p in self.params.items():
-            p.grad = None
-        for name, (work, summed) in self.tied_pending.items():
-            work.wait()
-            self.params[name].grad = summed
+        self._step_alone(self.tied_pending)
         self.tied_pending.clear()
-        self.optimizer.step()
-        for p in self.params.values():
-            p.grad = None
         self.newest = self._snapshot(self.newest.index, None, self.newest.delta)
 
     def close(self) -> None:
@@ -377,21 +339,43 @@ class AsyncEngine:
         self._apply_tied_sums()  # a step with fewer forwards than the grace: the last sums land before this one
         for c, p in self.params.items():
             p.grad = self.acc[c]
-        if not self.sync.reduces_in_backward:
-            for p in self.params.values():
-                assert p.grad is not None
-                p.grad.div_(self.total)
+        if not self.sync.reduces_in_backward and self.acc:
+            torch._foreach_div_(list(self.acc.values()), self.total)
         self.sync.after_backward(self.stages.params)
-        self._exchange_tied()
+        awaited = self._exchange_tied()
         before = {c: p.detach().clone() for c, p in self.params.items()} if self.sync.moves_weights else None
         self.optimizer.step()
+        if awaited:  # the first holder's tied weights: their sum travelled while the rest stepped
+            self._step_alone(awaited)
         delta = {c: p.detach() - before[c] for c, p in self.params.items()} if before is not None else None
         self.sync.after_step(self.stages.params)
         self.updates += 1
-        self.newest = self._snapshot(self.updates, self.newest, delta)
-        self.acc = {c: torch.zeros_like(p) for c, p in self.params.items()}
+        self.newest = self._snapshot(self.updates, self.newest if self.correction == "predict" else None, delta)
+        self._fresh_accumulators()
         self._drop_unused()
         self.update_s += time.perf_counter() - start
+
+    def _step_alone(self, sums: Mapping[str, tuple[Any, torch.Tensor]]) -> None:
+        """Step only the weights named in ``sums`` (name -> (all-reduce in flight, its tensor)), each with its sum
+        once it has arrived; the others' gradients are left unset, so the optimizer skips them."""
+        for p in self.params.values():
+            p.grad = None
+        for name, (work, summed) in sums.items():
+            work.wait()
+            self.params[name].grad = summed
+        self.optimizer.step()
+        for p in self.params.values():
+            p.grad = None
+
+    def _fresh_accumulators(self) -> None:
+        """Zero the gradient accumulators for the next step's backwards, in place (no new memory to touch), except
+        a tied weight's, whose tensor an all-reduce may still be summing into (``_exchange_tied``)."""
+        tied = {tie.name for tie in self.stages.tied if tie.group is not None}
+        kept = [acc for c, acc in self.acc.items() if c not in tied]
+        if kept:
+            torch._foreach_zero_(kept)
+        for c in tied & self.acc.keys():
+            self.acc[c] = torch.zeros_like(self.params[c])
 
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         return self.timer.compute() if self.timer is not None else contextlib.nullcontext()
