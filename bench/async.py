@@ -14,8 +14,8 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
 Writes docs/bench-async.md, docs/bench-async.json and docs/img/async-*.png (``plan curves``); the 1-minute load
 average is recorded around every run.
 
-    python3 bench/async.py                           # everything (about 30 minutes)
-    python3 bench/async.py --only throughput
+    python3 bench/async.py                           # everything (about 45 minutes)
+    python3 bench/async.py --only throughput         # 3 runs of each schedule (about 25 minutes; --repeats)
     python3 bench/async.py --render                  # the page again from docs/bench-async.json
 """
 
@@ -68,47 +68,54 @@ def _tag(*parts: Any) -> str:
     return "-".join(str(p).replace(" ", "").replace(",", "") for p in parts)
 
 
-def make_plan(profile: Path, name: str, microbatches: int, variant: str) -> Path:
+def make_plan(profile: Path, name: str, microbatches: int, variant: str, fresh: bool = False) -> Path:
     """The variant's plan; plain model parallelism is 1f1b's two stages with one micro-batch under GPipe (forward
     through both stages, then backward; the placer, asked for one micro-batch, keeps small models on one
     device, and torch's 1F1B needs a micro-batch per stage)."""
     schedule, correction, plain = VARIANTS[variant]
     out = WORK / f"{_tag(name, microbatches, variant)}-plan.json"
     if plain:
-        flushing = json.loads(make_plan(profile, name, microbatches, "1f1b").read_text())
+        flushing = json.loads(make_plan(profile, name, microbatches, "1f1b", fresh).read_text())
         out.write_text(json.dumps({**flushing, "schedule": "gpipe", "microbatches": 1}))  # 1F1B needs m >= p
-    elif not out.exists():
+    elif fresh or not out.exists():
         drains = ["--round-steps", str(ROUND_STEPS)] if schedule in ASYNC_SCHEDULES else []
         plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "1", "-n", str(microbatches),
                  "-s", schedule, "--async-correction", correction, *drains, "-o", str(out), "--json", work=WORK)
     return out
 
 
-def profile_of(name: str, model: str) -> Path:
+def profile_of(name: str, model: str, fresh: bool = False) -> Path:
+    """The model's profile (cached unless ``fresh``), timed as each rank runs: one intra-op thread, beside the other
+    rank's process (``--colocate 2``)."""
     out = WORK / f"{name}-profile.json"
-    if not out.exists():
-        plan_cli("profile", model, "-o", str(out), "--json", work=WORK)
+    if fresh or not out.exists():
+        plan_cli("profile", model, "--threads", "1", "--colocate", "2", "-o", str(out), "--json", work=WORK)
     return out
 
 
-def throughput(results: dict[str, Any]) -> None:
+def throughput(results: dict[str, Any], repeats: int) -> None:
     for name, spec in SPEED.items():
-        profile = profile_of(name, spec["model"])
+        profile = profile_of(name, spec["model"], fresh=True)  # the predictions are judged: time the machine as it is
         for m in MICROBATCHES:
+            plans = {variant: make_plan(profile, name, m, variant, fresh=True) for variant in VARIANTS}
+            runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+            for repeat in range(repeats):
+                for variant in VARIANTS:  # the variants take turns, so drift in the machine's speed hits them alike
+                    plain = VARIANTS[variant][2]
+                    extra = ["--microbatch-size", str(spec["rows"] * m)] if plain else []
+                    tag = _tag("speed", name, m, variant, f"r{repeat}")
+                    print(f"{tag} ...", file=sys.stderr, flush=True)
+                    runs[variant].append(train(tag, plans[variant], spec, *extra, work=WORK, round_steps=ROUND_STEPS))
             rows = {}
-            for variant in VARIANTS:
-                plain = VARIANTS[variant][2]
-                plan = make_plan(profile, name, m, variant)
-                extra = ["--microbatch-size", str(spec["rows"] * m)] if plain else []
-                tag = _tag("speed", name, m, variant)
-                print(f"{tag} ...", file=sys.stderr, flush=True)
-                run = train(tag, plan, spec, *extra, work=WORK, round_steps=ROUND_STEPS)
-                samples = spec["rows"] * m
-                predicted = json.loads(plan.read_text())["predicted"]["step_time_s"]
+            samples = spec["rows"] * m
+            for variant, done in runs.items():
+                run = sorted(done, key=lambda r: r["step_time_s"])[(len(done) - 1) // 2]  # the median (lower of two)
+                predicted = json.loads(plans[variant].read_text())["predicted"]["step_time_s"]
                 rows[variant] = {"step_time_s": run["step_time_s"], "samples_per_s": samples / run["step_time_s"],
-                                 "predicted_samples_per_s": None if plain else samples / predicted,
-                                 "load": run["load"], "command": run["command"],
-                                 "async": run.get("async")}
+                                 "runs_s": [r["step_time_s"] for r in done],
+                                 "predicted_samples_per_s": None if VARIANTS[variant][2] else samples / predicted,
+                                 "load": [min(r["load"][0] for r in done), max(r["load"][1] for r in done)],
+                                 "command": run["command"], "async": run.get("async")}
             results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
                                                  "date": time.strftime("%Y-%m-%d")}
 
@@ -142,6 +149,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["throughput", "convergence"])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
     parser.add_argument("--render", action="store_true", help="re-render the page from docs/bench-async.json only")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -150,7 +158,7 @@ def main() -> None:
     if not args.render:
         began = time.time()
         if args.only in (None, "throughput"):
-            throughput(results)
+            throughput(results, args.repeats)
         if args.only in (None, "convergence"):
             convergence(results, args.seeds)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -174,7 +182,12 @@ def render(results: dict[str, Any]) -> str:
                   "step (for the asynchronous schedules: simulated over rounds of the run's length, each from an empty "
                   "pipeline to a drained one, `plan partition --round-steps`). *vs 1f1b*: its samples/s over "
                   "1f1b's; *vs MP*: over plain model parallelism's (the step's rows as one micro-batch, no pipelining). "
-                  f"Rounds of {ROUND_STEPS} steps: the asynchronous schedules drain the pipeline once per round.", ""]
+                  "Each schedule runs several times, the schedules taking turns; the row is the median run and lists "
+                  "every run's step. "
+                  f"Rounds of {ROUND_STEPS} steps: the asynchronous schedules drain the pipeline once per round. "
+                  "Each model is profiled afresh when its section starts (`plan profile --threads 1 --colocate 2`: one "
+                  "thread, timed beside a second training process, as each rank runs) and every schedule planned from "
+                  "that profile, so the predictions meet the machine as it is that hour.", ""]
         for key in speed:
             entry = results[key]
             rows = entry["rows"]
@@ -182,8 +195,9 @@ def render(results: dict[str, Any]) -> str:
             lines += [f"### {entry['model']}, {entry['microbatches']} micro-batches", "",
                       f"Measured {entry['date']}; the bubble bound of 1f1b on 2 stages is "
                       f"{(entry['microbatches'] + 1) / entry['microbatches']:.2f}x.", "",
-                      "| schedule | samples/s | predicted | measured / predicted | vs 1f1b | vs MP | load |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| schedule | samples/s | predicted | measured / predicted | vs 1f1b | vs MP | steps of the runs (ms) "
+                      "| load (min / max) |",
+                      "|---|---|---|---|---|---|---|---|"]
             for variant in VARIANTS:
                 r = rows.get(variant)
                 if r is None:
@@ -192,6 +206,7 @@ def render(results: dict[str, Any]) -> str:
                 shown, against = (f"{pred:.1f}", f"{r['samples_per_s'] / pred:.2f}") if pred else ("-", "-")
                 lines.append(f"| {variant} | {r['samples_per_s']:.1f} | {shown} | {against} | "
                              f"{r['samples_per_s'] / base:.2f}x | {r['samples_per_s'] / plain:.2f}x | "
+                             f"{', '.join(f'{s * 1e3:.1f}' for s in r.get('runs_s', [r['step_time_s']]))} | "
                              f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
             lines += ["", f"Command (async-1f1b): `{rows['async-1f1b']['command']}`", ""]
     for key in sorted(k for k in results if k.startswith("convergence/")):
