@@ -85,7 +85,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
     cluster = load_cluster(CLUSTER)
     for name in args.models:
         spec = MEASURED_MODELS[name]
-        prof = profile_path_for(name, spec, args.reprofile)
+        prof = profile_path_for(name, spec, True)  # the predictions are judged: profile the machine as it is now
         for m in args.microbatches:
             base = partition(load_profile(prof), cluster, method="dp", microbatches=m, schedule="1f1b",
                              optimizer="adam", profile_ref=profile_ref(prof, spec))
@@ -141,7 +141,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             for r in results.values():
                 r["speedup"] = base_s / r["measured_s"]
                 r["error"] = r["measured_s"] / r["predicted_s"] - 1
-            rows.append({"model": name, "microbatches": m, "schedules": results,
+            rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
 
@@ -288,6 +288,9 @@ def render(results: dict[str, Any]) -> str:
                   "Same stages for 1F1B, zb-h1, zb-planned and zb-h2 (the dp plan under 1F1B, or the time-balance baseline's "
                   "2 stages where dp keeps the model on one device: see *nodes per stage*); interleaved 1F1B, zbv and "
                   "dualpipev run their own dp plans, two stages per rank when that simulates faster (round-robin, in a V). "
+                  "Plans come from the model's colocated one-thread profile (bench/run.py's), which the script takes "
+                  "afresh when a model's rows begin, so the predictions meet the machine as it is that hour (the line "
+                  "above says which rows were planned from an older, cached one). "
                   "*measured*: the median of the runs listed under *runs* (each the "
                   "mean step over its rounds after the first; the schedules took turns). "
                   "*speed-up*: 1F1B's measured step over the row's, same run of the script. *calibrated*: the plan "
@@ -313,12 +316,14 @@ def render(results: dict[str, Any]) -> str:
         caps = "; ".join(f"{row['model']} m={row['microbatches']}: {row['capacity'][0]:.2f}, {row['capacity'][1]:.2f}"
                          for row in results["measured"])
         lines += ["", f"Capacity: {caps}.", ""]
-        best = [max((r["speedup"] for s, r in row["schedules"].items() if s in ZERO_BUBBLE_SCHEDULES),
-                    default=0.0)
+        best = [(row["model"], max(((r["speedup"], s, r["error"]) for s, r in row["schedules"].items()
+                                    if s in ZERO_BUBBLE_SCHEDULES), default=None))
                 for row in results["measured"] if row["microbatches"] == 4]
         if best:
-            lines += [f"Best zero-bubble speed-up over 1F1B at 4 micro-batches: "
-                      f"{', '.join(f'{b:.2f}x' for b in best)} (target >= 1.10x; the bubble bound is 1.25x).", ""]
+            lines += ["Best zero-bubble speed-up over 1F1B at 4 micro-batches (target >= 1.10x, the bubble bound being "
+                      "1.25x, predicted within 10%): " + "; ".join(
+                          f"{model}: {b[0]:.2f}x ({b[1]}, measured {b[2]:+.1%} against its prediction)"
+                          for model, b in best if b is not None) + ".", ""]
     if results.get("simulated"):
         lines += ["## 2. Simulated (no runs): each schedule's own dp plan, one stage per device (zbv, dualpipev: two in "
                   "a V where that is faster)", "",
@@ -403,11 +408,15 @@ def _made(results: dict[str, Any], section: str) -> str:
 
 def _made_rows(rows: list[dict[str, Any]]) -> str:
     """Which command made which measured rows, and when."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[str, str, bool], list[str]] = {}
     for row in rows:
         made = row["made"]
-        groups.setdefault((made["command"], made["finished"]), []).append(f"{row['model']} m={row['microbatches']}")
-    return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}." for (cmd, when), names in groups.items())
+        groups.setdefault((made["command"], made["finished"], bool(row.get("fresh_profile"))), []).append(
+            f"{row['model']} m={row['microbatches']}")
+    source = {True: "planned from a profile taken when the model's rows began",
+              False: "planned from the profile bench/run.py had cached then"}
+    return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}, {source[fresh]}."
+                    for (cmd, when, fresh), names in groups.items())
 
 
 def _sim_summary(rows: list[dict[str, Any]]) -> list[str]:
