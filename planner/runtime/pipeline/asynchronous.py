@@ -370,11 +370,10 @@ class AsyncEngine:
     def _fresh_accumulators(self) -> None:
         """Zero the gradient accumulators for the next step's backwards, in place (no new memory to touch), except
         a tied weight's, whose tensor an all-reduce may still be summing into (``_exchange_tied``)."""
-        tied = {tie.name for tie in self.stages.tied if tie.group is not None}
-        kept = [acc for c, acc in self.acc.items() if c not in tied]
+        kept = [acc for c, acc in self.acc.items() if c not in self.tie_leader]
         if kept:
             torch._foreach_zero_(kept)
-        for c in tied & self.acc.keys():
+        for c in self.tie_leader.keys() & self.acc.keys():
             self.acc[c] = torch.zeros_like(self.params[c])
 
     def _computing(self) -> contextlib.AbstractContextManager[None]:
