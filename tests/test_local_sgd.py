@@ -260,3 +260,20 @@ def test_plan_check_refuses_a_bad_period_in_one_line(files) -> None:
     bad.write_text(json.dumps(doc))
     result = CliRunner().invoke(app, ["check", str(bad), "--profile", str(files["profile"])])
     assert result.exit_code != 0 and "1 for sync 'ssgd'" in result.output
+
+
+def test_a_run_that_replaced_its_sync_reports_the_whole_run() -> None:
+    """A re-plan installs a new sync that counts from zero; the summary adds up both (a re-plan after the last
+    aggregation once reported none for a whole adaptive run)."""
+    from planner.runtime.data_parallel import whole_run_report
+    from planner.runtime.data_parallel.local import aggregation_report
+
+    first = {**aggregation_report(2, 3, 0.3, 0.1), "periods": [2, 2, 4], "copy_s": 0.05, "interference_s": 0.01}
+    second = {**aggregation_report(4, 0, 0.0, 0.0), "periods": [], "copy_s": 0.0, "interference_s": 0.02}
+    merged = whole_run_report([first, second])
+    assert merged["aggregations"] == 3 and merged["periods"] == [2, 2, 4] and merged["period"] == 4
+    assert merged["aggregation_s"] == pytest.approx(0.3) and merged["exposed_s"] == pytest.approx(0.1)
+    assert merged["hidden_fraction"] == pytest.approx(1 - 0.1 / 0.3) and merged["copy_s"] == pytest.approx(0.05)
+    assert merged["interference_s"] == 0.02  # a figure, not a count: the last sync's
+    assert whole_run_report([second]) == second
+    assert whole_run_report([{}]) == {}

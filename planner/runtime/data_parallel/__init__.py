@@ -44,13 +44,13 @@ from torch import nn
 
 from planner.errors import PlanMismatchError
 from planner.formats.plan import SERVER_SYNCS, SYNC_MODES, Plan
-from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD, aggregation_report
+from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD, aggregation_report, whole_run_report
 
 if TYPE_CHECKING:
     from planner.runtime.pipeline.stages import RankStages
 
 __all__ = ["UpdateSync", "SingleReplica", "Synchronous", "LocalSGD", "Adaptive", "AdaptiveOptions", "SYNC_MODES",
-           "sync_for", "sync_of"]
+           "sync_for", "sync_of", "whole_run_report"]
 
 
 class UpdateSync(Protocol):

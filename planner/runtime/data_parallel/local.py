@@ -68,6 +68,25 @@ def aggregation_report(period: int, aggregations: int, total_s: float, exposed_s
             "hidden_fraction": 1.0 - exposed_s / total_s if total_s > 0 else None}
 
 
+SUMMED = ("aggregations", "aggregation_s", "exposed_s", "copy_s")
+"""Report fields that count over a run: a sync that replaces another (a re-plan) adds to them."""
+
+
+def whole_run_report(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report for the syncs a run used in turn (each re-plan installs a new one, counting from zero): the counts
+    and seconds summed, the intervals in force joined, the rest (``period``, figures) as the last one has them."""
+    out: dict[str, Any] = dict(reports[-1]) if reports else {}
+    for key in SUMMED:
+        if key in out:
+            out[key] = sum(r.get(key, 0) for r in reports)
+    if "periods" in out:
+        out["periods"] = [p for r in reports for p in r.get("periods", [])]
+    if "hidden_fraction" in out:
+        total, exposed = out["aggregation_s"], out["exposed_s"]
+        out["hidden_fraction"] = 1.0 - exposed / total if total > 0 else None
+    return out
+
+
 def chunk_bounds(numel: int, element_size: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """``[start, stop)`` element ranges of a flat tensor of ``numel`` elements cut into chunks of at most
     ``chunk_bytes`` bytes (at least one element each), in order: the send order, first layers first."""

@@ -41,7 +41,7 @@ from planner.errors import DistributedError
 from planner.formats.plan import ASYNC_SCHEDULES, Plan
 from planner.data import factory as data_mod
 from planner.runtime import netem
-from planner.runtime.data_parallel import sync_of
+from planner.runtime.data_parallel import sync_of, whole_run_report
 from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
@@ -90,6 +90,9 @@ class RankRun:
         self.schedule = build_schedule(stages, criterion)
         if getattr(self, "sync", None) is not None:
             self.sync.finish(self.stages.params)  # an aggregation in flight lands on the old stages
+            self.sync_reports.append(self.sync.report())  # the summary counts the whole run
+        else:
+            self.sync_reports: list[dict[str, Any]] = []
         self.sync = sync_of(stages, self.prepared.sync_options)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
@@ -302,7 +305,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "data": {"source": config.data or "synthetic", "task": prepared.spec.loss,
                  "fingerprint": prepared.data_fingerprint},
         "sync": {"mode": run.sync.mode, "degree": run.stages.degree, "shares": list(run.stages.shares),
-                 **run.sync.report()},
+                 **whole_run_report([*run.sync_reports, run.sync.report()])},
         "replica": run.stages.replica,
         "step_time_s": steady_step_time_s(run.rounds),
         "predicted_step_time_s": run.plan.step_time_s,
