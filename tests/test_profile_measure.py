@@ -90,8 +90,10 @@ def test_uncounted_flops_list_working_ops_without_a_formula(tiny):
 def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     whole = tiny.extra["whole_model"]
     assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
-                          "update_param_bytes", "version_s", "loss"}
+                          "update_param_bytes", "version_s", "split_backward", "loss"}
     assert whole["version_s"] > 0
+    assert set(whole["split_backward"]) == {"fused_s", "input_s", "weight_s"}  # token ids in: from the embedding on
+    assert all(t > 0 for t in whole["split_backward"].values())
     assert whole["loss"]["name"] in ("lm-cross-entropy", "mse") and whole["loss"]["fwd_s"] >= 0
     assert whole["loss"]["output_bytes"] > 0
     assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0 and whole["train_s"] > 0
@@ -102,7 +104,7 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
 
 def test_training_and_update_measurements_leave_the_model_as_it_was():
     from planner.profile.whole_model import measure_training as _measure_training, measure_update as _measure_update, probe as _probe
-    from planner.profile.whole_model import measure_versions
+    from planner.profile.whole_model import measure_split_backward, measure_versions
     from planner.profile.timer import Timer
 
     torch.manual_seed(0)
@@ -114,8 +116,59 @@ def test_training_and_update_measurements_leave_the_model_as_it_was():
     assert _measure_training(model, inputs, grads_out, timer) > 0
     assert set(_measure_update(model, timer)) == {"sgd", "adam"}
     assert measure_versions(model, timer) > 0
+    assert set(measure_split_backward(model, inputs, timer)) == {"fused_s", "input_s", "weight_s"}
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class TwoHeads(nn.Module):
+    """Token ids in; a dict out whose ``hidden`` an op after it also saved for its backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.lin, self.head = nn.Embedding(16, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = torch.tanh(self.lin(self.emb(idx)))
+        return {"logits": self.head(hidden), "hidden": hidden}
+
+
+def test_the_split_backward_is_timed_on_what_torchs_zero_bubble_runtime_runs(monkeypatch):
+    """The halves timed compute the fused backward's weight gradients, from the first activation on when the inputs
+    are token ids (the embedding's weight gets none, as on a stage that receives activations), on outputs of their
+    own (``I`` detaches them in place, and ``hidden`` is also saved by the head)."""
+    from torch.distributed.pipelining import _backward
+    from planner.profile.timer import Timer
+    from planner.profile.whole_model import measure_split_backward
+
+    torch.manual_seed(0)
+    model, idx = TwoHeads(), torch.randint(0, 16, (4, 5))
+    seen: dict = {}
+    real_input, real_weight = _backward.stage_backward_input, _backward.stage_backward_weight
+
+    def input_half(outputs, output_grads, inputs, weights):
+        seen["output_grads"] = list(output_grads)
+        return real_input(outputs, output_grads, inputs, weights)
+
+    def weight_half(weights, groups, retain_graph=False):
+        before = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+        out = real_weight(weights, groups, retain_graph)
+        seen["dw"] = {n: p.grad - before[n] for n, p in model.named_parameters() if p.grad is not None}
+        return out
+
+    monkeypatch.setattr(_backward, "stage_backward_input", input_half)
+    monkeypatch.setattr(_backward, "stage_backward_weight", weight_half)
+    split = measure_split_backward(model, (idx,), Timer(torch.device("cpu"), repeats=1, warmup=0))
+    assert set(split) == {"fused_s", "input_s", "weight_s"} and all(p.grad is None for p in model.parameters())
+    out = model(idx)
+    names = ["lin.weight", "lin.bias", "head.weight", "head.bias"]
+    params = dict(model.named_parameters())
+    fused = torch.autograd.grad([out["logits"], out["hidden"]], [params[n] for n in names], seen["output_grads"])
+    assert set(seen["dw"]) == set(names)  # not the embedding: the stage starts after it
+    for name, grad in zip(names, fused):
+        torch.testing.assert_close(seen["dw"][name], grad, rtol=1e-5, atol=1e-6)
+    assert measure_split_backward(nn.Sequential(nn.Embedding(16, 8)).requires_grad_(False), (idx,),
+                                  Timer(torch.device("cpu"), repeats=1, warmup=0)) == {}
 
 
 def test_profile_round_trips_through_the_file_format(tiny, tmp_path):

@@ -27,6 +27,9 @@ co-location (``--colocate``) is ``colocate``.
 6. The default loss of ``plan run`` (``planner.data.factory``: next-token cross-entropy for a language
    model, mean squared error otherwise) on the model's output, forward and backward to the output: the
    last stage pays it. Models whose output ``plan run`` cannot train on by default get none.
+7. The whole model's backward fused and split into the input gradient and the weight gradient as torch's
+   zero-bubble runtime runs them (``whole_model.measure_split_backward``): the split's extra cost, which the
+   cost model charges the zero-bubble schedules' stages.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ from planner.profile.capture import Captured
 from planner.profile.memory import nbytes, record
 from planner.profile.op_timing import OpMeasurement, grad_call_overhead, measure_op
 from planner.profile.timer import Timer, steady_cpu_allocator
-from planner.profile.whole_model import (WholeModel, measure_loss, measure_training, measure_update, measure_versions,
-                                         measure_whole, num_threads, probe, time_training, warm_whole)
+from planner.profile.whole_model import (WholeModel, measure_loss, measure_split_backward, measure_training, measure_update,
+                                         measure_versions, measure_whole, num_threads, probe, time_training, warm_whole)
 
 __all__ = ["Measurement", "OpMeasurement", "WholeModel", "Progress", "measure", "time_training"]
 
@@ -92,10 +95,11 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         train_s = measure_training(module, inputs, grads_out, timer)
         update_s = measure_update(module, timer)
         version_s = measure_versions(module, timer)
+        split_backward = measure_split_backward(module, inputs, timer)
         loss = measure_loss(inputs, output, timer)
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
                         update_s, sum(nbytes(p) for p in module.parameters() if p.requires_grad), version_s=version_s,
-                        loss=loss)
+                        split_backward=split_backward, loss=loss)
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)

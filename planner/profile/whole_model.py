@@ -8,12 +8,14 @@
   calibrates the per-op times to (docs/cost-model.md, "Calibration"); ``time_training`` is the same for
   ``--colocate`` (``planner.profile.colocate``).
 - ``measure_update``: one optimizer step per optimizer ``plan run`` offers (lr 0: parameters unchanged).
+- ``measure_split_backward``: the backward fused, and split as torch's zero-bubble runtime splits it (``I`` then ``W``).
 - ``measure_loss``: ``plan run``'s default loss on the model's output, forward and backward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -24,8 +26,10 @@ from torch.utils._pytree import tree_map
 from planner.profile.memory import differentiable, nbytes
 from planner.profile.timer import Timer
 
+log = logging.getLogger(__name__)
+
 __all__ = ["WholeModel", "warm_whole", "probe", "measure_whole", "time_training", "measure_training",
-           "UPDATE_OPTIMIZERS", "measure_update", "measure_loss", "num_threads"]
+           "UPDATE_OPTIMIZERS", "measure_update", "measure_split_backward", "measure_loss", "num_threads"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class WholeModel:
     version_s: float = 0.0
     """Seconds of the asynchronous pipeline's version bookkeeping at one update over the same parameters
     (``measure_versions``; 0 without any)."""
+    split_backward: Mapping[str, float] = field(default_factory=dict)
+    """``{"fused_s", "input_s", "weight_s"}``: one micro-batch's backward fused, and its two halves as the
+    zero-bubble runtime runs them (``measure_split_backward``; empty without trainable parameters)."""
     loss: Mapping[str, Any] = field(default_factory=dict)
     """The default loss on the model's output: ``{"name", "fwd_s", "bwd_s", "output_bytes"}`` (empty if none)."""
 
@@ -57,6 +64,8 @@ class WholeModel:
             out["update_param_bytes"] = self.update_param_bytes
         if self.version_s > 0:
             out["version_s"] = self.version_s
+        if self.split_backward:
+            out["split_backward"] = dict(self.split_backward)
         if self.loss:
             out["loss"] = dict(self.loss)
         return out
@@ -174,6 +183,78 @@ def measure_versions(module: nn.Module, timer: Timer) -> float:
     accumulators = [torch.zeros_like(p) for p in params.values()]
     previous = Version.of(0, params, None)
     return timer.time(lambda _: version_work(params, accumulators, previous))
+
+
+def measure_split_backward(module: nn.Module, inputs: Sequence[Any], timer: Timer) -> dict[str, float]:
+    """Seconds of one micro-batch's backward, fused and split, with the model standing for a stage that is not
+    the first of its pipeline: ``fused_s`` as 1F1B's ``B`` runs it (``torch.autograd.backward`` into ``.grad``),
+    ``input_s`` and ``weight_s`` as torch's zero-bubble runtime runs ``I`` and ``W``
+    (``torch.distributed.pipelining._backward.stage_backward_input``, then ``stage_backward_weight`` from the
+    intermediate gradients ``I`` kept). ``W`` is one ``autograd.grad`` call per group of weights, so the halves
+    together take longer than the fused backward; the cost model charges the ratio (docs/cost-model.md).
+
+    The stage's inputs are the model's floating inputs, made to require grad; a model whose inputs are not
+    floating (token ids) starts from its first floating activation instead (the first leaf module's output,
+    detached), as the next stage's input would. Empty without trainable parameters or a differentiable output;
+    the parameters' ``.grad`` are restored afterwards, and a graph torch's split cannot run gets none (a warning)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return {}
+
+    def forward() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        args = [x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                for x in inputs]
+        stage_inputs = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
+        with torch.enable_grad(), _first_activation_as_input(module, stage_inputs, enabled=not stage_inputs):
+            # outputs of their own, as the runtime's zero-bubble stages return them (``OwnOutputs``): ``I``
+            # detaches them in place, and an output that an op also saved would break ``W``
+            return [t.clone() for t in differentiable(module(*args))], stage_inputs
+
+    outs, stage_inputs = forward()
+    if not outs or not stage_inputs:
+        return {}
+    grads_out = [torch.randn_like(t) for t in outs]
+    before = [p.grad for p in params]
+
+    def input_half(state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> list[dict[str, Any]]:
+        return stage_backward_input(state[0], grads_out, state[1], iter(params))[1]
+
+    try:
+        fused_s = timer.time(lambda state: torch.autograd.backward(state[0], grads_out), forward)
+        input_s = timer.time(input_half, forward)
+        weight_s = timer.time(lambda groups: stage_backward_weight(iter(params), groups),
+                              lambda: input_half(forward()))
+    except RuntimeError as exc:  # torch's split cannot run this graph: the cost model then charges nothing
+        log.warning("could not time the split backward: %s", str(exc).splitlines()[0] if str(exc) else exc)
+        return {}
+    finally:
+        for p, grad in zip(params, before):
+            p.grad = grad
+    return {"fused_s": fused_s, "input_s": input_s, "weight_s": weight_s}
+
+
+@contextlib.contextmanager
+def _first_activation_as_input(module: nn.Module, stage_inputs: list[torch.Tensor], enabled: bool) -> Iterator[None]:
+    """While active, the first floating output of a leaf module is detached and made to require grad, and
+    appended to ``stage_inputs``: the rest of the model then runs as a stage that receives it."""
+    if not enabled:
+        yield
+        return
+
+    def hook(_: nn.Module, __: Any, output: Any) -> Any:
+        if stage_inputs or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+            return None
+        stage_inputs.append(output.detach().requires_grad_(True))
+        return stage_inputs[-1]
+
+    handles = [m.register_forward_hook(hook) for m in module.modules() if not any(True for _ in m.children())]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def measure_loss(inputs: Sequence[Any], output: Any, timer: Timer) -> dict[str, Any]:

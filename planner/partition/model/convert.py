@@ -11,8 +11,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
-from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_fwd_bwd_s, stage_memory_bytes,
-                                          stage_sims, stage_sync_s, stage_update_s, stage_weight_s, transfer_s)
+from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_backward_halves, stage_fwd_bwd_s,
+                                          stage_memory_bytes, stage_sims, stage_sync_s, stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
@@ -148,16 +148,20 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
     if len(spec.devices) > 1:
         fields["replicas"] = list(spec.devices)
         fields["sync_s"] = stage_sync_s(problem, spec)
-        fields["replica_times"] = [_replica_times(problem, spec, device) for device in spec.devices]
+        fields["replica_times"] = [_replica_times(problem, spec, device, i == 0) for device in spec.devices]
     return Stage(index=i, device=spec.device, nodes=nodes, extra=MappingProxyType(fields))
 
 
-def _replica_times(problem: Problem, spec: StageSpec, device: str) -> dict[str, Any]:
-    """What the stage costs on one of its replicas' devices (``plan show`` re-simulates every replica from these)."""
+def _replica_times(problem: Problem, spec: StageSpec, device: str, first: bool) -> dict[str, Any]:
+    """What the stage costs on one of its replicas' devices (``plan show`` re-simulates every replica from these);
+    ``first``: the stage is its pipeline's first."""
     fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop, spec.recompute)
-    out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
+    weight = None
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-        out["bwd_weight_s"] = min(bwd, stage_weight_s(problem.tables, device, spec.start, spec.stop))
+        bwd, weight = stage_backward_halves(problem.tables, device, spec.start, spec.stop, spec.recompute, first=first)
+    out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
+    if weight is not None:
+        out["bwd_weight_s"] = weight
     return out
 
 

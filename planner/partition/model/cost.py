@@ -45,10 +45,18 @@ def stage_fwd_bwd_s(tables: CostTables, device: str, start: int, stop: int,
     return forward, backward
 
 
-def stage_weight_s(tables: CostTables, device: str, start: int, stop: int) -> float:
-    """The weight-gradient part of blocks ``[start, stop)``'s backward on ``device`` (zero-bubble schedules' ``W``)."""
+def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int, recompute: bool | None = None, *,
+                          first: bool) -> tuple[float, float]:
+    """A zero-bubble stage's backward per micro-batch on ``device`` and its weight-gradient part ``W`` (the input
+    gradient ``I`` is the rest), as torch's runtime runs them: the first stage of a pipeline has no input gradient to
+    send and runs its whole backward, fused, as ``W``; every other stage runs ``I`` and ``W`` apart, which takes
+    ``tables.split_factor`` times the fused backward (``Problem.split_backward_factor``), both halves alike."""
+    _, bwd = stage_fwd_bwd_s(tables, device, start, stop, recompute)
+    if first:
+        return bwd, bwd
     weight = tables.weight_prefix[device]
-    return (weight[stop] - weight[start]) * tables.speed[device]
+    factor = tables.split_factor[device]
+    return bwd * factor, min(bwd, (weight[stop] - weight[start]) * tables.speed[device]) * factor
 
 
 def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> float:
@@ -277,6 +285,9 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
     sims = []
     for i, st in enumerate(partition):
         fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop, st.recompute)
+        weight = 0.0
+        if problem.schedule in ZERO_BUBBLE_SCHEDULES:
+            bwd, weight = stage_backward_halves(tables, st.device, st.start, st.stop, st.recompute, first=i == 0)
         sims.append(SimStage(
             device=st.device, fwd_s=fwd, bwd_s=bwd,
             send_fwd_bytes=problem.cut_fwd_bytes[st.stop - 1] if i < last else 0,
@@ -287,7 +298,7 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
             activation_bytes=stage_activation_bytes_t(tables, st.start, st.stop, st.recompute),
             recompute_bytes=stage_recompute_bytes_t(tables, st.start, st.stop, st.recompute),
             update_s=stage_update_s(problem, st.device, st.start, st.stop),
-            bwd_weight_s=min(bwd, stage_weight_s(tables, st.device, st.start, st.stop)),
+            bwd_weight_s=weight,
         ))
     return tuple(sims)
 

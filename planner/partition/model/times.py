@@ -17,7 +17,8 @@ from planner.formats.profile import Node, OpTime, Profile
 from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte,
                               estimate_version_s_per_param_byte)
 
-__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "calibration_factors", "CALIBRATION_RANGE"]
+__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_factors", "calibration_factors",
+           "CALIBRATION_RANGE"]
 
 
 def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str],
@@ -86,6 +87,22 @@ def version_rates(profile: Profile, types: Sequence[str], estimated: Collection[
         elif dev_type == measured_type and measured is not None and param_bytes > 0:
             out[dev_type] = float(measured) / param_bytes
     return out
+
+
+def split_backward_factors(profile: Profile, types: Sequence[str], estimated: Collection[str]) -> dict[str, float]:
+    """Device type -> how much longer a backward takes split into torch's ``I`` and ``W`` than fused
+    (``whole_model.split_backward``: ``(input_s + weight_s) / fused_s``), which zero-bubble schedules pay on every
+    stage but their pipeline's first (``cost.stage_backward_halves``).
+
+    The profiled type only: the excess is the runtime's, one ``autograd.grad`` call per group of weights, and the
+    roofline has no rule for it, so estimated types and profiles without the field get none (factor 1)."""
+    split = (profile.extra.get("whole_model") or {}).get("split_backward") or {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    fused = float(split.get("fused_s", 0.0) or 0.0)
+    if fused <= 0 or measured_type not in types or measured_type in estimated:
+        return {}
+    # the same work and more calls: a ratio under 1 is timing noise, not charged
+    return {measured_type: max(1.0, (float(split["input_s"]) + float(split["weight_s"])) / fused)}
 
 
 CALIBRATION_RANGE = (0.5, 2.0)

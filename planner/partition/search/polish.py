@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 from planner.errors import PlannerError
 from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES
-from planner.partition.model.cost import stage_fwd_bwd_s, stage_update_s, stage_weight_s, step_time_s
+from planner.partition.model.cost import stage_backward_halves, stage_fwd_bwd_s, stage_update_s, step_time_s
 from planner.partition.model.feasibility import check_fits
 from planner.partition.model.problem import Partition, Problem, StageSpec
 from planner.partition.sim.schedules import BWD, BWD_INPUT, device_orders, inflight_counts
@@ -167,8 +167,12 @@ def _lower_bound_s(problem: Problem, bounds: list[int], devices: list[str]) -> f
     tables = problem.tables
     times = [stage_fwd_bwd_s(tables, d, a, b) for d, a, b in zip(devices, bounds, bounds[1:])]
     split = problem.schedule in ZERO_BUBBLE_SCHEDULES
-    inputs = [bwd - (stage_weight_s(tables, d, a, b) if split else 0.0)
-              for (_, bwd), d, a, b in zip(times, devices, bounds, bounds[1:])]
+    inputs = [bwd for _, bwd in times]
+    if split:  # the halves as the simulator charges them
+        halves = [stage_backward_halves(tables, d, a, b, first=s == 0)
+                  for s, (d, a, b) in enumerate(zip(devices, bounds, bounds[1:]))]
+        times = [(fwd, bwd) for (fwd, _), (bwd, _) in zip(times, halves)]
+        inputs = [bwd - weight for bwd, weight in halves]
     after = [0.0] * (p + 1)
     for s in range(p - 1, -1, -1):
         after[s] = after[s + 1] + times[s][0] + inputs[s]
