@@ -50,13 +50,16 @@ def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int
     """A zero-bubble stage's backward per micro-batch on ``device`` and its weight-gradient part ``W`` (the input
     gradient ``I`` is the rest), as torch's runtime runs them: the first stage of a pipeline has no input gradient to
     send and runs its whole backward, fused, as ``W``; every other stage runs ``I`` and ``W`` apart, which takes
-    ``tables.split_factor`` times the fused backward (``Problem.split_backward_factor``), both halves alike."""
+    longer than fused by ``tables.split_rate`` per byte its blocks save (``Problem.split_backward_s_per_saved_byte``),
+    shared by the halves in proportion."""
     _, bwd = stage_fwd_bwd_s(tables, device, start, stop, recompute)
     if first:
         return bwd, bwd
-    weight = tables.weight_prefix[device]
-    factor = tables.split_factor[device]
-    return bwd * factor, min(bwd, (weight[stop] - weight[start]) * tables.speed[device]) * factor
+    weight = min(bwd, (tables.weight_prefix[device][stop] - tables.weight_prefix[device][start]) * tables.speed[device])
+    excess = tables.split_rate[device] * (tables.saved_prefix[stop] - tables.saved_prefix[start]) * tables.speed[device]
+    if bwd <= 0 or excess <= 0:
+        return bwd, weight
+    return bwd + excess, weight * (bwd + excess) / bwd
 
 
 def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> float:

@@ -53,9 +53,9 @@ class CostTables:
     version_rate: Mapping[str, float]
     """Per device id: an asynchronous update's version bookkeeping, seconds per parameter byte
     (``Problem.version_s_per_param_byte``)."""
-    split_factor: Mapping[str, float]
-    """Per device id: a backward split into ``I`` and ``W`` over the same backward fused
-    (``Problem.split_backward_factor``; 1 when absent)."""
+    split_rate: Mapping[str, float]
+    """Per device id: a split backward's excess over the fused one, seconds per saved activation byte
+    (``Problem.split_backward_s_per_saved_byte``)."""
 
     @classmethod
     def build(cls, problem: "Problem") -> "CostTables":
@@ -78,7 +78,7 @@ class CostTables:
             links=MappingProxyType(_links(problem)),
             update_rate=MappingProxyType({d.id: problem.update_s_per_param_byte.get(d.type, 0.0) for d in devices}),
             version_rate=MappingProxyType({d.id: problem.version_s_per_param_byte.get(d.type, 0.0) for d in devices}),
-            split_factor=MappingProxyType({d.id: problem.split_backward_factor.get(d.type, 1.0) for d in devices}),
+            split_rate=MappingProxyType({d.id: problem.split_backward_s_per_saved_byte.get(d.type, 0.0) for d in devices}),
         )
 
 

@@ -17,7 +17,7 @@ from planner.formats.profile import Node, OpTime, Profile
 from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte,
                               estimate_version_s_per_param_byte)
 
-__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_factors", "calibration_factors",
+__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_rates", "calibration_factors",
            "CALIBRATION_RANGE"]
 
 
@@ -89,20 +89,24 @@ def version_rates(profile: Profile, types: Sequence[str], estimated: Collection[
     return out
 
 
-def split_backward_factors(profile: Profile, types: Sequence[str], estimated: Collection[str]) -> dict[str, float]:
-    """Device type -> how much longer a backward takes split into torch's ``I`` and ``W`` than fused
-    (``whole_model.split_backward``: ``(input_s + weight_s) / fused_s``), which zero-bubble schedules pay on every
-    stage but their pipeline's first (``cost.stage_backward_halves``).
+def split_backward_rates(profile: Profile, types: Sequence[str], estimated: Collection[str]) -> dict[str, float]:
+    """Device type -> seconds a backward split into torch's ``I`` and ``W`` takes beyond the same backward fused, per
+    byte of activations saved for it (``whole_model.split_backward``: ``input_s + weight_s - fused_s`` over the
+    model's saved bytes), which zero-bubble schedules pay on every stage but their pipeline's first
+    (``cost.stage_backward_halves``).
 
-    The profiled type only: the excess is the runtime's, one ``autograd.grad`` call per group of weights, and the
-    roofline has no rule for it, so estimated types and profiles without the field get none (factor 1)."""
+    Per saved byte because that is what the excess follows: ``I`` keeps the whole graph and its saved activations
+    for ``W``, which walks them again (gpt_small's blocks and its head cost about the same to differentiate, yet a
+    block's split takes 1.2x its fused backward and the head's 1.04x; the saved bytes predict both within 0.1 ms).
+    The profiled type only: the roofline has no rule for it, so estimated types and profiles without the field get
+    none; an excess under 0 is timing noise, not charged."""
     split = (profile.extra.get("whole_model") or {}).get("split_backward") or {}
     measured_type = str(profile.extra.get("device_type", ""))
-    fused = float(split.get("fused_s", 0.0) or 0.0)
-    if fused <= 0 or measured_type not in types or measured_type in estimated:
+    saved = sum(node.saved_bytes for node in profile.nodes)
+    if not split or saved <= 0 or measured_type not in types or measured_type in estimated:
         return {}
-    # the same work and more calls: a ratio under 1 is timing noise, not charged
-    return {measured_type: max(1.0, (float(split["input_s"]) + float(split["weight_s"])) / fused)}
+    excess = float(split["input_s"]) + float(split["weight_s"]) - float(split["fused_s"])
+    return {measured_type: max(0.0, excess) / saved}
 
 
 CALIBRATION_RANGE = (0.5, 2.0)
