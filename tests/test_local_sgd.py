@@ -277,3 +277,25 @@ def test_a_run_that_replaced_its_sync_reports_the_whole_run() -> None:
     assert merged["interference_s"] == 0.02  # a figure, not a count: the last sync's
     assert whole_run_report([second]) == second
     assert whole_run_report([{}]) == {}
+
+
+def test_a_replan_carries_the_adaptive_rule_on_where_it_was() -> None:
+    """The sync a re-plan installs goes on with the replaced one's interval, starting loss and measured aggregation
+    cost (it once started again from the new plan's first interval and took the loss at the re-plan as F_0); the
+    step compute is measured again, and a fixed interval carries nothing."""
+    from planner.runtime.data_parallel import Synchronous
+    from planner.runtime.data_parallel.local import Adaptive, LocalSGD
+
+    old = Adaptive(None, 2, 4, period=4)
+    old.after_round([2.0], [(0.1, 0.05)])  # F_0 = 2.0; the cost rule's interval from these figures
+    old.last_exposed_s, old.interference_s, old.clean_s, old.period = 0.05, 0.01, 0.1, 9
+    new = Adaptive(None, 2, 4, period=3)
+    new.carry(old)
+    assert (new.period, new.loss_start, new.last_exposed_s, new.interference_s) == (9, 2.0, 0.05, 0.01)
+    assert new.clean_s is None and new.anchor is None and new.aggregations == 0
+    fixed = LocalSGD(None, 2, 4, period=3)
+    fixed.carry(old)
+    assert fixed.period == 3
+    untouched = Adaptive(None, 2, 4, period=3)
+    untouched.carry(Synchronous(None, 4))
+    assert (untouched.period, untouched.loss_start) == (3, None)

@@ -73,6 +73,10 @@ class UpdateSync(Protocol):
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None: ...
 
+    def carry(self, previous: "UpdateSync") -> None:
+        """Take over what the run learnt from ``previous``, the sync this one replaces (a re-plan)."""
+        ...
+
     def report(self) -> dict[str, Any]: ...
 
 
@@ -86,6 +90,9 @@ class _EveryStep:
         return None
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None:
+        return None
+
+    def carry(self, previous: UpdateSync) -> None:
         return None
 
     def report(self) -> dict[str, Any]:

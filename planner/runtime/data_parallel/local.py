@@ -179,6 +179,10 @@ class LocalSGD:
         """Nothing is in flight between steps (aggregations block)."""
         return None
 
+    def carry(self, previous: Any) -> None:
+        """A fixed interval learns nothing to carry over a re-plan."""
+        return None
+
     def report(self) -> dict[str, Any]:
         """What the run summary says about the aggregations."""
         return {**aggregation_report(self.period, self.aggregations, self.cost_s, self.exposed_s),
@@ -252,6 +256,18 @@ class Adaptive(LocalSGD):
         """Land an aggregation still in flight (before evaluating, re-planning or saving)."""
         if self.pending:
             self._land(self.state(params))
+
+    def carry(self, previous: Any) -> None:
+        """After a re-plan the interval rule goes on where the replaced sync left it: its interval, the loss it
+        started from (AdaComm's ``F_0``: taking the loss at the re-plan instead would lengthen the interval again),
+        and the last aggregation's measured cost and interference. The step compute is measured afresh (the new
+        stages compute differently), and the global model's anchor is taken again from the weights as they are."""
+        if not isinstance(previous, Adaptive):
+            return
+        self.period = previous.period
+        self.loss_start = previous.loss_start
+        self.last_exposed_s = previous.last_exposed_s
+        self.interference_s = previous.interference_s
 
     def _pull(self, tensors: list[torch.Tensor]) -> None:
         """The elastic correction: towards the anchor moved on by the global velocity."""

@@ -83,22 +83,32 @@ class RankRun:
         """This rank's stages for ``plan`` (collective: every rank calls it with the same plan)."""
         return build_rank_stages(self.prepared.captured, self.prepared.module, plan, self.rank, self.device)
 
+    def land_in_flight(self) -> None:
+        """Land what still travels on the current stages: an aggregation, the tied weights' last sums. A re-plan calls
+        it before the weights and the optimizer state move to their new owners (landing after would write the
+        landed values where they no longer live), and ``install`` before it replaces the stages."""
+        if getattr(self, "sync", None) is not None:
+            self.sync.finish(self.stages.params)
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
+
     def install(self, stages: RankStages, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Train with ``stages`` from now on; a fresh optimizer over its parameters unless one is given."""
+        self.land_in_flight()
+        previous = getattr(self, "sync", None)
+        if previous is not None:
+            self.sync_reports.append(previous.report())  # the summary counts the whole run
+        else:
+            self.sync_reports: list[dict[str, Any]] = []
         self.stages = stages
         criterion = data_mod.loss_fn(self.prepared.spec, self.prepared.custom_loss)
         self.schedule = build_schedule(stages, criterion)
-        if getattr(self, "sync", None) is not None:
-            self.sync.finish(self.stages.params)  # an aggregation in flight lands on the old stages
-            self.sync_reports.append(self.sync.report())  # the summary counts the whole run
-        else:
-            self.sync_reports: list[dict[str, Any]] = []
         self.sync = sync_of(stages, self.prepared.sync_options)
+        if previous is not None:
+            self.sync.carry(previous)
         settings = self.prepared.settings
         self.optimizer = optimizer or make_optimizer(stages.params, settings.optimizer, settings.lr)
-        before: AsyncEngine | None = getattr(self, "engine", None)
-        if before is not None:
-            before.close()  # a re-plan or resume: the tied weights' last all-reduce lands first
+        before: AsyncEngine | None = getattr(self, "engine", None)  # landed above
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
             self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan), before=before,

@@ -238,7 +238,9 @@ class DynamicHooks(RunHooks):
         return result
 
     def _switch(self, run: RankRun, plan: Plan) -> tuple[int, int]:
-        """Every rank: build the new stages, move what changed owner, continue from the same step."""
+        """Every rank: land what still travels (on the stages it left from, before their weights move), build the new
+        stages, move what changed owner, continue from the same step."""
+        run.land_in_flight()
         module = run.prepared.module
         tensors = _named_tensors(module)
         name_of = canonical_param_names(module)
