@@ -92,8 +92,11 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
                           "update_param_bytes", "version_s", "split_backward", "loss"}
     assert whole["version_s"] > 0
-    assert set(whole["split_backward"]) == {"fused_s", "input_s", "weight_s"}  # token ids in: from the embedding on
-    assert all(t > 0 for t in whole["split_backward"].values())
+    points = whole["split_backward"]  # token ids in: from the embedding on, then the later half
+    assert len(points) == 2 and all(set(p) == {"saved_bytes", "fused_s", "input_s", "weight_s"} for p in points)
+    assert all(t > 0 for p in points for t in p.values())
+    assert points[0]["saved_bytes"] == sum(n.saved_bytes for n in tiny.nodes)
+    assert 0.3 < points[1]["saved_bytes"] / points[0]["saved_bytes"] <= 0.6
     assert whole["loss"]["name"] in ("lm-cross-entropy", "mse") and whole["loss"]["fwd_s"] >= 0
     assert whole["loss"]["output_bytes"] > 0
     assert whole["fwd_s"] > 0 and whole["bwd_s"] > 0 and whole["train_s"] > 0

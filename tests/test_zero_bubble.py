@@ -15,7 +15,7 @@
 - the memory rule counts activations alive until ``W``;
 - the profile's split of each op's backward adds up and is 0 for ops without parameters;
 - the cost model charges the split as torch's runtime runs it: the first stage's whole backward as ``W``, the
-  others' halves longer than the fused backward by the measured excess per saved byte.
+  others' halves longer than the fused backward by the measured excess for the bytes they save.
 """
 
 from __future__ import annotations
@@ -190,42 +190,49 @@ def test_planned_order_beats_the_fixed_pattern_on_an_uneven_pipeline() -> None:
 
 
 def test_stages_pay_the_split_backward_as_torchs_runtime_runs_it() -> None:
-    """A profile that timed the split (``whole_model.split_backward``: 0.2 s beyond the fused backward over the 28
-    bytes its 4 ops save) makes every zero-bubble stage but its pipeline's first run ``I`` and ``W`` longer by its
-    share of those bytes, the halves alike; the first runs its fused backward as ``W`` (torch computes no input
-    gradient there). Estimated types, 1F1B and profiles without the field pay nothing, nor does a split timed
-    faster than fused (noise)."""
+    """A profile that timed the split (``whole_model.split_backward``: 0.2 s beyond the fused backward on the 28 bytes
+    the 4 ops save, 0.05 s on the 14 the later two save, so the excess grows with the square of the bytes) makes
+    every zero-bubble stage but its pipeline's first run ``I`` and ``W`` longer by that excess for the bytes it
+    saves, the halves alike; the first runs its fused backward as ``W`` (torch computes no input gradient there).
+    Estimated types, 1F1B and profiles without the field pay nothing, nor does a split timed faster than fused
+    (noise); one point charges in proportion to the bytes."""
     from _partition_cases import chain
     from planner.formats.catalog import load_catalog
     from planner.formats.profile import Profile
     from planner.partition.model.cost import stage_fwd_bwd_s, stage_sims
     from planner.partition.model.problem import StageSpec, build_problem
 
-    def measured(split: dict | None) -> Profile:
+    def measured(*points: dict) -> Profile:
         base = chain(4)  # 7 saved bytes per op
         return Profile(model=base.model, nodes=base.nodes,
-                       extra={"device_type": "cpu", "whole_model": {"split_backward": split} if split else {}})
+                       extra={"device_type": "cpu", "whole_model": {"split_backward": list(points)} if points else {}})
 
     net = cluster(3, types=["cpu", "cpu", "a100-80g"])
     split = (StageSpec(0, 2, "d0"), StageSpec(2, 4, "d1"), StageSpec(4, 5, "d2"))  # blocks: the input, op0 .. op3
-    slow = measured({"fused_s": 1.0, "input_s": 0.7, "weight_s": 0.5})
+    whole = {"saved_bytes": 28, "fused_s": 1.0, "input_s": 0.7, "weight_s": 0.5}
+    slow = measured(whole, {"saved_bytes": 14, "fused_s": 0.5, "input_s": 0.3, "weight_s": 0.25})
 
-    def sims(prof: Profile, schedule: str) -> list[tuple[float, float]]:
+    def sims(prof: Profile, schedule: str = "zb-h1") -> list[tuple[float, float]]:
         problem = build_problem(prof, net, catalog=load_catalog(), microbatches=4, schedule=schedule)
         return [(s.bwd_s, s.bwd_weight_s) for s in stage_sims(problem, split)]
 
     problem = build_problem(slow, net, catalog=load_catalog(), microbatches=4, schedule="zb-h1")
-    assert problem.split_backward_s_per_saved_byte == pytest.approx({"cpu": 0.2 / 28})
+    a, k = problem.split_backward_excess["cpu"]
+    assert k == pytest.approx(2.0) and a * 28 ** 2 == pytest.approx(0.2)
     fused = [stage_fwd_bwd_s(problem.tables, st.device, st.start, st.stop)[1] for st in split]
-    plain = sims(measured(None), "zb-h1")
+    plain = sims(measured())
     assert plain[0] == (fused[0], fused[0])  # the first stage: no input gradient, all of it W
     assert [b for b, _ in plain] == pytest.approx(fused) and 0 < plain[1][1] < plain[1][0]
-    charged = sims(slow, "zb-h1")
+    charged = sims(slow)
     assert charged[0] == plain[0] and charged[2] == plain[2]  # first stage; an estimated type
-    grown = (plain[1][0] + 0.1) / plain[1][0]  # op1 and op2 save 14 of the 28 bytes
-    assert charged[1] == pytest.approx((plain[1][0] + 0.1, plain[1][1] * grown))
+    grown = (plain[1][0] + 0.05) / plain[1][0]  # op1 and op2 save 14 bytes: 0.2 x (14 / 28) ** 2
+    assert charged[1] == pytest.approx((plain[1][0] + 0.05, plain[1][1] * grown))
+    assert sims(measured(whole))[1] == pytest.approx((plain[1][0] + 0.1, plain[1][1] * (plain[1][0] + 0.1) / plain[1][0]))
     assert [b for b, _ in sims(slow, "1f1b")] == pytest.approx(fused)
-    assert sims(measured({"fused_s": 1.0, "input_s": 0.5, "weight_s": 0.4}), "zb-h1") == plain
+    assert sims(measured({**whole, "input_s": 0.5, "weight_s": 0.4})) == plain
+    steep = build_problem(measured(whole, {"saved_bytes": 14, "fused_s": 0.5, "input_s": 0.3, "weight_s": 0.21}), net,
+                          catalog=load_catalog(), microbatches=4, schedule="zb-h1")
+    assert steep.split_backward_excess["cpu"][1] == 2.0  # 0.2 against 0.01 would be k = 4.3: at most a square
 
 
 def test_weight_share_measured_else_the_rule() -> None:

@@ -27,9 +27,9 @@ co-location (``--colocate``) is ``colocate``.
 6. The default loss of ``plan run`` (``planner.data.factory``: next-token cross-entropy for a language
    model, mean squared error otherwise) on the model's output, forward and backward to the output: the
    last stage pays it. Models whose output ``plan run`` cannot train on by default get none.
-7. The whole model's backward fused and split into the input gradient and the weight gradient as torch's
-   zero-bubble runtime runs them (``whole_model.measure_split_backward``): the split's extra cost, which the
-   cost model charges the zero-bubble schedules' stages.
+7. The backward fused and split into the input gradient and the weight gradient as torch's zero-bubble runtime
+   runs them, on the whole model and on its later half (``whole_model.measure_split_points``): the split's extra
+   cost, which the cost model charges the zero-bubble schedules' stages.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from planner.profile.capture import Captured
 from planner.profile.memory import nbytes, record
 from planner.profile.op_timing import OpMeasurement, grad_call_overhead, measure_op
 from planner.profile.timer import Timer, steady_cpu_allocator
-from planner.profile.whole_model import (WholeModel, measure_loss, measure_split_backward, measure_training, measure_update,
+from planner.profile.whole_model import (WholeModel, measure_loss, measure_split_points, measure_training, measure_update,
                                          measure_versions, measure_whole, num_threads, probe, time_training, warm_whole)
 
 __all__ = ["Measurement", "OpMeasurement", "WholeModel", "Progress", "measure", "time_training"]
@@ -95,7 +95,7 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         train_s = measure_training(module, inputs, grads_out, timer)
         update_s = measure_update(module, timer)
         version_s = measure_versions(module, timer)
-        split_backward = measure_split_backward(module, inputs, timer)
+        split_backward = measure_split_points(captured, module, inputs, run.saved, timer)
         loss = measure_loss(inputs, output, timer)
         if progress:
             progress(total, total, "done")

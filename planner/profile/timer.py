@@ -43,6 +43,16 @@ class Timer:
         """Median seconds of ``body`` minus the empty-call overhead (never negative)."""
         return max(0.0, self._median(setup, body, self.repeats, self.warmup) - self.overhead_s)
 
+    def time_turns(self, calls: list[tuple[Body, Setup]], rounds: int) -> list[float]:
+        """Median seconds of each ``(body, setup)`` less the overhead, the calls taking turns: ``warmup`` rounds,
+        then ``rounds`` timed ones, each running every call once. Figures compared with each other (a difference
+        of two long calls) then share the machine's drift instead of taking it apart."""
+        for _ in range(self.warmup):
+            for body, setup in calls:
+                body(setup())
+        samples = [[self._once(setup, body) for body, setup in calls] for _ in range(rounds)]
+        return [max(0.0, statistics.median(column) - self.overhead_s) for column in zip(*samples)]
+
     def _median(self, setup: Setup, body: Body, repeats: int, warmup: int) -> float:
         for _ in range(warmup):
             body(setup())

@@ -50,13 +50,14 @@ def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int
     """A zero-bubble stage's backward per micro-batch on ``device`` and its weight-gradient part ``W`` (the input
     gradient ``I`` is the rest), as torch's runtime runs them: the first stage of a pipeline has no input gradient to
     send and runs its whole backward, fused, as ``W``; every other stage runs ``I`` and ``W`` apart, which takes
-    longer than fused by ``tables.split_rate`` per byte its blocks save (``Problem.split_backward_s_per_saved_byte``),
-    shared by the halves in proportion."""
+    ``a * saved ** k`` longer than fused for the bytes its blocks save (``tables.split_excess``,
+    ``Problem.split_backward_excess``), shared by the halves in proportion."""
     _, bwd = stage_fwd_bwd_s(tables, device, start, stop, recompute)
     if first:
         return bwd, bwd
     weight = min(bwd, (tables.weight_prefix[device][stop] - tables.weight_prefix[device][start]) * tables.speed[device])
-    excess = tables.split_rate[device] * (tables.saved_prefix[stop] - tables.saved_prefix[start]) * tables.speed[device]
+    a, k = tables.split_excess[device]
+    excess = a * (tables.saved_prefix[stop] - tables.saved_prefix[start]) ** k * tables.speed[device]
     if bwd <= 0 or excess <= 0:
         return bwd, weight
     return bwd + excess, weight * (bwd + excess) / bwd

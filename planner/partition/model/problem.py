@@ -27,7 +27,7 @@ from planner.formats.profile import Node, Profile
 from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
 from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
-from planner.partition.model.times import (calibration_factors, loss_times, node_times, split_backward_rates,
+from planner.partition.model.times import (calibration_factors, loss_times, node_times, split_backward_excess,
                                           update_rates, version_rates)
 from planner.roofline import check_precision, weight_share
 
@@ -82,9 +82,9 @@ class Problem:
     version_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
     """Device type -> seconds per parameter byte of the weight-version bookkeeping an asynchronous schedule adds to
     each update (``version_rates``; 0 when absent); ``cost.stage_update_s`` charges it under those schedules."""
-    split_backward_s_per_saved_byte: Mapping[str, float] = field(default_factory=dict)
-    """Device type -> seconds per saved activation byte that a backward split into ``I`` and ``W`` takes beyond the
-    fused one (``split_backward_rates``; 0 when absent); ``cost.stage_backward_halves`` charges it under the
+    split_backward_excess: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Device type -> ``(a, k)``: a backward split into ``I`` and ``W`` takes ``a * saved_bytes ** k`` seconds beyond
+    the fused one (``split_backward_excess``; none when absent); ``cost.stage_backward_halves`` charges it under the
     zero-bubble schedules."""
     sync: str = DEFAULT_SYNC
     """How replicated stages combine their updates (``data_parallel.sync``; ``with_sync``)."""
@@ -374,7 +374,7 @@ def build_problem(
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
         version_s_per_param_byte=MappingProxyType(version_rates(profile, types, estimated, catalog or {})),
-        split_backward_s_per_saved_byte=MappingProxyType(split_backward_rates(profile, types, estimated)),
+        split_backward_excess=MappingProxyType(split_backward_excess(profile, types, estimated)),
         recompute=recompute,
         drain_every=check_drain_every(drain_every),
     )

@@ -53,9 +53,9 @@ class CostTables:
     version_rate: Mapping[str, float]
     """Per device id: an asynchronous update's version bookkeeping, seconds per parameter byte
     (``Problem.version_s_per_param_byte``)."""
-    split_rate: Mapping[str, float]
-    """Per device id: a split backward's excess over the fused one, seconds per saved activation byte
-    (``Problem.split_backward_s_per_saved_byte``)."""
+    split_excess: Mapping[str, tuple[float, float]]
+    """Per device id: ``(a, k)``, a split backward's excess over the fused one, ``a * saved_bytes ** k`` seconds
+    (``Problem.split_backward_excess``; ``(0, 1)`` when absent)."""
 
     @classmethod
     def build(cls, problem: "Problem") -> "CostTables":
@@ -78,7 +78,7 @@ class CostTables:
             links=MappingProxyType(_links(problem)),
             update_rate=MappingProxyType({d.id: problem.update_s_per_param_byte.get(d.type, 0.0) for d in devices}),
             version_rate=MappingProxyType({d.id: problem.version_s_per_param_byte.get(d.type, 0.0) for d in devices}),
-            split_rate=MappingProxyType({d.id: problem.split_backward_s_per_saved_byte.get(d.type, 0.0) for d in devices}),
+            split_excess=MappingProxyType({d.id: problem.split_backward_excess.get(d.type, (0.0, 1.0)) for d in devices}),
         )
 
 

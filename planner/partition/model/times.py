@@ -8,6 +8,7 @@ step per device type. Pure: the catalog arrives as an argument.
 
 from __future__ import annotations
 
+import math
 from typing import Collection, Mapping, Sequence
 
 from planner.errors import PlannerError
@@ -17,7 +18,7 @@ from planner.formats.profile import Node, OpTime, Profile
 from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte,
                               estimate_version_s_per_param_byte)
 
-__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_rates", "calibration_factors",
+__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_excess", "SPLIT_EXCESS_EXPONENTS", "calibration_factors",
            "CALIBRATION_RANGE"]
 
 
@@ -89,24 +90,43 @@ def version_rates(profile: Profile, types: Sequence[str], estimated: Collection[
     return out
 
 
-def split_backward_rates(profile: Profile, types: Sequence[str], estimated: Collection[str]) -> dict[str, float]:
-    """Device type -> seconds a backward split into torch's ``I`` and ``W`` takes beyond the same backward fused, per
-    byte of activations saved for it (``whole_model.split_backward``: ``input_s + weight_s - fused_s`` over the
-    model's saved bytes), which zero-bubble schedules pay on every stage but their pipeline's first
+SPLIT_EXCESS_EXPONENTS = (1.0, 2.0)
+"""How fast a split backward's excess may grow with the bytes a stage saves: at least in proportion (every saved
+tensor is walked again), at most with their square (each weight group's call walks the graph below it)."""
+
+
+def split_backward_excess(profile: Profile, types: Sequence[str], estimated: Collection[str]) -> dict[str, tuple[float, float]]:
+    """Device type -> ``(a, k)``: a backward split into torch's ``I`` and ``W`` takes ``a * saved_bytes ** k`` seconds
+    beyond the same backward fused, which zero-bubble schedules pay on every stage but their pipeline's first
     (``cost.stage_backward_halves``).
 
-    Per saved byte because that is what the excess follows: ``I`` keeps the whole graph and its saved activations
-    for ``W``, which walks them again (gpt_small's blocks and its head cost about the same to differentiate, yet a
-    block's split takes 1.2x its fused backward and the head's 1.04x; the saved bytes predict both within 0.1 ms).
-    The profiled type only: the roofline has no rule for it, so estimated types and profiles without the field get
-    none; an excess under 0 is timing noise, not charged."""
-    split = (profile.extra.get("whole_model") or {}).get("split_backward") or {}
+    From ``whole_model.split_backward``'s points (the whole model and its later half, each with the bytes it saves):
+    the excess follows what a stage saves, not its FLOPs (``I`` keeps the graph and its activations for ``W``, which
+    walks them again: gpt_small's blocks and its LM head cost about as much to differentiate, yet a block's split
+    takes 1.2x its fused backward and the head's 1.04x), and faster than in proportion (0.45 ms per MB on a third of
+    gpt_small, 0.8 on all of it). Two points fix ``k`` (within ``SPLIT_EXCESS_EXPONENTS``) and ``a`` through their
+    geometric mean; one point gives ``k = 1``. The profiled type only: the roofline has no rule for it, so estimated
+    types and profiles without the field get none; an excess under 0 is timing noise, not charged."""
+    points = (profile.extra.get("whole_model") or {}).get("split_backward") or []
     measured_type = str(profile.extra.get("device_type", ""))
-    saved = sum(node.saved_bytes for node in profile.nodes)
-    if not split or saved <= 0 or measured_type not in types or measured_type in estimated:
+    if measured_type not in types or measured_type in estimated:
         return {}
-    excess = float(split["input_s"]) + float(split["weight_s"]) - float(split["fused_s"])
-    return {measured_type: max(0.0, excess) / saved}
+    total = sum(node.saved_bytes for node in profile.nodes)
+    fitted = []
+    for point in ([points] if isinstance(points, Mapping) else points):
+        excess = float(point["input_s"]) + float(point["weight_s"]) - float(point["fused_s"])
+        saved = float(point.get("saved_bytes", total) or 0)
+        if excess > 0 and saved > 0:
+            fitted.append((saved, excess))
+    if not fitted:
+        return {}
+    k = 1.0
+    if len(fitted) >= 2 and fitted[0][0] != fitted[1][0]:
+        (b1, e1), (b2, e2) = fitted[:2]
+        low, high = SPLIT_EXCESS_EXPONENTS
+        k = min(high, max(low, math.log(e1 / e2) / math.log(b1 / b2)))
+    a = math.exp(sum(math.log(e) - k * math.log(b) for b, e in fitted[:2]) / len(fitted[:2]))
+    return {measured_type: (a, k)}
 
 
 CALIBRATION_RANGE = (0.5, 2.0)
