@@ -69,7 +69,8 @@ def test_ssp_bound_and_staleness_scale() -> None:
 
 
 @pytest.mark.parametrize("kwargs,words", [({"slow_factor": 1.1, "rejoin_factor": 1.2}, "rejoin factor"),
-                                          ({"patience": 0}, "--dasp-patience"), ({"smoothing": 0.0}, "smoothing")])
+                                          ({"patience": 0}, "--dasp-patience"), ({"smoothing": 0.0}, "smoothing"),
+                                          ({"async_update": "later"}, "--dasp-async-update")])
 def test_bad_rule_knobs_are_refused(kwargs, words) -> None:
     with pytest.raises(UsageError, match=words):
         DaspRule(**kwargs)
@@ -274,12 +275,15 @@ def test_plan_check_refuses_a_server_mode_on_stages_and_a_bad_staleness(files) -
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-def test_plan_run_dasp_starts_the_server_and_logs_states_per_round(files, tmp_path: Path) -> None:
+@pytest.mark.parametrize("update", ["apply", "fold"])
+def test_plan_run_dasp_starts_the_server_and_logs_states_per_round(files, tmp_path: Path, update: str) -> None:
+    """Under ``apply`` the straggler's gradients, once it left the group, are updates of their own; under ``fold``
+    every update is a combined one, each taking worker 0's gradient once, the straggler's folded in."""
     log = tmp_path / "rounds.jsonl"
     result = CliRunner().invoke(app, [
         "run", str(files["dasp"]), "planner.examples.digits:digits_mlp", "--data", "planner.data.digits:batches",
         "--steps", "24", "--round-steps", "4", "--lr", "0.005", "--eval-every", "12", "--emulate-slowdown", "1=4",
-        "--dasp-patience", "1", "--log", str(log), "--json"])
+        "--dasp-patience", "1", "--dasp-async-update", update, "--log", str(log), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{"):])
     assert summary["role"] == "server" and summary["steps"] == 24 and summary["sync"]["mode"] == "dasp"
@@ -289,3 +293,5 @@ def test_plan_run_dasp_starts_the_server_and_logs_states_per_round(files, tmp_pa
     assert all({"state", "iteration_s", "staleness", "waited_s"} <= set(w) for r in rounds for w in r["workers"])
     assert rounds[-1]["workers"][1]["state"] == ASYNC  # the 4x slower worker left the group
     assert any(t["rank"] == 1 and t["to"] == ASYNC for r in rounds for t in r["transitions"])
+    sync = summary["sync"]
+    assert (sync["version"] == sync["applied"]["0"]) == (update == "fold"), sync

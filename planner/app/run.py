@@ -91,7 +91,8 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
         raise UsageError(f"--staleness bounds {' and '.join(STALENESS_SYNCS)}, but --sync is {sync}; pass --sync ssp "
                          f"or drop --staleness")
     DaspRule(slow_factor=float(fields.get("dasp_slow_factor", 1.5)),
-             rejoin_factor=float(fields.get("dasp_rejoin_factor", 1.2)), patience=int(fields.get("dasp_patience", 2)))
+             rejoin_factor=float(fields.get("dasp_rejoin_factor", 1.2)), patience=int(fields.get("dasp_patience", 2)),
+             async_update=str(fields.get("dasp_async_update", "apply")))
 
 
 def run_plan(config: RunConfig, launch: Launch = Launch(),

@@ -70,6 +70,9 @@ def run_cmd(
                                   "within this many times the fastest rejoins.")] = 1.2,
     dasp_patience: Annotated[int, typer.Option("--dasp-patience", help="dasp: rounds in a row before a worker "
                              "changes state.")] = 2,
+    dasp_async_update: Annotated[str, typer.Option("--dasp-async-update", help="dasp: an asynchronous worker's "
+                                 "gradient as an update of its own on arrival (apply), or folded into the group's "
+                                 "next update (fold); either way weighted by 1 / staleness.")] = "apply",
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
                        "(default: the plan's profile.path).", show_default=False)] = None,
     round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "
@@ -140,7 +143,8 @@ def run_cmd(
         target=target, stop_at_target=stop_at_target, emulate_link=emulate_link, sync=sync, sync_period=sync_period,
         sync_elastic=sync_elastic, sync_chunk_bytes=sync_chunk_bytes, sync_overhead=sync_overhead,
         sync_max_period=sync_max_period, staleness=staleness, dasp_slow_factor=dasp_slow_factor,
-        dasp_rejoin_factor=dasp_rejoin_factor, dasp_patience=dasp_patience, options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
+        dasp_rejoin_factor=dasp_rejoin_factor, dasp_patience=dasp_patience, dasp_async_update=dasp_async_update,
+        options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
                      log=log, live=live, output=output, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every))
     launch = Launch(nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,

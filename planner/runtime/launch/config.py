@@ -79,6 +79,8 @@ class RunConfig:
     """``dasp``: an asynchronous worker within this many times the fastest rejoins."""
     dasp_patience: int = 2
     """``dasp``: rounds in a row before a worker changes state."""
+    dasp_async_update: str = "apply"
+    """``dasp``: how an asynchronous worker's gradient enters the model (``rule.ASYNC_UPDATES``)."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
     config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.

@@ -33,10 +33,16 @@ from typing import Sequence
 
 from planner.errors import UsageError
 
-__all__ = ["SYNC", "ASYNC", "DaspRule", "WorkerState", "next_states", "may_proceed", "async_scale"]
+__all__ = ["SYNC", "ASYNC", "ASYNC_UPDATES", "DaspRule", "WorkerState", "next_states", "may_proceed", "async_scale"]
 
 SYNC = "sync"
 ASYNC = "async"
+
+
+ASYNC_UPDATES = ("apply", "fold")
+"""dasp: an asynchronous gradient as an update of its own (Zhang et al.'s staleness-aware ASGD), or folded into the
+synchronous group's next update, so the straggler's samples widen a combined step instead of making a small stale
+one (docs/sync.md)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,15 @@ class DaspRule:
     """Rounds in a row a condition must hold before the state changes."""
     smoothing: float = 0.5
     """Weight of the newest round in the iteration-time average (1: the last round alone)."""
+    async_update: str = "apply"
+    """How an asynchronous worker's gradient enters the model: ``apply``, an update of its own on arrival (learning
+    rate x ``async_scale``); ``fold``, into the group's next combined update, weighted by its share x
+    ``async_scale`` (``ASYNC_UPDATES``)."""
 
     def __post_init__(self) -> None:
+        if self.async_update not in ASYNC_UPDATES:
+            raise UsageError(f"--dasp-async-update must be one of {', '.join(ASYNC_UPDATES)}, found "
+                             f"{self.async_update!r}")
         if not 1.0 <= self.rejoin_factor <= self.slow_factor:
             raise UsageError(f"dasp needs 1 <= rejoin factor <= slow factor, found {self.rejoin_factor} and "
                              f"{self.slow_factor}; pass for example --dasp-slow-factor 1.5 --dasp-rejoin-factor 1.2")

@@ -31,7 +31,8 @@ def run_served(config: RunConfig, prepared: Prepared, rank: int, world: int) -> 
     if rank == server:
         summary = _serve(config, prepared, ServerSetup(
             shape.sync, workers, shape.shares, plan.microbatches, config.steps, config.round_steps, shape.staleness,
-            DaspRule(config.dasp_slow_factor, config.dasp_rejoin_factor, config.dasp_patience)))
+            DaspRule(config.dasp_slow_factor, config.dasp_rejoin_factor, config.dasp_patience,
+                     async_update=config.dasp_async_update)))
     else:
         slow = parse_slowdown_patterns(config.options.get("emulate_slowdown"), len(workers))
         first = sum(shape.shares[:rank])

@@ -8,8 +8,9 @@ hands back the model, in one of four modes (docs/sync.md):
   ``staleness`` ahead of the slowest worker's (``rule.may_proceed``); held workers are released as the slowest
   catch up;
 - ``dasp``: the synchronous group's gradients are combined as bsp combines everyone's, an asynchronous worker's
-  gradient is applied on arrival with its learning rate scaled by ``1 / staleness`` (``rule.async_scale``), and
-  after every round ``rule.next_states`` moves workers between the two.
+  gradient is applied on arrival with its learning rate scaled by ``1 / staleness`` (``rule.async_scale``), or
+  with ``--dasp-async-update fold`` kept for the group's next combined update, weighted by its share x
+  ``1 / staleness``; after every round ``rule.next_states`` moves workers between the two.
 
 Progress is counted in *steps* of the plan's global batch: a step ends when updates holding ``microbatches``
 micro-batches have been applied (one bsp update; ``d`` asp updates of ``d`` even workers), so ``--steps``,
@@ -77,6 +78,9 @@ class Server:
         """Workers that pushed and wait for their reply: a combined mode's payload to combine, or ``None`` (ssp
         held)."""
         self.versions: dict[int, int] = {}
+        self.folded: list[tuple[int, int, torch.Tensor]] = []
+        """dasp with ``fold``: asynchronous gradients ``(worker, version computed on, payload)`` waiting for the
+        group's next combined update."""
         self.applied = {w: 0 for w in setup.workers}
         self.pushes = {w: 0 for w in setup.workers}
         self.discarded = {w: 0 for w in setup.workers}
@@ -123,12 +127,18 @@ class Server:
                     send_reply(w, self.version, None)
                     live.discard(w)
                 self.waiting.clear()
+                for w, _, _ in self.folded:  # an asynchronous gradient no combined update took in
+                    self.discarded[w] += 1
+                self.folded = []
 
     def _on_push(self, source: int, push: Push, payload: torch.Tensor) -> None:
         mode = self.setup.mode
         self._loss[0] += push.loss * self.share[source]
         self._loss[1] += self.share[source]
-        if mode == "asp" or (mode == "dasp" and source not in self.members):
+        if mode == "dasp" and source not in self.members and self.setup.rule.async_update == "fold":
+            self.folded.append((source, push.version, payload.clone()))
+            self._reply(source)
+        elif mode == "asp" or (mode == "dasp" and source not in self.members):
             self._apply_alone(source, push.version, payload, scaled=mode == "dasp")
             self._reply(source)
         elif mode == "ssp":
@@ -153,9 +163,15 @@ class Server:
         if not group or any(w not in self.waiting for w in group):
             return
         total = sum(self.share[w] for w in group)
-        combined = torch.zeros_like(self.waiting[group[0]])  # type: ignore[arg-type]
-        for w in group:  # rank order: the same sum whatever the arrival order
-            combined.add_(self.waiting[w], alpha=self.share[w] / total)  # type: ignore[arg-type]
+        parts = [(float(self.share[w]), self.waiting[w]) for w in group]  # rank order: the same sum whatever the
+        for w, version, payload in sorted(self.folded, key=lambda f: (f[0], f[1])):  # arrival order
+            parts.append((self.share[w] * async_scale(self._count(w, version)), payload))
+            total += self.share[w]
+        self.folded = []
+        weights = sum(weight for weight, _ in parts)
+        combined = torch.zeros_like(parts[0][1])  # type: ignore[arg-type]
+        for weight, payload in parts:
+            combined.add_(payload, alpha=weight / weights)  # type: ignore[arg-type]
         for w in group:
             self._count(w, self.versions[w])  # dasp: asynchronous updates may have come in between
         self._update(combined, 1.0, 1.0)
