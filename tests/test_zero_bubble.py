@@ -233,6 +233,10 @@ def test_stages_pay_the_split_backward_as_torchs_runtime_runs_it() -> None:
     steep = build_problem(measured(whole, {"saved_bytes": 14, "fused_s": 0.5, "input_s": 0.3, "weight_s": 0.21}), net,
                           catalog=load_catalog(), microbatches=4, schedule="zb-h1")
     assert steep.split_backward_excess["cpu"][1] == 2.0  # 0.2 against 0.01 would be k = 4.3: at most a square
+    from planner.errors import InputFileError
+
+    with pytest.raises(InputFileError, match="expected a list of"):  # a broken field: one line saying what to do
+        build_problem(measured({"fused_s": 1.0}), net, catalog=load_catalog(), microbatches=4, schedule="zb-h1")
 
 
 def test_weight_share_measured_else_the_rule() -> None:

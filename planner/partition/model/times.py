@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from typing import Collection, Mapping, Sequence
 
-from planner.errors import PlannerError
+from planner.errors import InputFileError, PlannerError
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.profile import Node, OpTime, Profile
 from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte,
                               estimate_version_s_per_param_byte)
 
-__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_excess", "SPLIT_EXCESS_EXPONENTS", "calibration_factors",
-           "CALIBRATION_RANGE"]
+__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_excess",
+           "SPLIT_EXCESS_EXPONENTS", "calibration_factors", "CALIBRATION_RANGE"]
 
 
 def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str],
@@ -111,11 +111,15 @@ def split_backward_excess(profile: Profile, types: Sequence[str], estimated: Col
     measured_type = str(profile.extra.get("device_type", ""))
     if measured_type not in types or measured_type in estimated:
         return {}
-    total = sum(node.saved_bytes for node in profile.nodes)
     fitted = []
-    for point in ([points] if isinstance(points, Mapping) else points):
-        excess = float(point["input_s"]) + float(point["weight_s"]) - float(point["fused_s"])
-        saved = float(point.get("saved_bytes", total) or 0)
+    for point in points if isinstance(points, list) else [points]:
+        try:
+            excess = float(point["input_s"]) + float(point["weight_s"]) - float(point["fused_s"])
+            saved = float(point["saved_bytes"])
+        except (TypeError, KeyError, ValueError):
+            raise InputFileError(f"the profile's whole_model.split_backward holds {point!r}, expected a list of "
+                                 f"{{saved_bytes, fused_s, input_s, weight_s}} numbers; re-profile with plan profile "
+                                 f"or delete the field") from None
         if excess > 0 and saved > 0:
             fitted.append((saved, excess))
     if not fitted:
