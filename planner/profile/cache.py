@@ -26,9 +26,10 @@ from typing import Any, Sequence
 
 __all__ = ["cache_dir", "profile_key", "cached_profile_path", "MEASUREMENT_VERSION"]
 
-MEASUREMENT_VERSION = 2
-"""What ``plan profile`` measures per op, in the key: a profile cached before a change of it is measured again
-(2: the backward split into its input and weight gradients, docs/zero-bubble.md)."""
+MEASUREMENT_VERSION = 3
+"""What ``plan profile`` measures, in the key: a profile cached before a change of it is measured again (2: the
+backward split into its input and weight gradients, docs/zero-bubble.md; 3: the whole model's weight-version
+bookkeeping and its split backward's excess, ``whole_model.version_s`` and ``split_backward``)."""
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
