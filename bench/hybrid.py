@@ -18,7 +18,8 @@ of what the whole model needs, where pure data parallelism cannot fit.
 
 Measured on 2 CPU ranks (gloo, one thread each), for gpt_small and resnet_small: the plan on ``cpu-2`` with
 ``--data-parallel 2`` (data parallel) and ``--data-parallel 1`` (a 2-stage pipeline), each run with ``plan run``
-(rebalancing off), measured step time against the plan's prediction. Hybrid shapes (2 x 2) need 4 ranks; on
+(rebalancing off), measured step time against the plan's prediction, planned from a profile taken when the
+model's runs begin (bench/run.py's colocated one-thread profile). Hybrid shapes (2 x 2) need 4 ranks; on
 these 2 cores they are tested for correctness (tests/test_hybrid_runtime.py), not timed.
 
     python3 bench/hybrid.py                       # everything; writes docs/bench-hybrid.md
@@ -134,7 +135,7 @@ def measured_case(name: str) -> dict[str, Any]:
     from planner.formats.profile import load_profile
 
     runbench = importlib.import_module("run")  # bench/run.py: profiles, launching, steady step times
-    path = runbench.profile_path(name, False)
+    path = runbench.profile_path(name, True)  # the predictions are judged: profile the machine as it is now
     cluster = load_cluster(runbench.CLUSTER)
     out: dict[str, Any] = {"model": name}
     for label, degree in (("data", 2), ("pipeline", 1)):
@@ -209,7 +210,9 @@ def render(rows: list[dict[str, Any]], tight: dict[str, Any] | None, measured: l
     if measured:
         lines += ["", "## Measured on 2 CPU ranks", "",
                   "gloo on this machine's 2 cores, one thread per rank, 8 micro-batches, 1F1B, Adam, rebalancing off; "
-                  f"{MEASURED_STEPS} steps in rounds of {ROUND_STEPS}, step time the mean over the rounds after the first. "
+                  f"{MEASURED_STEPS} steps in rounds of {ROUND_STEPS}, step time the mean over the rounds after the first; "
+                  "the plans come from a profile taken when each model's runs begin (bench/run.py's colocated "
+                  "one-thread profile), so the prediction meets the machine as it is that hour. "
                   "Load: the 1-minute load average before and after each run.",
                   "", "| model | plan | shape | predicted ms | measured ms | measured / predicted | load |",
                   "|---|---|---|---:|---:|---:|---|"]
