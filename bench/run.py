@@ -94,12 +94,18 @@ SHAPES = {  # fidelity: name -> (cluster, data-parallel degree, ranks)
 
 def make_plan(name: str, profile: Path, tag: str, *, microbatches: int = MICROBATCHES,
               speed_factors: dict[str, float] | None = None, shape: str = "pipeline") -> Path:
-    """The dp plan of ``shape`` (``SHAPES``), ranks fixed in cluster order (cpu0 = rank 0, cpu1 = rank 1, ...)."""
-    cluster_path, degree, _ = SHAPES[shape]
+    """The dp plan of ``shape`` (``SHAPES``; time-balance's where dp leaves a rank idle), ranks fixed in cluster order
+    (cpu0 = rank 0, cpu1 = rank 1, ...)."""
+    cluster_path, degree, ranks = SHAPES[shape]
     cluster = load_cluster(cluster_path)
-    plan = partition(load_profile(profile), cluster, method="dp", microbatches=microbatches, schedule="1f1b",
-                     optimizer="adam", speed_factors=speed_factors, profile_ref=profile_ref(profile, name),
-                     data_parallel=degree)
+    # The shape runs on every rank, but dp may leave devices idle (a 1-stage replica on a 2-device group, when 4
+    # ranks share 2 cores); time-balance, which uses every device, then makes the plan (its method says so).
+    for method in ("dp", "time-balance"):
+        plan = partition(load_profile(profile), cluster, method=method, microbatches=microbatches, schedule="1f1b",
+                         optimizer="adam", speed_factors=speed_factors, profile_ref=profile_ref(profile, name),
+                         data_parallel=degree)
+        if len({d for replicas in plan.replicas() for d in replicas}) == ranks:
+            break
     if degree == 1:
         plan = with_extra(plan, device_ranks=list(cluster.device_ids))
     path = CACHE / f"{name}.{tag}.plan.json"
@@ -183,7 +189,7 @@ def fidelity(args: argparse.Namespace) -> list[dict[str, Any]]:
                            "calibrated_s": calibrated, "measured_after_s": later,
                            "calibrated_error": later / calibrated - 1,
                            "compute_ratio": _compute_ratio(saved, result["rounds"]),
-                           "stages": [len(s.nodes) for s in saved.stages],
+                           "stages": [len(s.nodes) for s in saved.stages], "method": saved.method,
                            "load": [result["load_before"], result["load_after"]]})
         errors = sorted(t["error"] for t in trials)
         middle = sorted(trials, key=lambda t: t["error"])[len(trials) // 2]
@@ -324,6 +330,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             calibrated = ", ".join(f"{e:+.1%}" for e in f.get("calibrated_errors", []))
             ratio = ", ".join(f"{d} {r:.2f}" for d, r in f.get("compute_ratio", {}).items())
             shape = f"{f.get('shape', 'pipeline')} ({f.get('ranks', 2)})"
+            if f.get("method", "dp") != "dp":  # dp left a rank idle (make_plan)
+                shape += f", {f['method']}'s plan"
             lines.append(f"| {f['model']} | {shape} | {f['stages']} | {f['predicted_s']:.3f} | {f['measured_s']:.3f} | "
                          f"{f['error']:+.1%} | {errors} | {calibrated} | {ratio} | {_load(f['load'])} |")
         lines += ["", "Target: every trial within 10%. " + _within(results["fidelity"], "errors", "Predicted") + " "
