@@ -158,7 +158,7 @@ def _replica_times(problem: Problem, spec: StageSpec, device: str, first: bool) 
     fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop, spec.recompute)
     weight = None
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-        bwd, weight = stage_backward_halves(problem.tables, device, spec.start, spec.stop, spec.recompute, first=first)
+        bwd, weight = stage_backward_halves(problem.tables, device, spec.start, spec.stop, bwd, first=first)
     out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
     if weight is not None:
         out["bwd_weight_s"] = weight

@@ -45,14 +45,13 @@ def stage_fwd_bwd_s(tables: CostTables, device: str, start: int, stop: int,
     return forward, backward
 
 
-def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int, recompute: bool | None = None, *,
+def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int, bwd: float, *,
                           first: bool) -> tuple[float, float]:
     """A zero-bubble stage's backward per micro-batch on ``device`` and its weight-gradient part ``W`` (the input
-    gradient ``I`` is the rest), as torch's runtime runs them: the first stage of a pipeline has no input gradient to
-    send and runs its whole backward, fused, as ``W``; every other stage runs ``I`` and ``W`` apart, which takes
-    ``a * saved ** k`` longer than fused for the bytes its blocks save (``tables.split_excess``,
-    ``Problem.split_backward_excess``), shared by the halves in proportion."""
-    _, bwd = stage_fwd_bwd_s(tables, device, start, stop, recompute)
+    gradient ``I`` is the rest), from ``bwd``, its fused backward (``stage_fwd_bwd_s``), as torch's runtime runs them:
+    the first stage of a pipeline has no input gradient to send and runs its whole backward, fused, as ``W``; every
+    other stage runs ``I`` and ``W`` apart, which takes ``a * saved ** k`` longer than fused for the bytes its blocks
+    save (``tables.split_excess``, ``Problem.split_backward_excess``), shared by the halves in proportion."""
     if first:
         return bwd, bwd
     weight = min(bwd, (tables.weight_prefix[device][stop] - tables.weight_prefix[device][start]) * tables.speed[device])
@@ -291,7 +290,7 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
         fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop, st.recompute)
         weight = 0.0
         if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-            bwd, weight = stage_backward_halves(tables, st.device, st.start, st.stop, st.recompute, first=i == 0)
+            bwd, weight = stage_backward_halves(tables, st.device, st.start, st.stop, bwd, first=i == 0)
         sims.append(SimStage(
             device=st.device, fwd_s=fwd, bwd_s=bwd,
             send_fwd_bytes=problem.cut_fwd_bytes[st.stop - 1] if i < last else 0,

@@ -169,8 +169,8 @@ def _lower_bound_s(problem: Problem, bounds: list[int], devices: list[str]) -> f
     split = problem.schedule in ZERO_BUBBLE_SCHEDULES
     inputs = [bwd for _, bwd in times]
     if split:  # the halves as the simulator charges them
-        halves = [stage_backward_halves(tables, d, a, b, first=s == 0)
-                  for s, (d, a, b) in enumerate(zip(devices, bounds, bounds[1:]))]
+        halves = [stage_backward_halves(tables, d, a, b, bwd, first=s == 0)
+                  for s, ((_, bwd), d, a, b) in enumerate(zip(times, devices, bounds, bounds[1:]))]
         times = [(fwd, bwd) for (fwd, _), (bwd, _) in zip(times, halves)]
         inputs = [bwd - weight for bwd, weight in halves]
     after = [0.0] * (p + 1)

@@ -343,14 +343,16 @@ class AsyncEngine:
             torch._foreach_div_(list(self.acc.values()), self.total)
         self.sync.after_backward(self.stages.params)
         awaited = self._exchange_tied()
-        before = {c: p.detach().clone() for c, p in self.params.items()} if self.sync.moves_weights else None
+        predicts = self.correction == "predict"  # a delta only feeds weight prediction
+        before = ({c: p.detach().clone() for c, p in self.params.items()} if self.sync.moves_weights and predicts
+                  else None)
         self.optimizer.step()
         if awaited:  # the first holder's tied weights: their sum travelled while the rest stepped
             self._step_alone(awaited)
         delta = {c: p.detach() - before[c] for c, p in self.params.items()} if before is not None else None
         self.sync.after_step(self.stages.params)
         self.updates += 1
-        self.newest = self._snapshot(self.updates, self.newest if self.correction == "predict" else None, delta)
+        self.newest = self._snapshot(self.updates, self.newest if predicts else None, delta)
         self._fresh_accumulators()
         self._drop_unused()
         self.update_s += time.perf_counter() - start
