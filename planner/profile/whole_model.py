@@ -123,18 +123,13 @@ def measure_training(module: nn.Module, inputs: Sequence[Any], grads_out: list[t
     params = [p for p in module.parameters() if p.requires_grad]
     if not params or not grads_out:
         return 0.0
-    before = [p.grad for p in params]
-    with torch.enable_grad():
 
-        def step(_: Any) -> None:
-            outs = differentiable(module(*inputs))
-            torch.autograd.backward(outs, grads_out[: len(outs)])
+    def step(_: Any) -> None:
+        outs = differentiable(module(*inputs))
+        torch.autograd.backward(outs, grads_out[: len(outs)])
 
-        try:
-            return timer.time(step)
-        finally:
-            for p, grad in zip(params, before):
-                p.grad = grad
+    with torch.enable_grad(), _grads_restored(params):
+        return timer.time(step)
 
 
 UPDATE_OPTIMIZERS = {
@@ -154,8 +149,7 @@ def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> di
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         return {}
-    before = [p.grad for p in params]
-    try:
+    with _grads_restored(params):
         for p in params:
             p.grad = torch.randn_like(p)
         out = {}
@@ -170,9 +164,6 @@ def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> di
             out[name] = timer.time(step)
             del optimizer
         return out
-    finally:
-        for p, grad in zip(params, before):
-            p.grad = grad
 
 
 def measure_versions(module: nn.Module, timer: Timer) -> float:
@@ -195,7 +186,7 @@ def measure_split_backward(module: nn.Module, inputs: Sequence[Any], timer: Time
     ``input_s`` and ``weight_s`` as torch's zero-bubble runtime runs ``I`` and ``W``
     (``torch.distributed.pipelining._backward.stage_backward_input``, then ``stage_backward_weight`` from the
     intermediate gradients ``I`` kept). ``W`` is one ``autograd.grad`` call per group of weights, so the halves
-    together take longer than the fused backward; the cost model charges the ratio (docs/cost-model.md).
+    together take longer than the fused backward; the cost model charges the excess (docs/cost-model.md).
 
     The stage's inputs are the model's floating inputs, made to require grad; a model whose inputs are not
     floating (token ids) starts from its first floating activation instead (the first leaf module's output,
@@ -220,22 +211,19 @@ def measure_split_backward(module: nn.Module, inputs: Sequence[Any], timer: Time
     if not outs or not stage_inputs:
         return {}
     grads_out = [torch.randn_like(t) for t in outs]
-    before = [p.grad for p in params]
 
     def input_half(state: tuple[list[torch.Tensor], list[torch.Tensor]]) -> list[dict[str, Any]]:
         return stage_backward_input(state[0], grads_out, state[1], iter(params))[1]
 
     try:  # the excess is a difference of two long figures: they take turns, over more rounds than one figure takes
-        fused_s, input_s, weight_s = timer.time_turns(
-            [(lambda state: torch.autograd.backward(state[0], grads_out), forward), (input_half, forward),
-             (lambda groups: stage_backward_weight(iter(params), groups), lambda: input_half(forward()))],
-            rounds=3 * timer.repeats)
+        with _grads_restored(params):
+            fused_s, input_s, weight_s = timer.time_turns(
+                [(lambda state: torch.autograd.backward(state[0], grads_out), forward), (input_half, forward),
+                 (lambda groups: stage_backward_weight(iter(params), groups), lambda: input_half(forward()))],
+                rounds=3 * timer.repeats)
     except RuntimeError as exc:  # torch's split cannot run this graph: the cost model then charges nothing
         log.warning("could not time the split backward: %s", str(exc).splitlines()[0] if str(exc) else exc)
         return {}
-    finally:
-        for p, grad in zip(params, before):
-            p.grad = grad
     return {"fused_s": fused_s, "input_s": input_s, "weight_s": weight_s}
 
 
@@ -275,6 +263,17 @@ def measure_split_points(captured: Captured, module: nn.Module, inputs: Sequence
     if half:
         points.append({"saved_bytes": sum(saved.get(op.name, 0) for op in later), **half})
     return points
+
+
+@contextlib.contextmanager
+def _grads_restored(params: Sequence[torch.Tensor]) -> Iterator[None]:
+    """The parameters' ``.grad`` as they were before the block, whatever the timing left in them."""
+    before = [p.grad for p in params]
+    try:
+        yield
+    finally:
+        for p, grad in zip(params, before):
+            p.grad = grad
 
 
 @contextlib.contextmanager
