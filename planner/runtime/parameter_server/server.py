@@ -162,20 +162,20 @@ class Server:
         group = sorted(self.members)
         if not group or any(w not in self.waiting for w in group):
             return
-        total = sum(self.share[w] for w in group)
-        parts = [(float(self.share[w]), self.waiting[w]) for w in group]  # rank order: the same sum whatever the
-        for w, version, payload in sorted(self.folded, key=lambda f: (f[0], f[1])):  # arrival order
-            parts.append((self.share[w] * async_scale(self._count(w, version)), payload))
-            total += self.share[w]
+        # (sender, weight, gradient) in rank order, then the folded ones by sender and version: the same sum
+        # whatever the arrival order
+        parts = [(w, float(self.share[w]), self.waiting[w]) for w in group]
+        parts += [(w, self.share[w] * async_scale(self._count(w, version)), payload)
+                  for w, version, payload in sorted(self.folded, key=lambda f: (f[0], f[1]))]
         self.folded = []
-        weights = sum(weight for weight, _ in parts)
-        combined = torch.zeros_like(parts[0][1])  # type: ignore[arg-type]
-        for weight, payload in parts:
+        weights = sum(weight for _, weight, _ in parts)
+        combined = torch.zeros_like(parts[0][2])  # type: ignore[arg-type]
+        for _, weight, payload in parts:
             combined.add_(payload, alpha=weight / weights)  # type: ignore[arg-type]
         for w in group:
             self._count(w, self.versions[w])  # dasp: asynchronous updates may have come in between
         self._update(combined, 1.0, 1.0)
-        self.applied_mb += total
+        self.applied_mb += sum(self.share[w] for w, _, _ in parts)
         for w in group:
             del self.waiting[w]
             self._reply(w)
