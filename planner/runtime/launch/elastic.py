@@ -58,14 +58,23 @@ def preload_fork_server() -> None:
     standard module (``profile.py`` shadowed ``profile``, which torch imports through ``cProfile``) broke every
     rank. So the server starts in the directory that holds the ``planner`` package: the runtime imports from there,
     and nothing of the user's shadows the standard library. Ranks still run in the launcher's working directory
-    (multiprocessing's preparation data carries it), where they import the user's modules."""
+    (multiprocessing's preparation data carries it), where they import the user's modules.
+
+    The server imports torch with its C++ log at ``FATAL`` unless ``TORCH_CPP_LOG_LEVEL`` says otherwise: a rank
+    waiting in gloo's monitored barrier when another was interrupted logged an ERROR line of its own to stderr
+    before the launcher's one line (seen once in a fresh-clone run of the Ctrl-C test); what fails reaches the
+    launcher as the Python exception, with its message."""
     multiprocessing.set_forkserver_preload([elastic_main.__module__])
     here = os.getcwd()
+    level = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.chdir(PACKAGE_PARENT)
+    os.environ["TORCH_CPP_LOG_LEVEL"] = level or "FATAL"  # read once, when the server imports torch
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
         os.chdir(here)
+        if level is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 @dataclass(frozen=True)
