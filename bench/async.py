@@ -42,7 +42,7 @@ RESULTS = REPO / "docs" / "bench-async.json"
 IMAGES = REPO / "docs" / "img"
 
 SPEED = {
-    "gpt_small": {"model": "planner.examples.gpt:gpt_small", "data": None, "steps": 20, "lr": 0.001, "rows": 4},
+    "gpt_small": {"model": "planner.examples.gpt:gpt_small", "data": None, "steps": 30, "lr": 0.001, "rows": 4},
     "digits_cnn": {"model": "planner.examples.digits:digits_cnn", "data": "planner.data.digits:batches", "steps": 100,
                    "lr": 0.001, "rows": 16},
 }
@@ -61,7 +61,9 @@ VARIANTS = {  # name -> (schedule, correction, plain model parallelism)
     "2bw, no correction": ("2bw", "none", False),
 }
 LEARN_VARIANTS = [v for v in VARIANTS if v != "model parallel"]
-ROUND_STEPS = 5
+ROUND_STEPS = 10
+"""Steps per round, in the throughput and the convergence runs alike: the asynchronous schedules drain the pipeline
+once per round, and the convergence runs evaluate at round ends, every 10 steps."""
 MICROBATCHES = (4, 8)
 
 
@@ -95,8 +97,10 @@ def profile_of(name: str, model: str, fresh: bool = False) -> Path:
     return out
 
 
-def throughput(results: dict[str, Any], repeats: int) -> None:
+def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None:
     for name, spec in SPEED.items():
+        if name not in models:
+            continue
         profile = profile_of(name, spec["model"], fresh=True)  # the predictions are judged: time the machine as it is
         for m in MICROBATCHES:
             first = sorted(VARIANTS, key=lambda v: VARIANTS[v][2])  # plain model parallelism reuses 1f1b's new plan
@@ -120,7 +124,7 @@ def throughput(results: dict[str, Any], repeats: int) -> None:
                                  "load": [min(r["load"][0] for r in done), max(r["load"][1] for r in done)],
                                  "command": run["command"], "async": run.get("async")}
             results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
-                                                 "date": time.strftime("%Y-%m-%d")}
+                                                 "round_steps": ROUND_STEPS, "date": time.strftime("%Y-%m-%d")}
 
 
 def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
@@ -135,7 +139,7 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
                 tag = _tag("learn", name, variant, f"s{seed}")
                 print(f"{tag} ...", file=sys.stderr, flush=True)
                 runs[variant].append(train(tag, plan, spec, "--seed", str(seed), "--eval-every", str(spec["eval_every"]),
-                                           "--target", spec["target"], work=WORK, round_steps=10))
+                                           "--target", spec["target"], work=WORK, round_steps=ROUND_STEPS))
         metric = spec["metric"]
         results[f"convergence/{name}"] = {
             "data": name, "target": spec["target"], "metric": metric, "date": time.strftime("%Y-%m-%d"),
@@ -158,6 +162,8 @@ def main() -> None:
                              "seed to seed, so 3 seeds cannot resolve the 2%% criterion)")
     parser.add_argument("--data", nargs="+", default=list(LEARN), choices=list(LEARN),
                         help="convergence: which data sets (the others' sections are kept)")
+    parser.add_argument("--models", nargs="+", default=list(SPEED), choices=list(SPEED),
+                        help="throughput: which models (the others' sections are kept)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
     parser.add_argument("--render", action="store_true", help="re-render the page from docs/bench-async.json only")
     args = parser.parse_args()
@@ -167,7 +173,7 @@ def main() -> None:
     if not args.render:
         began = time.time()
         if args.only in (None, "throughput"):
-            throughput(results, args.repeats)
+            throughput(results, args.repeats, args.models)
         if args.only in (None, "convergence"):
             convergence(results, args.seeds, args.data)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -193,7 +199,8 @@ def render(results: dict[str, Any]) -> str:
                   "1f1b's; *vs MP*: over plain model parallelism's (the step's rows as one micro-batch, no pipelining). "
                   "Each schedule runs several times, the schedules taking turns; the row is the median run and lists "
                   "every run's step. "
-                  f"Rounds of {ROUND_STEPS} steps: the asynchronous schedules drain the pipeline once per round. "
+                  "The asynchronous schedules drain the pipeline once per round (each section says how many steps a "
+                  "round has). "
                   "Each model is profiled afresh when its section starts (`plan profile --threads 1 --colocate 2`: one "
                   "thread, timed beside a second training process, as each rank runs) and every schedule planned from "
                   "that profile, so the predictions meet the machine as it is that hour.", ""]
@@ -202,7 +209,8 @@ def render(results: dict[str, Any]) -> str:
             rows = entry["rows"]
             base, plain = rows["1f1b"]["samples_per_s"], rows["model parallel"]["samples_per_s"]
             lines += [f"### {entry['model']}, {entry['microbatches']} micro-batches", "",
-                      f"Measured {entry['date']}; the bubble bound of 1f1b on 2 stages is "
+                      f"Measured {entry['date']}, rounds of {entry.get('round_steps', 5)} steps; the bubble bound "
+                      f"of 1f1b on 2 stages is "
                       f"{(entry['microbatches'] + 1) / entry['microbatches']:.2f}x.", "",
                       "| schedule | samples/s | predicted | measured / predicted | vs 1f1b | vs MP | steps of the runs (ms) "
                       "| load (min / max) |",
