@@ -194,6 +194,35 @@ def test_each_stage_pays_the_update_of_its_own_parameters() -> None:
     assert evaluate(problem, split).step_time_s > evaluate(plain, split).step_time_s
 
 
+def test_a_stage_pays_the_optimizer_step_per_tensor_besides_per_byte() -> None:
+    """An optimizer step costs a sweep over the bytes and a fixed cost per tensor: a stage of a few small tensors
+    pays for their count (the digits CNN's step is mostly that on CPU), the whole model still pays its measured
+    step, and a profile without ``update_tensor_s`` prices bytes alone, as before."""
+    from planner.errors import InputFileError
+    from planner.partition.model.cost import stage_sims
+    from planner.partition.model.problem import StageSpec
+
+    nodes = [node("x", op="input")]
+    for i, (nbytes, names) in enumerate([(10, ["a.w", "a.b"]), (10, ["b.w", "b.b"]), (1000, ["c.w"]), (1000, ["d.w"])]):
+        nodes.append({**node(f"op{i}", [nodes[-1]["name"]], params=nbytes), "params": names})
+    whole = dict(update_s={"adam": 0.4, "sgd": 0.1}, update_param_bytes=2020)
+    per_tensor = dict(update_tensor_s={"adam": 0.05, "sgd": 0.01}, update_param_tensors=6)
+    split = (StageSpec(0, 3, "d0"), StageSpec(3, 5, "d1"))  # the four small tensors, the two large ones
+    measured = build_problem(with_whole_model(profile(*nodes), **whole, **per_tensor), cluster(2), microbatches=2,
+                             schedule="1f1b")
+    rate = (0.4 - 6 * 0.05) / 2020
+    assert measured.update_s_per_param_tensor["cpu"] == pytest.approx(0.05)
+    assert measured.update_s_per_param_byte["cpu"] == pytest.approx(rate)
+    assert [s.update_s for s in stage_sims(measured, split)] == pytest.approx([4 * 0.05 + 20 * rate, 2 * 0.05 + 2000 * rate])
+    assert stage_sims(measured, (StageSpec(0, 5, "d0"),))[0].update_s == pytest.approx(0.4)  # the measured step
+    older = build_problem(with_whole_model(profile(*nodes), **whole), cluster(2), microbatches=2, schedule="1f1b")
+    assert [s.update_s for s in stage_sims(older, split)] == pytest.approx([0.4 * 20 / 2020, 0.4 * 2000 / 2020])
+    for bad in ({"update_tensor_s": {"adam": -1.0}}, {"update_tensor_s": [0.05]},
+                {"update_tensor_s": {"adam": "fast"}}, {"update_tensor_s": {"adam": 0.05}, "update_param_tensors": "six"}):
+        with pytest.raises(InputFileError, match="update_tensor_s"):
+            build_problem(with_whole_model(profile(*nodes), **whole, **bad), cluster(2), microbatches=2, schedule="1f1b")
+
+
 def test_asynchronous_stages_also_pay_their_weight_versions_at_each_update() -> None:
     """The version bookkeeping (snapshot, delta, predicted copy) is measured per parameter byte on the profiled type,
     estimated elsewhere, and charged on top of the optimizer step under async-1f1b and 2bw only; a profile older

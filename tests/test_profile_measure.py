@@ -90,7 +90,8 @@ def test_uncounted_flops_list_working_ops_without_a_formula(tiny):
 def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     whole = tiny.extra["whole_model"]
     assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
-                          "update_param_bytes", "version_s", "split_backward", "loss"}
+                          "update_param_bytes", "update_tensor_s", "update_param_tensors", "version_s",
+                          "split_backward", "loss"}
     assert whole["version_s"] > 0
     points = whole["split_backward"]  # token ids in: from the embedding on, then the later half
     assert len(points) == 2 and all(set(p) == {"saved_bytes", "fused_s", "input_s", "weight_s"} for p in points)
@@ -103,6 +104,8 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     assert whole["sum_ops_fwd_s"] == pytest.approx(sum(n.time_s["cpu"].fwd for n in tiny.nodes))
     assert set(whole["update_s"]) == {"sgd", "adam"} and all(t > 0 for t in whole["update_s"].values())
     assert whole["update_param_bytes"] == tiny.model["param_bytes"]
+    assert set(whole["update_tensor_s"]) == {"sgd", "adam"} and all(t > 0 for t in whole["update_tensor_s"].values())
+    assert whole["update_param_tensors"] == len({name for n in tiny.nodes for name in n.params})  # each tensor once
 
 
 def test_training_and_update_measurements_leave_the_model_as_it_was():

@@ -45,7 +45,8 @@ from planner.profile.memory import nbytes, record
 from planner.profile.op_timing import OpMeasurement, grad_call_overhead, measure_op
 from planner.profile.timer import Timer, steady_cpu_allocator
 from planner.profile.whole_model import (WholeModel, measure_loss, measure_split_points, measure_training, measure_update,
-                                         measure_versions, measure_whole, num_threads, probe, time_training, warm_whole)
+                                         measure_update_per_tensor, measure_versions, measure_whole, num_threads, probe,
+                                         time_training, warm_whole)
 
 __all__ = ["Measurement", "OpMeasurement", "WholeModel", "Progress", "measure", "time_training"]
 
@@ -94,6 +95,7 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         whole = measure_whole(module, inputs, grads_out, timer)
         train_s = measure_training(module, inputs, grads_out, timer)
         update_s = measure_update(module, timer)
+        update_tensor_s = measure_update_per_tensor(module, timer)
         version_s = measure_versions(module, timer)
         split_backward = measure_split_points(captured, module, inputs, run.saved, timer)
         loss = measure_loss(inputs, output, timer)
@@ -101,5 +103,6 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
                         update_s, sum(nbytes(p) for p in module.parameters() if p.requires_grad), version_s=version_s,
-                        split_backward=split_backward, loss=loss)
+                        split_backward=split_backward, loss=loss, update_tensor_s=update_tensor_s,
+                        update_param_tensors=sum(1 for p in module.parameters() if p.requires_grad))
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)

@@ -31,7 +31,7 @@ from planner.profile.timer import Timer
 log = logging.getLogger(__name__)
 
 __all__ = ["WholeModel", "warm_whole", "probe", "measure_whole", "time_training", "measure_training",
-           "UPDATE_OPTIMIZERS", "measure_update", "measure_split_backward", "measure_split_points", "measure_loss",
+           "UPDATE_OPTIMIZERS", "measure_update", "measure_update_per_tensor", "measure_split_backward", "measure_split_points", "measure_loss",
            "num_threads"]
 
 
@@ -48,6 +48,11 @@ class WholeModel:
     """Optimizer name -> seconds of one step over every trainable parameter (empty without any)."""
     update_param_bytes: int = 0
     """Bytes of the parameters that step updated."""
+    update_tensor_s: Mapping[str, float] = field(default_factory=dict)
+    """Optimizer name -> seconds of its step per parameter tensor, whatever the tensor's size (``measure_update``):
+    the part of ``update_s`` a stage pays per tensor it holds, not per byte."""
+    update_param_tensors: int = 0
+    """How many parameter tensors the step of ``update_s`` updated."""
     version_s: float = 0.0
     """Seconds of the asynchronous pipeline's version bookkeeping at one update over the same parameters
     (``measure_versions``; 0 without any)."""
@@ -66,6 +71,9 @@ class WholeModel:
         if self.update_s:
             out["update_s"] = dict(self.update_s)
             out["update_param_bytes"] = self.update_param_bytes
+        if self.update_tensor_s:
+            out["update_tensor_s"] = dict(self.update_tensor_s)
+            out["update_param_tensors"] = self.update_param_tensors
         if self.version_s > 0:
             out["version_s"] = self.version_s
         if self.split_backward:
@@ -152,18 +160,40 @@ def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> di
     with _grads_restored(params):
         for p in params:
             p.grad = torch.randn_like(p)
-        out = {}
-        for name, make in UPDATE_OPTIMIZERS.items():
-            optimizer = make(params)
+        return _time_steps(params, timer, microbatches)
 
-            def step(_: Any, optimizer: torch.optim.Optimizer = optimizer) -> None:
-                for p in params:
-                    p.grad.div_(microbatches)
-                optimizer.step()
 
-            out[name] = timer.time(step)
-            del optimizer
-        return out
+def measure_update_per_tensor(module: nn.Module, timer: Timer, microbatches: int = 8) -> dict[str, float]:
+    """Seconds of one optimizer step per parameter tensor, per optimizer, whatever the tensor's size: the same step
+    as ``measure_update`` over as many one-element tensors as the model has trainable ones, over their count.
+
+    A step's cost is a sweep over the bytes plus a fixed cost per tensor (the optimizer's per-parameter
+    bookkeeping, one kernel launch or loop iteration each): on one CPU thread about half of Adam's step over the
+    digits CNN's 8 tensors (38 k parameters) is that fixed part, so a stage holding a few small tensors pays for
+    their count, not only their bytes (``planner.partition.model.times.update_rates``)."""
+    count = sum(1 for p in module.parameters() if p.requires_grad)
+    if not count:
+        return {}
+    stand_ins = [nn.Parameter(torch.zeros(1)) for _ in range(count)]
+    for p in stand_ins:
+        p.grad = torch.randn_like(p)
+    return {name: seconds / count for name, seconds in _time_steps(stand_ins, timer, microbatches).items()}
+
+
+def _time_steps(params: list[nn.Parameter], timer: Timer, microbatches: int) -> dict[str, float]:
+    """Per optimizer of ``UPDATE_OPTIMIZERS``: seconds of one step over ``params`` (their ``.grad`` set)."""
+    out = {}
+    for name, make in UPDATE_OPTIMIZERS.items():
+        optimizer = make(params)
+
+        def step(_: Any, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            for p in params:
+                p.grad.div_(microbatches)
+            optimizer.step()
+
+        out[name] = timer.time(step)
+        del optimizer
+    return out
 
 
 def measure_versions(module: nn.Module, timer: Timer) -> float:

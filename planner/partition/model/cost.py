@@ -307,15 +307,17 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
 
 
 def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> float:
-    """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step); under an
-    asynchronous schedule with the weight versions' bookkeeping it adds (``Problem.version_s_per_param_byte``)."""
+    """The optimizer step over blocks ``[start, stop)``'s parameters on ``device`` (seconds per step): a sweep over
+    their bytes and a fixed cost per tensor (``Problem.update_s_per_param_tensor``); under an asynchronous schedule
+    with the weight versions' bookkeeping it adds (``Problem.version_s_per_param_byte``)."""
     tables = problem.tables
     if device not in tables.update_rate:
         problem.cluster.device(device)  # raises naming the known devices
     rate = tables.update_rate[device]
     if problem.schedule in ASYNC_SCHEDULES:
         rate += tables.version_rate[device]
-    return rate * (tables.param_prefix[stop] - tables.param_prefix[start])
+    tensors = tables.param_tensor_prefix[stop] - tables.param_tensor_prefix[start]
+    return rate * (tables.param_prefix[stop] - tables.param_prefix[start]) + tables.update_tensor_rate[device] * tensors
 
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:

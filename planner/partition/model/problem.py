@@ -28,7 +28,7 @@ from planner.graph import last_reader, op_graph
 from planner.formats.catalog import DeviceSpec
 from planner.partition.model.tables import OPTIMIZER_STATES, CostTables
 from planner.partition.model.times import (calibration_factors, loss_times, node_times, split_backward_excess,
-                                          update_rates, version_rates)
+                                          update_rates, update_tensor_rates, version_rates)
 from planner.roofline import check_precision, weight_share
 
 
@@ -47,6 +47,8 @@ class Block:
     """Sorted unique ``layer_of(module_path)`` of the block's nodes (empty paths left out)."""
     weight_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """Per device type: the weight-gradient part of the backward (zero-bubble schedules' ``W``; absent: 0)."""
+    param_tensors: int = 0
+    """Parameter tensors the block's nodes use (a tensor two of its nodes share counts twice)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class Problem:
     update_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
     """Device type -> seconds of the optimizer step per parameter byte (``update_rates``; 0 when absent).
     Each device pays it for its stages' parameters once per step, after its last backward."""
+    update_s_per_param_tensor: Mapping[str, float] = field(default_factory=dict)
+    """Device type -> seconds of the optimizer step per parameter tensor besides its bytes (``update_tensor_rates``;
+    0 when absent), paid with the bytes' part."""
     version_s_per_param_byte: Mapping[str, float] = field(default_factory=dict)
     """Device type -> seconds per parameter byte of the weight-version bookkeeping an asynchronous schedule adds to
     each update (``version_rates``; 0 when absent); ``cost.stage_update_s`` charges it under those schedules."""
@@ -373,6 +378,7 @@ def build_problem(
         corrections=tuple(checked),
         loss_s=MappingProxyType(loss),
         update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
+        update_s_per_param_tensor=MappingProxyType(update_tensor_rates(profile, types, optimizer, estimated)),
         version_s_per_param_byte=MappingProxyType(version_rates(profile, types, estimated, catalog or {})),
         split_backward_excess=MappingProxyType(split_backward_excess(profile, types, estimated)),
         recompute=recompute,
@@ -445,6 +451,7 @@ def _block(nodes: Sequence[Node], times: Sequence[Sequence[tuple[float, float]]]
         name=name,
         nodes=tuple(node.name for node in nodes),
         param_bytes=sum(node.param_bytes for node in nodes),
+        param_tensors=sum(len(node.params) for node in nodes if node.param_bytes),
         saved_bytes=sum(node.saved_bytes for node in nodes),
         time_s=MappingProxyType(time_s),
         layers=tuple(sorted({layer_cache[path] for path in paths} - {""})),

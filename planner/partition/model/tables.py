@@ -38,6 +38,8 @@ class CostTables:
     speed: Mapping[str, float]
     """Per device id: multiplier on compute times (1.0 unless the problem sets one)."""
     param_prefix: tuple[int, ...]
+    param_tensor_prefix: tuple[int, ...]
+    """Parameter tensors of the blocks before each cut (``Block.param_tensors``)."""
     saved_prefix: tuple[int, ...]
     input_bytes: tuple[int, ...]
     """``input_bytes[b]``: bytes a stage starting at block ``b`` receives per micro-batch (0 for the first: the data)."""
@@ -50,6 +52,8 @@ class CostTables:
     """Every ordered pair of distinct devices -> the link between them."""
     update_rate: Mapping[str, float]
     """Per device id: optimizer-step seconds per parameter byte (``Problem.update_s_per_param_byte``)."""
+    update_tensor_rate: Mapping[str, float]
+    """Per device id: optimizer-step seconds per parameter tensor (``Problem.update_s_per_param_tensor``)."""
     version_rate: Mapping[str, float]
     """Per device id: an asynchronous update's version bookkeeping, seconds per parameter byte
     (``Problem.version_s_per_param_byte``)."""
@@ -70,6 +74,7 @@ class CostTables:
             weight_prefix=MappingProxyType({d.id: by_type[d.type][2] for d in devices}),
             speed=MappingProxyType({d.id: float(problem.speed_factors.get(d.id, 1.0)) for d in devices}),
             param_prefix=_prefix([b.param_bytes for b in problem.blocks]),
+            param_tensor_prefix=_prefix([b.param_tensors for b in problem.blocks]),
             saved_prefix=_prefix([b.saved_bytes for b in problem.blocks]),
             input_bytes=(0, *problem.cut_fwd_bytes),
             recompute=problem.recompute,
@@ -77,6 +82,8 @@ class CostTables:
             capacity_bytes=MappingProxyType({d.id: d.memory_bytes for d in devices}),
             links=MappingProxyType(_links(problem)),
             update_rate=MappingProxyType({d.id: problem.update_s_per_param_byte.get(d.type, 0.0) for d in devices}),
+            update_tensor_rate=MappingProxyType({d.id: problem.update_s_per_param_tensor.get(d.type, 0.0)
+                                                 for d in devices}),
             version_rate=MappingProxyType({d.id: problem.version_s_per_param_byte.get(d.type, 0.0) for d in devices}),
             split_excess=MappingProxyType({d.id: problem.split_backward_excess.get(d.type, (0.0, 1.0)) for d in devices}),
         )

@@ -18,7 +18,7 @@ from planner.formats.profile import Node, OpTime, Profile
 from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_update_s_per_param_byte,
                               estimate_version_s_per_param_byte)
 
-__all__ = ["node_times", "loss_times", "update_rates", "version_rates", "split_backward_excess",
+__all__ = ["node_times", "loss_times", "update_rates", "update_tensor_rates", "version_rates", "split_backward_excess",
            "SPLIT_EXCESS_EXPONENTS", "calibration_factors", "CALIBRATION_RANGE"]
 
 
@@ -49,7 +49,8 @@ def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimat
     """Device type -> seconds of one ``optimizer`` step per parameter byte.
 
     The profiled type uses the profile's measured step (``whole_model.update_s``, over
-    ``update_param_bytes``); types whose op times are estimated get the roofline estimate of a
+    ``update_param_bytes``), less the part it pays per tensor (``update_tensor_rates`` times
+    ``update_param_tensors``); types whose op times are estimated get the roofline estimate of a
     bandwidth-bound sweep (``planner.roofline.estimate_update_s_per_param_byte``). Other
     measured types (an older profile without ``update_s``) get none: their step is not modelled.
     """
@@ -57,15 +58,43 @@ def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimat
     measured_type = str(profile.extra.get("device_type", ""))
     measured = (whole.get("update_s") or {}).get(optimizer)
     param_bytes = int(whole.get("update_param_bytes", 0) or 0)
+    per_tensor = update_tensor_rates(profile, types, optimizer, estimated).get(measured_type, 0.0)
+    tensors = int(whole.get("update_param_tensors", 0) or 0)
     out = {}
     for dev_type in types:
         if dev_type == measured_type and dev_type not in estimated and measured is not None and param_bytes > 0:
-            out[dev_type] = float(measured) / param_bytes
+            out[dev_type] = max(float(measured) - per_tensor * tensors, 0.0) / param_bytes
             continue
         if dev_type in estimated:
             if dev_type in catalog:
                 out[dev_type] = estimate_update_s_per_param_byte(optimizer, catalog[dev_type])
     return out
+
+
+def update_tensor_rates(profile: Profile, types: Sequence[str], optimizer: str,
+                        estimated: Collection[str]) -> dict[str, float]:
+    """Device type -> seconds of one ``optimizer`` step per parameter tensor, whatever its size
+    (``whole_model.update_tensor_s``, ``planner.profile.whole_model.measure_update_per_tensor``): a stage's step
+    costs this per tensor it holds besides ``update_rates`` per byte. The profiled type only (the roofline prices the
+    bytes, not an optimizer's per-tensor bookkeeping); profiles without the field get none, as before it existed."""
+    whole = profile.extra.get("whole_model") or {}
+    measured_type = str(profile.extra.get("device_type", ""))
+    if measured_type not in types or measured_type in estimated or "update_tensor_s" not in whole:
+        return {}
+    field_value = whole["update_tensor_s"]
+    seconds: float | None = math.nan  # malformed unless read below
+    tensors = 0
+    if isinstance(field_value, Mapping):
+        try:
+            seconds = float(field_value[optimizer]) if optimizer in field_value else None
+            tensors = int(whole.get("update_param_tensors", 0))
+        except (TypeError, ValueError):
+            seconds = math.nan
+    if seconds is not None and not (0 <= seconds < math.inf and tensors >= 0):
+        raise InputFileError(f"the profile's whole_model.update_tensor_s holds {field_value!r} with "
+                             f"update_param_tensors {whole.get('update_param_tensors')!r}, expected seconds per "
+                             f"optimizer (>= 0) and a tensor count; re-profile with plan profile or delete the fields")
+    return {} if seconds is None else {measured_type: seconds}
 
 
 def version_rates(profile: Profile, types: Sequence[str], estimated: Collection[str],
