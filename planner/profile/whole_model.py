@@ -31,8 +31,8 @@ from planner.profile.timer import Timer
 log = logging.getLogger(__name__)
 
 __all__ = ["WholeModel", "warm_whole", "probe", "measure_whole", "time_training", "measure_training",
-           "UPDATE_OPTIMIZERS", "measure_update", "measure_update_per_tensor", "measure_split_backward", "measure_split_points", "measure_loss",
-           "num_threads"]
+           "UPDATE_OPTIMIZERS", "measure_update", "measure_update_per_tensor", "measure_split_backward",
+           "measure_split_points", "measure_loss", "num_threads"]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimat
     measured = (whole.get("update_s") or {}).get(optimizer)
     param_bytes = int(whole.get("update_param_bytes", 0) or 0)
     per_tensor = update_tensor_rates(profile, types, optimizer, estimated).get(measured_type, 0.0)
-    tensors = int(whole.get("update_param_tensors", 0) or 0)
+    tensors = int(whole.get("update_param_tensors", 0)) if per_tensor else 0  # read and checked by update_tensor_rates
     out = {}
     for dev_type in types:
         if dev_type == measured_type and dev_type not in estimated and measured is not None and param_bytes > 0:
