@@ -95,14 +95,15 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         whole = measure_whole(module, inputs, grads_out, timer)
         train_s = measure_training(module, inputs, grads_out, timer)
         update_s = measure_update(module, timer)
-        update_tensor_s = measure_update_per_tensor(module, timer)
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        update_tensor_s = measure_update_per_tensor(len(trainable), timer)
         version_s = measure_versions(module, timer)
         split_backward = measure_split_points(captured, module, inputs, run.saved, timer)
         loss = measure_loss(inputs, output, timer)
         if progress:
             progress(total, total, "done")
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
-                        update_s, sum(nbytes(p) for p in module.parameters() if p.requires_grad), version_s=version_s,
+                        update_s, sum(nbytes(p) for p in trainable), version_s=version_s,
                         split_backward=split_backward, loss=loss, update_tensor_s=update_tensor_s,
-                        update_param_tensors=sum(1 for p in module.parameters() if p.requires_grad))
+                        update_param_tensors=len(trainable))
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)

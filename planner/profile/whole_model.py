@@ -49,8 +49,8 @@ class WholeModel:
     update_param_bytes: int = 0
     """Bytes of the parameters that step updated."""
     update_tensor_s: Mapping[str, float] = field(default_factory=dict)
-    """Optimizer name -> seconds of its step per parameter tensor, whatever the tensor's size (``measure_update``):
-    the part of ``update_s`` a stage pays per tensor it holds, not per byte."""
+    """Optimizer name -> seconds of its step per parameter tensor, whatever the tensor's size
+    (``measure_update_per_tensor``): the part of ``update_s`` a stage pays per tensor it holds, not per byte."""
     update_param_tensors: int = 0
     """How many parameter tensors the step of ``update_s`` updated."""
     version_s: float = 0.0
@@ -163,16 +163,16 @@ def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> di
         return _time_steps(params, timer, microbatches)
 
 
-def measure_update_per_tensor(module: nn.Module, timer: Timer, microbatches: int = 8) -> dict[str, float]:
+def measure_update_per_tensor(count: int, timer: Timer, microbatches: int = 8) -> dict[str, float]:
     """Seconds of one optimizer step per parameter tensor, per optimizer, whatever the tensor's size: the same step
-    as ``measure_update`` over as many one-element tensors as the model has trainable ones, over their count.
+    as ``measure_update`` over ``count`` one-element tensors (as many as the model has trainable ones), over
+    ``count``.
 
     A step's cost is a sweep over the bytes plus a fixed cost per tensor (the optimizer's per-parameter
     bookkeeping, one kernel launch or loop iteration each): on one CPU thread about half of Adam's step over the
     digits CNN's 8 tensors (38 k parameters) is that fixed part, so a stage holding a few small tensors pays for
     their count, not only their bytes (``planner.partition.model.times.update_rates``)."""
-    count = sum(1 for p in module.parameters() if p.requires_grad)
-    if not count:
+    if count <= 0:
         return {}
     stand_ins = [nn.Parameter(torch.zeros(1)) for _ in range(count)]
     for p in stand_ins:

@@ -351,6 +351,7 @@ def build_problem(
         raise PlannerError(f"device type(s) {', '.join(sorted(estimated))} have estimated times; their loss and "
                            f"optimizer-step estimates need the device catalog: pass catalog=load_catalog() (the CLI does)")
     loss = loss_times(profile, types, estimated, catalog or {})
+    per_tensor = update_tensor_rates(profile, types, optimizer, estimated)
     if loss and times:
         times[-1] = [(f + loss.get(t, (0.0, 0.0))[0], b + loss.get(t, (0.0, 0.0))[1]) for (f, b), t in zip(times[-1], types)]
     shares = [weight_share(node) for node in profile.nodes]  # before the loss and recomputation, which are input gradient
@@ -377,8 +378,9 @@ def build_problem(
         calibration=MappingProxyType(calibration),
         corrections=tuple(checked),
         loss_s=MappingProxyType(loss),
-        update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {})),
-        update_s_per_param_tensor=MappingProxyType(update_tensor_rates(profile, types, optimizer, estimated)),
+        update_s_per_param_byte=MappingProxyType(update_rates(profile, types, optimizer, estimated, catalog or {},
+                                                              per_tensor)),
+        update_s_per_param_tensor=MappingProxyType(per_tensor),
         version_s_per_param_byte=MappingProxyType(version_rates(profile, types, estimated, catalog or {})),
         split_backward_excess=MappingProxyType(split_backward_excess(profile, types, estimated)),
         recompute=recompute,

@@ -45,12 +45,12 @@ def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str
 
 
 def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimated: Collection[str],
-                 catalog: Mapping[str, DeviceSpec]) -> dict[str, float]:
+                 catalog: Mapping[str, DeviceSpec], per_tensor: Mapping[str, float]) -> dict[str, float]:
     """Device type -> seconds of one ``optimizer`` step per parameter byte.
 
     The profiled type uses the profile's measured step (``whole_model.update_s``, over
-    ``update_param_bytes``), less the part it pays per tensor (``update_tensor_rates`` times
-    ``update_param_tensors``); types whose op times are estimated get the roofline estimate of a
+    ``update_param_bytes``), less the part it pays per tensor (``per_tensor``, ``update_tensor_rates``'s figures,
+    times ``update_param_tensors``); types whose op times are estimated get the roofline estimate of a
     bandwidth-bound sweep (``planner.roofline.estimate_update_s_per_param_byte``). Other
     measured types (an older profile without ``update_s``) get none: their step is not modelled.
     """
@@ -58,12 +58,12 @@ def update_rates(profile: Profile, types: Sequence[str], optimizer: str, estimat
     measured_type = str(profile.extra.get("device_type", ""))
     measured = (whole.get("update_s") or {}).get(optimizer)
     param_bytes = int(whole.get("update_param_bytes", 0) or 0)
-    per_tensor = update_tensor_rates(profile, types, optimizer, estimated).get(measured_type, 0.0)
-    tensors = int(whole.get("update_param_tensors", 0)) if per_tensor else 0  # read and checked by update_tensor_rates
+    fixed = per_tensor.get(measured_type, 0.0)
+    tensors = int(whole.get("update_param_tensors", 0)) if fixed else 0  # checked where ``per_tensor`` was read
     out = {}
     for dev_type in types:
         if dev_type == measured_type and dev_type not in estimated and measured is not None and param_bytes > 0:
-            out[dev_type] = max(float(measured) - per_tensor * tensors, 0.0) / param_bytes
+            out[dev_type] = max(float(measured) - fixed * tensors, 0.0) / param_bytes
             continue
         if dev_type in estimated:
             if dev_type in catalog:
