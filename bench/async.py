@@ -34,6 +34,7 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
 from learning import median_of_all, plan_cli, train
+from run import per_step  # bench/run.py: a round log's per-device seconds per step
 from planner.formats.plan import ASYNC_SCHEDULES
 
 WORK = REPO / "bench" / ".cache" / "async"
@@ -97,14 +98,6 @@ def profile_of(name: str, model: str, fresh: bool = False) -> Path:
     return out
 
 
-def per_step(log: Path, field: str) -> dict[str, float]:
-    """Per device, the seconds of ``field`` (``compute_s``: its passes; ``update_s``: its optimizer updates, with any
-    wait for a sync inside them) per step over the rounds after the first, from the run's round log."""
-    rounds = [json.loads(line) for line in log.read_text().splitlines()][1:]
-    steps = sum(r["steps"] for r in rounds)
-    return {d: sum(r["devices"][d][field] for r in rounds) / steps for d in rounds[0]["devices"]}
-
-
 def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None:
     for name, spec in SPEED.items():
         if name not in models:
@@ -121,8 +114,8 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
                     tag = _tag("speed", name, m, variant, f"r{repeat}")
                     print(f"{tag} ...", file=sys.stderr, flush=True)
                     done = train(tag, plans[variant], spec, *extra, work=WORK, round_steps=ROUND_STEPS)
-                    log = WORK / f"{tag}.jsonl"
-                    runs[variant].append({**done, **{f: per_step(log, f) for f in ("compute_s", "update_s")}})
+                    rounds = [json.loads(line) for line in (WORK / f"{tag}.jsonl").read_text().splitlines()]
+                    runs[variant].append({**done, **{f: per_step(rounds, f) for f in ("compute_s", "update_s")}})
             rows = {}
             samples = spec["rows"] * m
             for variant, done in runs.items():

@@ -136,11 +136,12 @@ def run_job(plan: Path, model: str, steps: int, round_steps: int, options: dict[
     return {"rounds": rounds, "load_before": before, "load_after": load1(), "wall_s": wall}
 
 
-def _compute_per_step(rounds: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean compute seconds per step of each device over the rounds after the warm-up."""
+def per_step(rounds: list[dict[str, Any]], field: str = "compute_s") -> dict[str, float]:
+    """Mean seconds of a round record's per-device ``field`` (``compute_s``: its passes; ``update_s``: its optimizer
+    updates, with any wait for a sync inside them) per step of each device over the rounds after the warm-up."""
     later = [r for r in rounds if r["round"] > 0] or rounds
     devices = later[0]["devices"]
-    return {d: sum(r["devices"][d]["compute_s"] / r["steps"] for r in later) / len(later) for d in devices}
+    return {d: sum(r["devices"][d][field] / r["steps"] for r in later) / len(later) for d in devices}
 
 
 def steady_step_s(rounds: list[dict[str, Any]], after: int = 0) -> float:
@@ -165,7 +166,7 @@ def pipelining(args: argparse.Namespace) -> dict[str, Any]:
     t8, t1 = steady_step_s(r8["rounds"]), steady_step_s(r1["rounds"])
     return {"step_s_8": t8, "step_s_1": t1, "gain": t1 / t8, "rows": mbs * MICROBATCHES,
             "capacity": [capacity_before, parallel_capacity()],
-            "compute_per_step_s": {"8": _compute_per_step(r8["rounds"]), "1": _compute_per_step(r1["rounds"])},
+            "compute_per_step_s": {"8": per_step(r8["rounds"]), "1": per_step(r1["rounds"])},
             "load": [r8["load_before"], r8["load_after"], r1["load_before"], r1["load_after"]]}
 
 
@@ -221,7 +222,7 @@ def _compute_ratio(plan: Plan, rounds: list[dict[str, Any]]) -> dict[str, float]
     for st, devices in zip(plan.stages, plan.replicas()):
         for device, share in zip(devices, plan.replica_shares()):
             predicted[device] = predicted.get(device, 0.0) + float(st.extra["compute_s"]) * share
-    measured = _compute_per_step(rounds)
+    measured = per_step(rounds)
     return {d: measured[d] / predicted[d] for d in predicted if d in measured and predicted[d] > 0}
 
 
