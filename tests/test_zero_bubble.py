@@ -239,6 +239,24 @@ def test_stages_pay_the_split_backward_as_torchs_runtime_runs_it() -> None:
         build_problem(measured({"fused_s": 1.0}), net, catalog=load_catalog(), microbatches=4, schedule="zb-h1")
 
 
+def test_a_stage_that_is_all_weight_gradient_keeps_w_within_its_grown_backward() -> None:
+    """Scaling both halves by the measured excess must not put ``W`` above the backward it is a part of: with
+    ``W = B = 0.005699993338763802`` and an excess of ``0.00019983942017714307``, ``W (B + e) / B`` rounds one
+    bit above ``B + e``, and the simulator refused the stage (CI on 2026-11-26: a tiny model's
+    ``plan train --dry-run`` ended with "bwd_weight_s ... above its bwd_s")."""
+    from types import SimpleNamespace
+
+    from planner.partition.model.cost import stage_backward_halves
+
+    b, e = 0.005699993338763802, 0.00019983942017714307
+    assert b * (b + e) / b > b + e  # the case: plain scaling overshoots
+    tables = SimpleNamespace(weight_prefix={"d": [0.0, b]}, speed={"d": 1.0}, split_excess={"d": (e, 1.0)},
+                             saved_prefix=[0, 1])
+    bwd, weight = stage_backward_halves(tables, "d", 0, 1, b, first=False)
+    assert bwd == b + e and weight == bwd
+    simulate([SimStage("d0", 0.001, bwd, 0, 0, 0, 0, bwd_weight_s=weight)], cluster(1), "zb-h1", 2)  # and it runs
+
+
 def test_weight_share_measured_else_the_rule() -> None:
     def node(op: str, params: tuple[str, ...], bwd_weight: float | None) -> Node:
         return Node("n", op, (), 0, 4 * len(params), {"cpu": OpTime(1.0, 2.0, "measured", bwd_weight)},

@@ -59,7 +59,8 @@ def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int
     excess = a * (tables.saved_prefix[stop] - tables.saved_prefix[start]) ** k * tables.speed[device]
     if bwd <= 0 or excess <= 0:
         return bwd, weight
-    return bwd + excess, weight * (bwd + excess) / bwd
+    total = bwd + excess
+    return total, min(total, weight * total / bwd)  # the min: rounding can put an all-W share a last bit above
 
 
 def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> float:
