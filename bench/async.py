@@ -11,12 +11,18 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
   the standard library's bytes (Adam lr 3e-3, target validation loss 3.0, 200 steps) at 4 micro-batches,
   1f1b against the asynchronous schedules with and without the correction, 9 seeds (``--seeds``), schedules interleaved.
 
+- the rule alone: the engine's update rule in one process (``train_async_reference``, which the distributed run
+  equals: ``tests/test_async.py``; on the text runs here, every seed's final loss to the last digit shown) on
+  ``gpt_bytes`` for longer and at a lower learning rate, every variant, 6 seeds (``--rule-seeds``). No timing, so
+  the final losses carry no noise from the machine: what separates two variants of one seed is their rule.
+
 Writes docs/bench-async.md, docs/bench-async.json and docs/img/async-*.png (``plan curves``); the 1-minute load
 average is recorded around every run.
 
-    python3 bench/async.py                           # everything (about 80 minutes)
+    python3 bench/async.py                           # everything (about 110 minutes)
     python3 bench/async.py --only throughput         # 3 runs of each schedule (about 25 minutes; --repeats)
     python3 bench/async.py --only convergence --data text   # text's convergence, 9 seeds (about 25 minutes)
+    python3 bench/async.py --only rule               # the rule alone, offline, on both cores (about 30 minutes)
     python3 bench/async.py --render                  # the page again from docs/bench-async.json
 """
 
@@ -66,6 +72,9 @@ ROUND_STEPS = 10
 """Steps per round, in the throughput and the convergence runs alike: the asynchronous schedules drain the pipeline
 once per round, and the convergence runs evaluate at round ends, every 10 steps."""
 MICROBATCHES = (4, 8)
+RULE_SETTINGS = ((400, 0.003), (200, 0.0015))
+"""(steps, Adam's learning rate) of the offline sections: twice the convergence runs' steps, and their steps at
+half their rate (text's convergence runs: 200 steps at 3e-3)."""
 
 
 def _tag(*parts: Any) -> str:
@@ -159,9 +168,112 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
         plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
 
 
+def _rule_final(job: tuple[str, int, int, float]) -> float:
+    """One seed of one variant under the rule alone: ``train_async_reference`` on text's plan (for ``1f1b`` with one
+    micro-batch in flight, which is synchronous training), then the validation loss ``plan run`` reports at its
+    last evaluation (the same 4 held-out batches)."""
+    import dataclasses
+
+    import torch
+
+    from planner.data.factory import _lm_cross_entropy
+    from planner.data.text import batches
+    from planner.examples.gpt import gpt_bytes
+    from planner.formats.plan import load_plan
+    from planner.profile.capture import capture
+    from planner.runtime.pipeline.asynchronous import train_async_reference
+    from planner.runtime.pipeline.graph_split import split_graph
+    from planner.runtime.pipeline.stages import assign_nodes
+
+    variant, seed, steps, lr = job
+    schedule, correction, _ = VARIANTS[variant]
+    torch.set_num_threads(1)  # two jobs share the two cores
+    plan = load_plan(WORK / f"{_tag('text', 4, 'async-1f1b')}-plan.json")  # the stages; the schedule is the variant's
+    plan = dataclasses.replace(plan, schedule="async-1f1b" if schedule == "1f1b" else schedule)
+    torch.manual_seed(seed)  # as plan run --seed builds the model
+    model, example = gpt_bytes()
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    captured = capture(model, example, "auto")
+    graphs = split_graph(captured, model, assign_nodes(captured, plan.assignment(), len(plan.stages)), len(plan.stages))
+    rows = plan.microbatches * example[0].shape[0]
+
+    def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        x, y = batches(seed, step, rows)
+        return (x,), y
+
+    _, params = train_async_reference(graphs, model, start, _lm_cross_entropy, "adam", lr, plan.schedule,
+                                      plan.microbatches, batch, steps, ROUND_STEPS, correction,
+                                      1 if schedule == "1f1b" else None)
+    final = {c: w for stage in params[0] for c, w in stage.items()}
+    with torch.no_grad():
+        losses = [float(_lm_cross_entropy(torch.func.functional_call(model, final, (x,)), y))
+                  for x, y in (batches(seed, i, rows, "val") for i in range(4))]
+    return statistics.mean(losses)
+
+
+def rule(results: dict[str, Any], seeds: int) -> None:
+    """Every variant's final text loss under the rule alone, per seed, for each of ``RULE_SETTINGS``; two jobs at a
+    time (nothing is timed)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    make_plan(profile_of("text", LEARN["text"]["model"]), "text", 4, "async-1f1b")
+    for steps, lr in RULE_SETTINGS:
+        jobs = [(v, seed, steps, lr) for seed in range(seeds) for v in LEARN_VARIANTS]
+        print(f"rule: {len(jobs)} runs of {steps} steps at lr {lr} ...", file=sys.stderr, flush=True)
+        with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
+            finals = list(pool.map(_rule_final, jobs))
+        by = {v: [f for (w, *_), f in zip(jobs, finals) if w == v] for v in LEARN_VARIANTS}
+        results[f"rule/text/{steps}/{lr}"] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": by,
+                                              "date": time.strftime("%Y-%m-%d")}
+    spec = LEARN["text"]  # the check: seed 0 of the convergence runs, offline, against their last evaluation
+    runs = {v: WORK / f"{_tag('learn', 'text', v, 's0')}.json" for v in LEARN_VARIANTS}
+    runs = {v: json.loads(path.read_text())["eval"][-1]["loss"] for v, path in runs.items() if path.exists()}
+    with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
+        offline = list(pool.map(_rule_final, [(v, 0, spec["steps"], spec["lr"]) for v in runs]))
+    results["rule_check/text"] = {"steps": spec["steps"], "lr": spec["lr"],
+                                  "pairs": {v: [off, run] for (v, run), off in zip(runs.items(), offline)}}
+
+
+def _render_rule(results: dict[str, Any]) -> list[str]:
+    keys = sorted((k for k in results if k.startswith("rule/")), key=lambda k: (-results[k]["steps"], -results[k]["lr"]))
+    if not keys:
+        return []
+    lines = ["## The rule alone: text, offline", "",
+             "Each variant's update rule in one process (`train_async_reference`; the distributed engine equals it, "
+             "`tests/test_async.py`, and 1f1b is the same rule with one micro-batch in flight: synchronous training), "
+             "on the convergence runs' stages, data and seeds, for longer or at a lower learning rate. Nothing is "
+             "timed, so a variant's final loss on a seed is exact: what separates two variants on a seed is their "
+             "rule. *paired*: the median over seeds of the variant's final loss over 1f1b's on the same seed; "
+             "*above*: the seeds on which it ends above 1f1b.", ""]
+    for key in keys:
+        entry = results[key]
+        finals = entry["finals"]
+        base = finals["1f1b"]
+        lines += [f"### {entry['steps']} steps at lr {entry['lr']:g}, {entry['seeds']} seeds", "",
+                  f"Measured {entry['date']}.", "",
+                  "| schedule | final loss (median) | vs 1f1b | paired | above | every seed |",
+                  "|---|---|---|---|---|---|"]
+        for variant in LEARN_VARIANTS:
+            mine = finals[variant]
+            paired = statistics.median(a / b - 1 for a, b in zip(mine, base))
+            lines.append(f"| {variant} | {statistics.median(mine):.3f} | "
+                         f"{statistics.median(mine) / statistics.median(base) - 1:+.1%} | {paired:+.1%} | "
+                         f"{sum(a > b for a, b in zip(mine, base))}/{len(mine)} | "
+                         f"{', '.join(f'{f:.3f}' for f in mine)} |")
+        lines.append("")
+    check = results.get("rule_check/text")
+    if check and check["pairs"]:
+        worst = max(abs(off - run) for off, run in check["pairs"].values())
+        lines += [f"The check: seed 0 of the convergence runs ({check['steps']} steps at lr {check['lr']:g}) offline "
+                  f"against the distributed runs' last evaluation, {len(check['pairs'])} variants: the final losses "
+                  f"differ by {worst:.1e} at most.", ""]
+    return lines + ["Command: `python3 bench/async.py --only rule` (`--rule-seeds`).", ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["throughput", "convergence"])
+    parser.add_argument("--only", choices=["throughput", "convergence", "rule"])
     parser.add_argument("--seeds", type=int, default=9,
                         help="convergence runs per schedule (one schedule's final text loss spreads over more than 10%% "
                              "from seed to seed, and the target loss sits at the end of a plateau the seeds leave "
@@ -171,6 +283,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(SPEED), choices=list(SPEED),
                         help="throughput: which models (the others' sections are kept)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
+    parser.add_argument("--rule-seeds", type=int, default=6, help="seeds of each offline section (the rule alone)")
     parser.add_argument("--render", action="store_true", help="re-render the page from docs/bench-async.json only")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -182,6 +295,8 @@ def main() -> None:
             throughput(results, args.repeats, args.models)
         if args.only in (None, "convergence"):
             convergence(results, args.seeds, args.data)
+        if args.only in (None, "rule"):
+            rule(results, args.rule_seeds)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
                                "minutes": round((time.time() - began) / 60, 1)}
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -278,6 +393,7 @@ def render(results: dict[str, Any]) -> str:
                          f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
         lines += ["", f"Command (1f1b, seed 0): `{base['command']}`", "",
                   f"![{entry['data']}](img/async-{entry['data']}.png)", ""]
+    lines += _render_rule(results)
     return "\n".join(lines) + "\n"
 
 
