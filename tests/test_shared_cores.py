@@ -67,6 +67,23 @@ def test_only_the_crowded_host_is_stretched():
     assert fwd["b-1"] > fwd["a-0"] * 1.2
 
 
+def test_the_stretch_lengthens_a_zero_bubble_backwards_halves_alike():
+    """A crowded host stretches a zero-bubble stage's weight gradient ``W`` with the rest of its backward: a ``W``
+    left as profiled would shrink the held-back share the schedule fills bubbles with."""
+    import dataclasses
+
+    pipelines, shares, sync, cluster = _hybrid(_cluster({"h": 4}, cores=2))
+    pipelines = [[dataclasses.replace(st, bwd_weight_s=st.bwd_s / 2) for st in p] for p in pipelines]
+    free = simulate_step(pipelines, shares, sync, cluster_from_dict(_cluster({"h": 4}, cores=None)), "zb-h1")
+    shared = simulate_step(pipelines, shares, sync, cluster, "zb-h1")
+    factor = shared.core_stretch[cluster.device_ids[0]]
+    assert factor > 1.2
+    for kind in ("bwd_input", "bwd_weight"):
+        took = {round(e.end_s - e.start_s, 12) for e in shared.events if e.resource == "h-1" and e.kind == kind}
+        was = {round(e.end_s - e.start_s, 12) for e in free.events if e.resource == "h-1" and e.kind == kind}
+        assert took == {round(w * factor, 12) for w in was}, kind
+
+
 @pytest.mark.parametrize("cores", [0, -1, 1.5, True])
 def test_host_cores_must_be_a_positive_whole_number(cores):
     with pytest.raises(InputFileError, match="runtime.host_cores"):

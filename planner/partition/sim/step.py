@@ -115,8 +115,10 @@ def exposed_sync_s(sync_s: Sequence[float], compute_s: float) -> list[float]:
 
 
 def _stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[SimStage, ...]:
-    """The stages with their device's stretch applied to compute and update times."""
+    """The stages with their device's stretch applied to compute and update times (a zero-bubble stage's weight
+    gradient with the rest of its backward)."""
     if not stretch:
         return tuple(sims)
-    return tuple(replace(st, fwd_s=st.fwd_s * f, bwd_s=st.bwd_s * f, update_s=st.update_s * f)
+    return tuple(replace(st, fwd_s=st.fwd_s * f, bwd_s=st.bwd_s * f, update_s=st.update_s * f,
+                         bwd_weight_s=st.bwd_weight_s * f)
                  if (f := stretch.get(st.device, 1.0)) != 1.0 else st for st in sims)
