@@ -94,7 +94,9 @@ def run_pipeline(tmp: Path, plan: Path, model: str, *, launcher: str, extra: tup
 
 
 def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[str, ...] = (), world: int = 2,
-                  steps: int = STEPS, **options: Any) -> Any:
+                  steps: int = STEPS, parameter_free_ok: bool = False, **options: Any) -> Any:
+    """The run's losses and every rank's parameters equal one process's. ``parameter_free_ok``: a rank may end with
+    no parameters (a re-plan may leave a slow rank only parameter-free ops); otherwise every rank must have some."""
     config = RunConfig(plan=str(plan), model=model, steps=steps, **options)
     prepared = prepare(config, world, torch.device("cpu"))
     torch.manual_seed(0)
@@ -110,7 +112,7 @@ def assert_parity(tmp: Path, plan: Path, model: str, summary: dict, skip: tuple[
                                torch.tensor(reference.losses, dtype=torch.float64), rtol=1e-5, atol=1e-5)
     shards = [torch.load(tmp / "params" / f"rank{r}.pt") for r in range(world)]
     for shard in shards:
-        assert shard, "every rank trains some parameters"
+        assert shard or parameter_free_ok, "every rank trains some parameters"
     for name, expected in reference.params.items():
         if name.endswith(skip) and skip:
             continue

@@ -117,7 +117,8 @@ def test_a_rebalancing_change_under_zb_planned_runs_a_new_order_and_keeps_traini
     else:  # the placer's cut (polished), one stage per rank: the cut moved
         assert devices == ["cpu0", "cpu1"], (devices, reasons)
         assert final["stages"][0]["nodes"] != doc["stages"][0]["nodes"]
-    assert_parity(tmp_path, plan, GPT, summary, steps=10)
+    # rank 1 is 3x slow: the polished cut may leave it only the last, parameter-free ops (seen once in CI)
+    assert_parity(tmp_path, plan, GPT, summary, steps=10, parameter_free_ok=True)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
