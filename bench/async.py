@@ -175,71 +175,73 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
 def _rule_final(job: tuple[str, int, int, float]) -> float:
     """One seed of one variant under the rule alone: ``train_async_reference`` on text's plan (for ``1f1b`` with one
     micro-batch in flight, which is synchronous training), then the validation loss ``plan run`` reports at its
-    last evaluation (the same 4 held-out batches)."""
+    last evaluation (the same 4 held-out batches). Model, data and loss are ``LEARN["text"]``'s, as ``plan run``
+    loads them."""
     import dataclasses
 
     import torch
 
-    from planner.data.factory import _lm_cross_entropy
-    from planner.data.text import batches
-    from planner.examples.gpt import gpt_bytes
+    from planner.data.factory import data_spec, load_data_factory, loss_fn
     from planner.formats.plan import load_plan
     from planner.profile.capture import capture
+    from planner.profile.loader import load_factory
     from planner.runtime.pipeline.asynchronous import train_async_reference
     from planner.runtime.pipeline.graph_split import split_graph
     from planner.runtime.pipeline.stages import assign_nodes
 
     variant, seed, steps, lr = job
+    spec = LEARN["text"]
     schedule, correction, _ = VARIANTS["1f1b" if variant == JITTERED else variant]
     torch.set_num_threads(1)  # two jobs share the two cores
     plan = load_plan(WORK / f"{_tag('text', 4, 'async-1f1b')}-plan.json")  # the stages; the schedule is the variant's
     plan = dataclasses.replace(plan, schedule="async-1f1b" if schedule == "1f1b" else schedule)
     torch.manual_seed(seed)  # as plan run --seed builds the model
-    model, example = gpt_bytes()
+    model, example = load_factory(spec["model"])
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
     if variant == JITTERED:
         noise = torch.Generator().manual_seed(1000 + seed)
         start = {k: v * (1 + 1e-6 * torch.randn(v.shape, generator=noise)) for k, v in start.items()}
+    with torch.no_grad():
+        criterion = loss_fn(data_spec(example, model(*example)))
     captured = capture(model, example, "auto")
     graphs = split_graph(captured, model, assign_nodes(captured, plan.assignment(), len(plan.stages)), len(plan.stages))
     rows = plan.microbatches * example[0].shape[0]
+    batches = load_data_factory(spec["data"])
 
     def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         x, y = batches(seed, step, rows)
         return (x,), y
 
-    _, params = train_async_reference(graphs, model, start, _lm_cross_entropy, "adam", lr, plan.schedule,
-                                      plan.microbatches, batch, steps, ROUND_STEPS, correction,
-                                      1 if schedule == "1f1b" else None)
+    _, params = train_async_reference(graphs, model, start, criterion, "adam", lr, plan.schedule, plan.microbatches,
+                                      batch, steps, ROUND_STEPS, correction, 1 if schedule == "1f1b" else None)
     final = {c: w for stage in params[0] for c, w in stage.items()}
     with torch.no_grad():
-        losses = [float(_lm_cross_entropy(torch.func.functional_call(model, final, (x,)), y))
+        losses = [float(criterion(torch.func.functional_call(model, final, (x,)), y))
                   for x, y in (batches(seed, i, rows, "val") for i in range(4))]
     return statistics.mean(losses)
 
 
 def rule(results: dict[str, Any], seeds: int) -> None:
-    """Every variant's final text loss under the rule alone, per seed, for each of ``RULE_SETTINGS``; two jobs at a
-    time (nothing is timed)."""
+    """Every variant's final text loss under the rule alone, per seed, for each of ``RULE_SETTINGS``, and the check
+    (seed 0 of the convergence runs offline); two jobs at a time (nothing is timed)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    make_plan(profile_of("text", LEARN["text"]["model"]), "text", 4, "async-1f1b")
-    for steps, lr in RULE_SETTINGS:
-        jobs = [(v, seed, steps, lr) for seed in range(seeds) for v in RULE_VARIANTS]
-        print(f"rule: {len(jobs)} runs of {steps} steps at lr {lr} ...", file=sys.stderr, flush=True)
-        with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
-            finals = list(pool.map(_rule_final, jobs))
-        by = {v: [f for (w, *_), f in zip(jobs, finals) if w == v] for v in RULE_VARIANTS}
-        results[f"rule/text/{steps}/{lr}"] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": by,
-                                              "date": time.strftime("%Y-%m-%d")}
-    spec = LEARN["text"]  # the check: seed 0 of the convergence runs, offline, against their last evaluation
+    spec = LEARN["text"]
+    make_plan(profile_of("text", spec["model"]), "text", 4, "async-1f1b")
+    jobs = [(v, seed, steps, lr) for steps, lr in RULE_SETTINGS for seed in range(seeds) for v in RULE_VARIANTS]
     runs = {v: WORK / f"{_tag('learn', 'text', v, 's0')}.json" for v in LEARN_VARIANTS}
     runs = {v: json.loads(path.read_text())["eval"][-1]["loss"] for v, path in runs.items() if path.exists()}
+    checks = [(v, 0, spec["steps"], spec["lr"]) for v in runs]
+    print(f"rule: {len(jobs) + len(checks)} offline runs ...", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
-        offline = list(pool.map(_rule_final, [(v, 0, spec["steps"], spec["lr"]) for v in runs]))
+        finals = dict(zip(jobs + checks, pool.map(_rule_final, jobs + checks)))
+    for steps, lr in RULE_SETTINGS:
+        by = {v: [finals[(v, seed, steps, lr)] for seed in range(seeds)] for v in RULE_VARIANTS}
+        results[f"rule/text/{steps}/{lr}"] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": by,
+                                              "date": time.strftime("%Y-%m-%d")}
     results["rule_check/text"] = {"steps": spec["steps"], "lr": spec["lr"],
-                                  "pairs": {v: [off, run] for (v, run), off in zip(runs.items(), offline)}}
+                                  "pairs": {v: [finals[job], runs[v]] for v, job in zip(runs, checks)}}
 
 
 def _render_rule(results: dict[str, Any]) -> list[str]:
