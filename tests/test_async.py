@@ -268,6 +268,12 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
             tokens = torch.randint(0, 128, (rows, 17), generator=torch.Generator().manual_seed(step))
             return (tokens[:, :-1],), tokens[:, 1:]
 
+        drawn: dict[int, int] = {}
+
+        def engine_batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+            drawn[step] = drawn.get(step, 0) + 1
+            return batch(step)
+
         opt = make_optimizer(stages.params, optimizer, lr)
         engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True)
         losses: list[float | None] = []
@@ -281,7 +287,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
                 engine.close()
                 engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True,
                                      before=engine)
-            losses += engine.run_round(first, min(3, 7 - first), batch)
+            losses += engine.run_round(first, min(3, 7 - first), engine_batch)
         engine.close()
         log += engine.log or []
         ref_losses, ref_params = train_async_reference(stages.graphs, model, init, criterion, optimizer, lr, schedule,
@@ -289,7 +295,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
         mine = ref_params[0][engine.stage]
         row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
                "losses": losses, "ref_losses": ref_losses, "log": log, "tied": [t.name for t in stages.tied],
-               "report": engine.report(), "first_compute": first_compute,
+               "report": engine.report(), "first_compute": first_compute, "draws": sorted(drawn.items()),
                "tied_sums": {t.name: float(engine.params[t.name].detach().double().sum()) for t in stages.tied}}
         if inflight == 1:  # one micro-batch at a time: plain synchronous training, torch's arithmetic
             torch.manual_seed(0)
@@ -336,6 +342,7 @@ def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_
             forwards = {k: v for k, v, _, _ in row["log"] if v >= 0}
             backwards = {k: v for k, _, v, _ in row["log"] if v >= 0}
             assert forwards == backwards and len(forwards) == 7 * 2, name  # weight stashing, every micro-batch
+            assert row["draws"] == [[step, 1] for step in range(7)], name  # each step's batch drawn once, not per pass
         last = ranks[1][name]
         assert last["losses"] == pytest.approx(last["ref_losses"], rel=1e-5)
     assert ranks[0]["gpt/async-1f1b/predict/None/adam"]["tied"] == ["wte.weight"]  # the case tests a tie

@@ -200,17 +200,17 @@ class AsyncEngine:
                 continue
             k = base + j
             step = k // m
-            if step not in cache:
-                cache.clear()  # a step's batch is drawn once, when its first micro-batch needs it
-                inputs, target = batch(step)
-                cache[step] = (tuple(x.chunk(m) for x in inputs), target.chunk(m))
-            chunks, targets = cache[step]
-            if kind == FWD:
-                self._forward(k, base, tuple(c[k % m] for c in chunks), targets[k % m])
-            else:
+            if kind != FWD:
                 loss = self._backward(k)
                 if loss is not None:
                     losses[step - first_step] += loss / self.total
+                continue
+            if step not in cache:  # forwards come in micro-batch order: a step's batch is drawn once, by its first
+                cache.clear()
+                inputs, target = batch(step)
+                cache[step] = (tuple(x.chunk(m) for x in inputs), target.chunk(m))
+            chunks, targets = cache[step]
+            self._forward(k, base, tuple(c[k % m] for c in chunks), targets[k % m])
         self._drain_sends(wait=True)
         self._apply_tied_sums()  # evaluation, a re-plan or a checkpoint after the round sees equal copies
         return losses if self.next is None else [None] * steps
