@@ -193,18 +193,27 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
 
 PLANNED_PROXY = "zb-h1"
 """The fixed order ``zb-planned``'s stages are placed, refined and polished under (one simulation per move)."""
+PLANNED_ROOMY_PROXY = "zb-h2"
+"""The fixed order that holds more micro-batches, under which ``zb-planned``'s stages are also placed where it fits."""
 
 
 def _planned_stages(problem: Problem, method: str, placed: Partition, start: Mapping[str, float],
-                    method_options: Mapping[str, Any], polish_on: bool) -> tuple[Partition, Partition]:
+                    method_options: Mapping[str, Any], polish_on: bool) -> tuple[Partition, ...]:
     """``zb-planned``'s candidate stages, one stage per device. Its order is generated per candidate set of stages
-    (five simulations for one step time), too dear for the polish's thousand moves; so the stages are also placed,
-    checked and polished under ``zb-h1``'s fixed order (one simulation each), and the placer's own stages are checked
-    without the polish. Both go on to the V (``interleave``), and the faster under ``zb-planned`` wins (the placer's
-    own on ties). Since the planned order on any stages is at least as fast as ``zb-h1``'s (one stage per device) or
-    ``zbv``'s (in a V), and ``zb-h1``'s and ``zbv``'s plans start from the same polished stages, the plan is never
-    slower than either's plan of the same problem."""
+    (five to eight simulations for one step time), too dear for the polish's thousand moves; so the stages are also
+    placed, checked and polished under ``zb-h1``'s fixed order (one simulation each), and under ``zb-h2``'s where the
+    devices hold what it keeps in flight (its cuts suit an order with more micro-batches in flight, which the
+    generator may then use: ``schedules.planned_patterns``); the placer's own stages are checked without the polish.
+    All go on to the V (``interleave``), and the fastest under ``zb-planned`` wins (the placer's own on ties, then
+    ``zb-h1``'s). Since the planned order on any stages is at least as fast as ``zb-h1``'s (one stage per device),
+    ``zbv``'s (in a V) and ``zb-h2``'s where it fits, and their plans start from the same polished stages, the plan is
+    never slower than their plans of the same problem."""
     fixed = with_schedule(problem, PLANNED_PROXY)
     under_fixed = guard.check(fixed, methods.get(method).fn(fixed, weights=start, **method_options), polish_on)
     own = guard.check(problem, placed, False)
-    return own, under_fixed
+    roomy = with_schedule(problem, PLANNED_ROOMY_PROXY)
+    try:
+        under_roomy = guard.check(roomy, methods.get(method).fn(roomy, weights=start, **method_options), polish_on)
+    except InfeasibleError:  # the devices cannot hold zb-h2's micro-batches: zb-h1's counts are the most it may use
+        return own, under_fixed
+    return own, under_fixed, under_roomy

@@ -151,8 +151,8 @@ def inflight_microbatches(schedule: str, stage_index: int, num_stages: int, micr
         return inflight_counts(device_orders(schedule, devices, 2, microbatches)[rank])[stage_index]
     if schedule == "zb-h2":  # warms up with 2 (p - 1 - s) forwards and holds back 2 s weight gradients
         return min(microbatches, 2 * num_stages - 1)
-    if schedule in ZERO_BUBBLE_SCHEDULES:  # activations live until W: zb-h1 holds min(m, p) on every stage, and
-        return min(microbatches, num_stages)  # zb-planned's orders stay within zb-h1's counts (docs/zero-bubble.md)
+    if schedule in ZERO_BUBBLE_SCHEDULES:  # activations live until W: zb-h1 holds min(m, p) on every stage; so
+        return min(microbatches, num_stages)  # may zb-planned, and more only where zb-h2's order fits (planned_patterns)
     if schedule == "1f1b" or devices == num_stages:
         return min(microbatches, num_stages - stage_index)
     if num_stages % devices:
@@ -169,6 +169,8 @@ def stage_memory_bytes(problem: Problem, partition: Partition, i: int) -> int:
                    for r, m in enumerate(shares_of(partition, problem.microbatches)))
     ranks, _ = pipeline_layout([st.device for st in partition], problem.schedule)
     stage = partition[i]
+    if problem.schedule in GENERATED_ORDER_SCHEDULES and len(ranks) == len(partition):
+        return device_memory_bytes(problem, partition)[stage.device]  # the stage is its device's: what its order holds
     inflight = inflight_microbatches(problem.schedule, i, len(partition), problem.microbatches, len(ranks))
     return (stage_static_bytes(problem, stage.start, stage.stop)
             + stage_activation_need_t(problem.tables, stage.start, stage.stop, inflight, stage.recompute)
@@ -190,21 +192,24 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
             out.update(device_memory_bytes(with_microbatches(problem, m), replica_of(partition, r)))
         return out
     ranks, chunks = pipeline_layout([st.device for st in partition], problem.schedule)
-    patterns = planned_patterns(len(partition), len(ranks), problem.microbatches) \
-        if problem.schedule in GENERATED_ORDER_SCHEDULES else (problem.schedule,)  # zb-planned: its candidates' most
-    orders = [device_orders(name, len(ranks), chunks, problem.microbatches) for name in patterns]
     activation = {i: stage_activation_bytes_t(problem.tables, st.start, st.stop, st.recompute)
                   for i, st in enumerate(partition)}
-    out = {}
     p = len(partition)
-    for r, device in enumerate(ranks):
+    held = []
+    for device in ranks:
         static = sum(stage_static_bytes(problem, st.start, st.stop)
                      + stage_stash_bytes_t(problem.tables, problem.schedule, st.start, st.stop, p - i, problem.microbatches)
                      for i, st in enumerate(partition) if st.device == device)
         once = max((stage_recompute_bytes_t(problem.tables, st.start, st.stop, st.recompute) for st in partition
                     if st.device == device), default=0)  # one backward's recomputed forward at a time
-        out[device] = static + once + max(peak_activation_bytes(order[r], activation) for order in orders)
-    return out
+        held.append(static + once)
+    patterns = (problem.schedule,)
+    if problem.schedule in GENERATED_ORDER_SCHEDULES:  # zb-planned: the most any of its candidates holds
+        room = [problem.tables.capacity_bytes[device] - h for device, h in zip(ranks, held)]
+        patterns = planned_patterns(p, len(ranks), problem.microbatches, room, [activation[i] for i in range(p)])
+    orders = [device_orders(name, len(ranks), chunks, problem.microbatches) for name in patterns]
+    return {device: h + max(peak_activation_bytes(order[r], activation) for order in orders)
+            for r, (device, h) in enumerate(zip(ranks, held))}
 
 
 def stage_sync_s(problem: Problem, stage: StageSpec) -> float:

@@ -168,12 +168,21 @@ def dualpipev_violation(num_stages: int, num_devices: int, microbatches: int) ->
             f"more, or use --schedule zbv")
 
 
-def planned_patterns(num_stages: int, num_devices: int, microbatches: int) -> tuple[str, ...]:
+def planned_patterns(num_stages: int, num_devices: int, microbatches: int,
+                     room: Sequence[int] | None = None, activation_bytes: Sequence[int] | None = None) -> tuple[str, ...]:
     """The fixed orders ``zb-planned`` takes as candidates on this layout, and so the memory it may hold (the most
-    any of them holds on each device): ``zb-h1``'s on one stage per device; ``zbv``'s in a V, and ``dualpipev``'s there
-    too when it can run."""
+    any of them holds on each device): ``zb-h1``'s on one stage per device, and ``zb-h2``'s too where its order's live
+    activations fit every device (``room``: per device, its capacity less what it holds whatever the order;
+    ``activation_bytes``: per stage, what a micro-batch in flight keeps; without them, ``zb-h1``'s only); ``zbv``'s in
+    a V, and ``dualpipev``'s there too when it can run. The memory rule (``cost.device_memory_bytes``) and the order
+    generator (``simulate.planned_orders``) both ask here, so they agree on what a plan may hold."""
     if num_stages == num_devices:
-        return ("zb-h1",)
+        if room is None or activation_bytes is None:
+            return ("zb-h1",)
+        activation = dict(enumerate(activation_bytes))
+        orders = device_orders("zb-h2", num_devices, 1, microbatches)
+        fits = all(peak_activation_bytes(order, activation) <= free for order, free in zip(orders, room))
+        return ("zb-h1", "zb-h2") if fits else ("zb-h1",)
     return ("zbv",) if dualpipev_violation(num_stages, num_devices, microbatches) else ("zbv", "dualpipev")
 
 

@@ -182,22 +182,26 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
 PLANNED_VARIANTS = ((True, "zb-h1"), (False, "zb-h1"), (True, "1f1b"), (False, "1f1b"))
 """The ``_OrderPlanner`` settings ``planned_orders`` tries on one stage per device: input gradients before forwards
 or after, and the in-flight caps of ``zb-h1`` (``p`` micro-batches on every stage) or of ``1f1b`` (``p - s``, less
-memory). On two stages per device in a V the caps are ``zbv``'s (``PLANNED_V_VARIANTS``)."""
+memory); and, where ``zb-h2``'s order fits every device (``planned_patterns``), its caps (``2p - 1`` on every stage,
+``PLANNED_ROOMY_VARIANTS``). On two stages per device in a V the caps are ``zbv``'s (``PLANNED_V_VARIANTS``)."""
+PLANNED_ROOMY_VARIANTS = ((True, "zb-h2"), (False, "zb-h2"))
 PLANNED_V_VARIANTS = ((True, "zbv"), (False, "zbv"))
 
 
 def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int) -> tuple[tuple[Op, ...], ...]:
-    """The ``zb-planned`` order of every device: the fastest of torch's orders for the layout (``zb-h1``'s on one
-    stage per device; ``zbv``'s on two in a V, and ``dualpipev``'s there when there are enough micro-batches: both
-    hold the same micro-batches in flight) and the greedy orders ``_OrderPlanner`` builds under each of the layout's
-    variants (first listed wins ties), simulated on these stages' own F, I and W times and links. An order is a
-    candidate only when no device's live activations peak above what the layout's torch orders (``zb-h1``'s, or
-    ``zbv``'s and ``dualpipev``'s, which the memory rule replays for ``zb-planned``) hold there. What ``simulate`` runs for that
+    """The ``zb-planned`` order of every device: the fastest of the fixed orders for the layout (``zb-h1``'s on one
+    stage per device, and ``zb-h2``'s where it fits every device's memory; ``zbv``'s on two in a V, and
+    ``dualpipev``'s there when there are enough micro-batches: both hold the same micro-batches in flight) and the
+    greedy orders ``_OrderPlanner`` builds under each of the layout's variants (first listed wins ties), simulated on
+    these stages' own F, I and W times and links. An order is a candidate only when no device's live activations
+    peak above what those fixed orders (``planned_patterns``, which the memory rule replays for ``zb-planned``) hold
+    there. What ``simulate`` runs for that
     schedule, what a plan records (``schedule_order``) and what torch's runtime is handed. Deterministic: the same
     stages give the same order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
     _check_stages(stages)
-    patterns = planned_patterns(len(stages), len(ranks), microbatches)
+    room = [cluster.device(dev).memory_bytes - held_bytes([st for st in stages if st.device == dev]) for dev in ranks]
+    patterns = planned_patterns(len(stages), len(ranks), microbatches, room, [st.activation_bytes for st in stages])
     fixed = patterns[0]
     best: tuple[tuple[Op, ...], ...] = ()
     best_step, ceiling = math.inf, [0] * len(ranks)
@@ -207,7 +211,9 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
         if max(state.free_at) < best_step - 1e-12:
             best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), max(state.free_at)
-    for inputs_first, caps in (PLANNED_V_VARIANTS if chunks == 2 else PLANNED_VARIANTS):
+    variants = PLANNED_V_VARIANTS if chunks == 2 else \
+        PLANNED_VARIANTS + (PLANNED_ROOMY_VARIANTS if "zb-h2" in patterns else ())
+    for inputs_first, caps in variants:
         state = _initial_state(stages, ranks, chunks, fixed, microbatches, False)
         limits = [0] * len(stages)
         for r, order in enumerate(device_orders(caps, len(ranks), chunks, microbatches)):
