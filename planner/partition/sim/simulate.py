@@ -205,9 +205,10 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     fixed = patterns[0]
     best: tuple[tuple[Op, ...], ...] = ()
     best_step, ceiling = math.inf, [0] * len(ranks)
-    for pattern in patterns:
+    for pattern in patterns:  # candidates are judged by the step with the optimizer updates, as ``_result`` counts it
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
         _run(state, stages, cluster, ranks, pattern)
+        _updates(state, stages, ranks)
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
         if max(state.free_at) < best_step - 1e-12:
             best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), max(state.free_at)
@@ -222,6 +223,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
         state.orders = tuple([] for _ in ranks)  # type: ignore[assignment]
         state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first, state.rank_of_stage)
         _run(state, stages, cluster, ranks, "zb-planned")
+        _updates(state, stages, ranks)
         if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
             best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
     return best
