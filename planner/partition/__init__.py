@@ -9,7 +9,7 @@ S3-S6 loop; ``validate.validate_plan`` checks any plan against its profile.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
 from planner.partition.model.feasibility import violations
@@ -177,8 +177,14 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
         extra["refine"] = result.record if proxy is problem else {**result.record, "under": proxy.schedule}
     else:
         chosen, used = methods.get(method).fn(problem, weights=start, **method_options), start
+
+    def roomy_stages(roomy: Problem) -> Partition:  # zb-planned's stages under zb-h2's order, refined as asked
+        if refine:
+            return refine_loop(roomy, method, start, method_options, refine_config or RefineConfig()).partition
+        return methods.get(method).fn(roomy, weights=start, **method_options)
+
     if problem.schedule in GENERATED_ORDER_SCHEDULES:
-        bases = _planned_stages(problem, method, chosen, start, method_options, polish_on)
+        bases = _planned_stages(problem, method, chosen, start, method_options, polish_on, roomy_stages)
     else:
         bases = (guard.check(problem, chosen, polish_on),)  # "optimal" (dp, ilp) never loses to a baseline, simulated
     # interleaved-1f1b, zbv and zb-planned: several chunks per device when faster (from each base; the first wins ties)
@@ -198,12 +204,14 @@ PLANNED_ROOMY_PROXY = "zb-h2"
 
 
 def _planned_stages(problem: Problem, method: str, placed: Partition, start: Mapping[str, float],
-                    method_options: Mapping[str, Any], polish_on: bool) -> tuple[Partition, ...]:
+                    method_options: Mapping[str, Any], polish_on: bool,
+                    roomy_stages: Callable[[Problem], Partition]) -> tuple[Partition, ...]:
     """``zb-planned``'s candidate stages, one stage per device. Its order is generated per candidate set of stages
     (five to eight simulations for one step time), too dear for the polish's thousand moves; so the stages are also
     placed, checked and polished under ``zb-h1``'s fixed order (one simulation each), and under ``zb-h2``'s where the
     devices hold what it keeps in flight (its cuts suit an order with more micro-batches in flight, which the
-    generator may then use: ``schedules.planned_patterns``); the placer's own stages are checked without the polish.
+    generator may then use: ``schedules.planned_patterns``; ``roomy_stages`` places them, refined when the plan is, as
+    ``zb-h2``'s own plan would be); the placer's own stages are checked without the polish.
     All go on to the V (``interleave``), and the fastest under ``zb-planned`` wins (the placer's own on ties, then
     ``zb-h1``'s). Since the planned order on any stages is at least as fast as ``zb-h1``'s (one stage per device),
     ``zbv``'s (in a V) and ``zb-h2``'s where it fits, and their plans start from the same polished stages, the plan is
@@ -213,7 +221,7 @@ def _planned_stages(problem: Problem, method: str, placed: Partition, start: Map
     own = guard.check(problem, placed, False)
     roomy = with_schedule(problem, PLANNED_ROOMY_PROXY)
     try:
-        under_roomy = guard.check(roomy, methods.get(method).fn(roomy, weights=start, **method_options), polish_on)
+        under_roomy = guard.check(roomy, roomy_stages(roomy), polish_on)
     except InfeasibleError:  # the devices cannot hold zb-h2's micro-batches: zb-h1's counts are the most it may use
         return own, under_fixed
     return own, under_fixed, under_roomy
