@@ -186,8 +186,7 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
     from planner.profile.capture import capture
     from planner.profile.loader import load_factory
     from planner.runtime.pipeline.asynchronous import train_async_reference
-    from planner.runtime.pipeline.graph_split import split_graph
-    from planner.runtime.pipeline.stages import assign_nodes
+    from planner.runtime.pipeline.stages import stage_graphs
 
     variant, seed, steps, lr = job
     spec = LEARN["text"]
@@ -203,8 +202,7 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
         start = {k: v * (1 + 1e-6 * torch.randn(v.shape, generator=noise)) for k, v in start.items()}
     with torch.no_grad():
         criterion = loss_fn(data_spec(example, model(*example)))
-    captured = capture(model, example, "auto")
-    graphs = split_graph(captured, model, assign_nodes(captured, plan.assignment(), len(plan.stages)), len(plan.stages))
+    graphs = stage_graphs(capture(model, example, "auto"), model, plan)
     rows = plan.microbatches * example[0].shape[0]
     batches = load_data_factory(spec["data"])
 

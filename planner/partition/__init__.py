@@ -168,23 +168,25 @@ def _pure(problem: Problem, method: str, start: Mapping[str, float], refine: boo
           extra: dict[str, Any]) -> tuple[Partition, Mapping[str, float]]:
     """The pure pipeline (degree 1): the placer (or the refine loop), the optimality guard and interleaving;
     records what they did in ``extra``."""
-    if refine:
-        # zb-planned refines under its fixed proxy's order (_planned_stages says why): its own order is generated per
-        # simulation, and the polish's thousands of moves under it took most of plan train's search time
-        proxy = with_schedule(problem, PLANNED_PROXY) if problem.schedule in GENERATED_ORDER_SCHEDULES else problem
-        result = refine_loop(proxy, method, start, method_options, refine_config or RefineConfig())
-        chosen, used = result.partition, result.weights
-        extra["refine"] = result.record if proxy is problem else {**result.record, "under": proxy.schedule}
-    else:
-        chosen, used = methods.get(method).fn(problem, weights=start, **method_options), start
 
-    def roomy_stages(roomy: Problem) -> Partition:  # zb-planned's stages under zb-h2's order, refined as asked
+    def place(under: Problem) -> tuple[Partition, Any]:
+        """``under``'s stages: the refine loop's when asked (and its result), else the placer's (and None)."""
         if refine:
-            return refine_loop(roomy, method, start, method_options, refine_config or RefineConfig()).partition
-        return methods.get(method).fn(roomy, weights=start, **method_options)
+            result = refine_loop(under, method, start, method_options, refine_config or RefineConfig())
+            return result.partition, result
+        return methods.get(method).fn(under, weights=start, **method_options), None
 
+    # zb-planned refines under its fixed proxy's order (_planned_stages says why): its own order is generated per
+    # simulation, and the polish's thousands of moves under it took most of plan train's search time
+    proxy = with_schedule(problem, PLANNED_PROXY) if refine and problem.schedule in GENERATED_ORDER_SCHEDULES \
+        else problem
+    chosen, result = place(proxy)
+    used = result.weights if result is not None else start
+    if result is not None:
+        extra["refine"] = result.record if proxy is problem else {**result.record, "under": proxy.schedule}
     if problem.schedule in GENERATED_ORDER_SCHEDULES:
-        bases = _planned_stages(problem, method, chosen, start, method_options, polish_on, roomy_stages)
+        bases = _planned_stages(problem, method, chosen, start, method_options, polish_on,
+                                lambda roomy: place(roomy)[0])
     else:
         bases = (guard.check(problem, chosen, polish_on),)  # "optimal" (dp, ilp) never loses to a baseline, simulated
     # interleaved-1f1b, zbv and zb-planned: several chunks per device when faster (from each base; the first wins ties)

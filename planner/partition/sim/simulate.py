@@ -193,11 +193,11 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     stage per device, and ``zb-h2``'s where it fits every device's memory; ``zbv``'s on two in a V, and
     ``dualpipev``'s there when there are enough micro-batches: both hold the same micro-batches in flight) and the
     greedy orders ``_OrderPlanner`` builds under each of the layout's variants (first listed wins ties), simulated on
-    these stages' own F, I and W times and links. An order is a candidate only when no device's live activations
-    peak above what those fixed orders (``planned_patterns``, which the memory rule replays for ``zb-planned``) hold
-    there. What ``simulate`` runs for that
-    schedule, what a plan records (``schedule_order``) and what torch's runtime is handed. Deterministic: the same
-    stages give the same order."""
+    these stages' own F, I and W times and links, each judged by its step with the optimizer updates. An order is a
+    candidate only when no device's live activations peak above what those fixed orders (``planned_patterns``, which
+    the memory rule replays for ``zb-planned``) hold there. What ``simulate`` runs for that schedule, what a plan
+    records (``schedule_order``) and what torch's runtime is handed. Deterministic: the same stages give the same
+    order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
     _check_stages(stages)
     room = [cluster.device(dev).memory_bytes - held_bytes([st for st in stages if st.device == dev]) for dev in ranks]
@@ -205,7 +205,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     fixed = patterns[0]
     best: tuple[tuple[Op, ...], ...] = ()
     best_step, ceiling = math.inf, [0] * len(ranks)
-    for pattern in patterns:  # candidates are judged by the step with the optimizer updates, as ``_result`` counts it
+    for pattern in patterns:
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
         _run(state, stages, cluster, ranks, pattern)
         _updates(state, stages, ranks)

@@ -35,7 +35,7 @@ from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
 __all__ = ["ContiguousStage", "OwnOutputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages",
-           "build_schedule", "check_zero_bubble", "zero_bubble_actions",
+           "build_schedule", "check_zero_bubble", "stage_graphs", "zero_bubble_actions",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
 
@@ -215,6 +215,12 @@ def _check_shape(plan: Plan) -> None:
         raise PlanMismatchError(f"the plan cannot run: {found[0]}")
 
 
+def stage_graphs(captured: Captured, module: nn.Module, plan: Plan) -> tuple[StageGraph, ...]:
+    """Every stage of ``plan`` cut out of ``captured`` (all ranks' stages, in stage order)."""
+    num = len(plan.stages)
+    return split_graph(captured, module, assign_nodes(captured, plan.assignment(), num), num)
+
+
 def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: int, device: torch.device,
                       group: Any = None) -> RankStages:
     """Cut ``captured`` by ``plan`` and wrap this rank's stages (hook: call again with a new plan mid-run).
@@ -226,8 +232,7 @@ def build_rank_stages(captured: Captured, module: nn.Module, plan: Plan, rank: i
     replica = next((r for r, row in enumerate(rows) if rank in row), 0)
     layout = rows[replica]
     num = len(plan.stages)
-    stage_of = assign_nodes(captured, plan.assignment(), num)
-    graphs = split_graph(captured, module, stage_of, num)
+    graphs = stage_graphs(captured, module, plan)
     local = [g for g in graphs if layout[g.index] == rank]
     mesh = None
     if len(rows) > 1:
