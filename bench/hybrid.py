@@ -10,6 +10,10 @@ granularity for ours), the simulated step time of
 - **uniform 2-D**: the split people make by hand: equal layers per stage (``uniform`` at ``--granularity layer``)
   with ``d = devices / stages`` replicas, even shares; the best over every such ``d`` (generous to it);
 - **ours**: ``--data-parallel auto`` with ``dp``;
+- **whole strategy**: ``plan train``'s search at the row's micro-batch count (``--schedule auto``, the zero-bubble
+  and asynchronous schedules included, ``--recompute auto``, ``--data-parallel auto``, ``--refine``, its default
+  placer and rounds; ``planner.app.train.choose_strategy`` without the sync rule, which keeps ssgd on these
+  clusters' fast links), beside today's auto;
 
 each with its ratio to the LP lower bound (total work over total capacity: no bubble, no transfers, no sync;
 ``bench/partition.py``), whether it fits in memory (the fullest device's peak over its capacity), and ours'
@@ -43,11 +47,13 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
+from planner.app.partition import partition_file  # noqa: E402
+from planner.app.train import TrainRequest  # noqa: E402
 from planner.clusters import load_cluster_spec  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.formats.catalog import load_catalog  # noqa: E402
 from planner.formats.cluster import Cluster  # noqa: E402
-from planner.formats.plan import Plan  # noqa: E402
+from planner.formats.plan import ASYNC_SCHEDULES, Plan  # noqa: E402
 from planner.formats.profile import Profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
 from planner.partition.model.problem import build_problem  # noqa: E402
@@ -56,6 +62,9 @@ from planner.partition.model.tables import OPTIMIZER_STATES  # noqa: E402
 MODELS = ("gpt_tiny", "gpt_small", "gpt_medium", "resnet_small", "unet_small", "gpt2_small", "bert_small")
 CLUSTERS = ("dgx-h100-8", "a100-2x8-ib", "mixed-3type-2host", "t4-4-pcie")
 MICROBATCHES = (8, 32)
+TRAIN = TrainRequest.__dataclass_fields__
+"""``plan train``'s defaults (placer, recomputation, rounds): the whole-strategy column searches as it does."""
+MIXED = "mixed-3type-2host"
 SCHEDULE, OPTIMIZER = "1f1b", "adam"
 MEASURED = ("gpt_small", "resnet_small")
 MEASURED_STEPS, ROUND_STEPS = 24, 4
@@ -97,7 +106,21 @@ def uniform_2d(profile: Profile, cluster: Cluster, m: int) -> Plan | None:
     return best
 
 
+def whole_strategy(name: str, cluster_name: str, m: int) -> tuple[Plan | None, float]:
+    """``plan train``'s search at ``m`` micro-batches (``TRAIN``'s defaults) and its planning wall time."""
+    start = time.perf_counter()
+    try:
+        plan = partition_file(suite.CACHE / f"{name}.json", cluster_name, None, method=TRAIN["method"].default,
+                              microbatches=m, schedule="auto", optimizer=OPTIMIZER, refine=True,
+                              data_parallel="auto", recompute=TRAIN["recompute"].default,
+                              round_steps=TRAIN["round_steps"].default)
+    except PlannerError:
+        plan = None
+    return plan, time.perf_counter() - start
+
+
 def simulated_case(name: str, profile: Profile, cluster_name: str, m: int, cluster: Cluster | None = None) -> dict[str, Any]:
+    named = cluster is None  # a bundled cluster: plan train's search can take it by name
     cluster = cluster or load_cluster_spec(cluster_name)
     lower = placer_bench.lower_bound_s(build_problem(profile, cluster, microbatches=m, schedule=SCHEDULE,
                                                      optimizer=OPTIMIZER, catalog=load_catalog()))
@@ -106,12 +129,15 @@ def simulated_case(name: str, profile: Profile, cluster_name: str, m: int, clust
     if data is not None and len(data.stages) != 1:
         data = None  # more devices than micro-batches: a replica took 2 devices, which is not pure data parallel
     ours, planning_s = attempt(profile, cluster, m, method="dp", data_parallel="auto")
-    row = {"model": name, "cluster": cluster_name, "m": m, "lower_s": lower, "planning_s": planning_s}
+    whole, whole_s = whole_strategy(name, cluster_name, m) if named else (None, 0.0)
+    row = {"model": name, "cluster": cluster_name, "m": m, "lower_s": lower, "planning_s": planning_s,
+           "whole_planning_s": whole_s if named else None}
     for key, plan in (("pipeline", pipeline), ("data", data), ("uniform2d", uniform_2d(profile, cluster, m)),
-                      ("ours", ours)):
+                      ("ours", ours), ("whole", whole)):
         row[key] = None if plan is None else {
             "step_s": plan.step_time_s, "fit": fit_ratio(plan), "stages": len(plan.stages),
-            "degree": len(plan.replicas()[0]), "shares": list(plan.shares() or [plan.microbatches])}
+            "degree": len(plan.replicas()[0]), "shares": list(plan.shares() or [plan.microbatches]),
+            "schedule": plan.schedule, "recompute": sum(plan.recomputed())}
     return row
 
 
@@ -161,7 +187,14 @@ def cell(entry: dict[str, Any] | None, lower: float) -> str:
     if entry is None:
         return "does not fit"
     shape = f"{entry['stages']}x{entry['degree']}"
+    if entry["schedule"] != SCHEDULE:  # the whole strategy's: say what it chose
+        shape += f", {entry['schedule']}" + (f", {entry['recompute']} recomputing" if entry["recompute"] else "")
     return f"{ms(entry['step_s'])} ({entry['step_s'] / lower:.2f}x LB, {shape}, mem {entry['fit']:.1%})"
+
+
+def whole_gain(row: dict[str, Any]) -> float:
+    """Today's auto over the whole strategy's step (> 1: the whole strategy is faster); nan where either is missing."""
+    return row["ours"]["step_s"] / row["whole"]["step_s"] if row["ours"] and row.get("whole") else float("nan")
 
 
 def best_baseline(row: dict[str, Any]) -> float:
@@ -178,17 +211,26 @@ def render(rows: list[dict[str, Any]], tight: dict[str, Any] | None, measured: l
              f"load {os.getloadavg()[0]:.2f} at the end). Simulated: step times in ms from the cost model and "
              f"simulator (profiles measured on this CPU, GPU types estimated by the roofline). Each cell: step time "
              f"(ratio to the LP lower bound, stages x replicas, fullest device's memory). Ours: `plan partition "
-             f"--method dp --data-parallel auto`. Shape search: docs/placers.md#hybrid-shapes.",
+             f"--method dp --data-parallel auto` (1F1B). Whole strategy: `plan train`'s search at the row's m "
+             f"(`--schedule auto` with the zero-bubble and asynchronous schedules, `--recompute "
+             f"{TRAIN['recompute'].default}`, `--data-parallel auto`, `--refine`, `--method {TRAIN['method'].default}`, "
+             f"asynchronous schedules priced for rounds of {TRAIN['round_steps'].default} steps); its cell names the "
+             f"schedule it chose. *whole vs ours*: ours' step over the whole strategy's. Planning: ours, then the "
+             f"whole strategy. Shape search: docs/placers.md#hybrid-shapes.",
              "",
-             "| model | cluster | m | pipeline | data | uniform 2-D | ours | ours / best baseline | ours vs pipeline | planning |",
-             "|---|---|---:|---|---|---|---|---:|---:|---:|"]
+             "| model | cluster | m | pipeline | data | uniform 2-D | ours | ours / best baseline | ours vs pipeline | "
+             "whole strategy | whole vs ours | planning |",
+             "|---|---|---:|---|---|---|---|---:|---:|---|---:|---:|"]
     for row in rows:
         lower, ours = row["lower_s"], row["ours"]
         ratio = ours["step_s"] / best_baseline(row) if ours else float("nan")
         gain = row["pipeline"]["step_s"] / ours["step_s"] if ours and row["pipeline"] else float("nan")
+        whole = row.get("whole")
+        planning = f"{row['planning_s']:.1f} s" + (f" / {row['whole_planning_s']:.1f} s"
+                                                   if row.get("whole_planning_s") is not None else "")
         lines.append(f"| {row['model']} | {row['cluster']} | {row['m']} | {cell(row['pipeline'], lower)} | "
                      f"{cell(row['data'], lower)} | {cell(row['uniform2d'], lower)} | {cell(ours, lower)} | "
-                     f"{ratio:.3f} | {gain:.2f}x | {row['planning_s']:.1f} s |")
+                     f"{ratio:.3f} | {gain:.2f}x | {cell(whole, lower)} | {whole_gain(row):.2f}x | {planning} |")
     lines += ["", "## Done-when checks (computed)", ""]
     key = next((r for r in rows if (r["model"], r["cluster"], r["m"]) == ("gpt_small", "dgx-h100-8", 8)), None)
     if key is not None and key["ours"] and key["pipeline"]:
@@ -201,6 +243,19 @@ def render(rows: list[dict[str, Any]], tight: dict[str, Any] | None, measured: l
     lines.append(f"- ours no slower than the best baseline: {len(rows) - len(slower)} of {len(rows)} cases"
                  + ("." if not slower else "; slower: " + ", ".join(f"{r['model']}/{r['cluster']}/m={r['m']}"
                                                                    for r in slower) + "."))
+    searched = [r for r in rows if r.get("whole_planning_s") is not None]
+    if searched:
+        behind = [r for r in searched if not whole_gain(r) >= 1 - 1e-9]
+        lines.append(f"- whole strategy no slower than ours: {len(searched) - len(behind)} of {len(searched)} cases"
+                     + ("." if not behind else "; slower: " + ", ".join(
+                         f"{r['model']}/{r['cluster']}/m={r['m']} ({whole_gain(r):.3f}x)" for r in behind) + "."))
+        mixed = [r for r in searched if r["cluster"] == MIXED]
+        ahead = [r for r in mixed if whole_gain(r) >= 1.1]
+        stale = [r for r in ahead if r["whole"]["schedule"] in ASYNC_SCHEDULES]
+        lines.append(f"- whole strategy at least 10% faster than ours on the {MIXED} rows: {len(ahead)} of "
+                     f"{len(mixed)} (target: at least half): {'met' if 2 * len(ahead) >= len(mixed) else 'NOT met'}"
+                     f"; {len(ahead) - len(stale)} of them with a synchronous schedule, {len(stale)} with an "
+                     f"asynchronous one (stale weights: what they cost in accuracy is on docs/bench-async.md).")
     if tight is not None:
         ours = tight["ours"]
         picked = "nothing" if ours is None else (f"{ours['stages']} stage(s) x {ours['degree']} replica(s), "
