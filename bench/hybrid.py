@@ -12,8 +12,8 @@ granularity for ours), the simulated step time of
 - **ours**: ``--data-parallel auto`` with ``dp``;
 - **whole strategy**: ``plan train``'s search at the row's micro-batch count (``--schedule auto``, the zero-bubble
   and asynchronous schedules included, ``--recompute auto``, ``--data-parallel auto``, ``--refine``, its default
-  placer and rounds; ``planner.app.train.choose_strategy`` without the sync rule, which keeps ssgd on these
-  clusters' fast links), beside today's auto;
+  placer and rounds; the call ``planner.app.train.choose_strategy`` makes, without its sync-mode rule: ssgd
+  throughout), beside today's auto;
 
 each with its ratio to the LP lower bound (total work over total capacity: no bubble, no transfers, no sync;
 ``bench/partition.py``), whether it fits in memory (the fullest device's peak over its capacity), and ours'
