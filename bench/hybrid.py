@@ -12,8 +12,8 @@ granularity for ours), the simulated step time of
 - **ours**: ``--data-parallel auto`` with ``dp``;
 - **whole strategy**: ``plan train``'s search at the row's micro-batch count (``--schedule auto``, the zero-bubble
   and asynchronous schedules included, ``--recompute auto``, ``--data-parallel auto``, ``--refine``, its default
-  placer and rounds; the call ``planner.app.train.choose_strategy`` makes, without its sync-mode rule: ssgd
-  throughout), beside today's auto;
+  placer and rounds: ``planner.app.train.choose_strategy`` with ``--sync ssgd``, so without its sync-mode rule),
+  beside today's auto;
 
 each with its ratio to the LP lower bound (total work over total capacity: no bubble, no transfers, no sync;
 ``bench/partition.py``), whether it fits in memory (the fullest device's peak over its capacity), and ours'
@@ -47,8 +47,7 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
-from planner.app.partition import partition_file  # noqa: E402
-from planner.app.train import TrainRequest  # noqa: E402
+from planner.app.train import ProfileUse, TrainRequest, choose_strategy  # noqa: E402
 from planner.clusters import load_cluster_spec  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.formats.catalog import load_catalog  # noqa: E402
@@ -106,14 +105,14 @@ def uniform_2d(profile: Profile, cluster: Cluster, m: int) -> Plan | None:
     return best
 
 
-def whole_strategy(name: str, cluster_name: str, m: int) -> tuple[Plan | None, float]:
-    """``plan train``'s search at ``m`` micro-batches (``TRAIN``'s defaults) and its planning wall time."""
+def whole_strategy(name: str, profile: Profile, cluster_name: str, m: int) -> tuple[Plan | None, float]:
+    """``plan train``'s search (``choose_strategy``, its defaults, ``--sync ssgd``) at ``m`` micro-batches, and its
+    wall time."""
     start = time.perf_counter()
+    path = suite.CACHE / f"{name}.json"  # suite.cached_profile wrote it
     try:
-        plan = partition_file(suite.CACHE / f"{name}.json", cluster_name, None, method=TRAIN["method"].default,
-                              microbatches=m, schedule="auto", optimizer=OPTIMIZER, refine=True,
-                              data_parallel="auto", recompute=TRAIN["recompute"].default,
-                              round_steps=TRAIN["round_steps"].default)
+        plan = choose_strategy(ProfileUse(path, profile, True, path, 0.0),
+                               TrainRequest(model=name, cluster=cluster_name, microbatches=str(m), sync="ssgd")).plan
     except PlannerError:
         plan = None
     return plan, time.perf_counter() - start
@@ -129,7 +128,7 @@ def simulated_case(name: str, profile: Profile, cluster_name: str, m: int, clust
     if data is not None and len(data.stages) != 1:
         data = None  # more devices than micro-batches: a replica took 2 devices, which is not pure data parallel
     ours, planning_s = attempt(profile, cluster, m, method="dp", data_parallel="auto")
-    whole, whole_s = whole_strategy(name, cluster_name, m) if named else (None, 0.0)
+    whole, whole_s = whole_strategy(name, profile, cluster_name, m) if named else (None, 0.0)
     row = {"model": name, "cluster": cluster_name, "m": m, "lower_s": lower, "planning_s": planning_s,
            "whole_planning_s": whole_s if named else None}
     for key, plan in (("pipeline", pipeline), ("data", data), ("uniform2d", uniform_2d(profile, cluster, m)),
