@@ -178,6 +178,38 @@ def test_pipelines_are_dealt_two_ways() -> None:
     assert pipelines_of(devices, 4, "pipeline-local") == [["a"], ["b"], ["c"], ["d"]]  # e, f unused
 
 
+SHUFFLED_MIXED = ["b-l4-1", "a-a100-1", "b-v100-0", "a-h100-1", "b-l4-0", "a-h100-0", "b-v100-1", "a-a100-0"]
+"""mixed-3type-2host's devices listed with the hosts interleaved and the slowest types first."""
+
+
+@pytest.mark.parametrize("n, out, params, schedule, m", [(8, 10**5, 10**6, "1f1b", 8), (12, 10**6, 10**5, "gpipe", 16)])
+def test_device_groups_do_not_depend_on_the_order_the_cluster_file_lists_them(n, out, params, schedule, m) -> None:
+    """Issue 27, "device groups by type, not by file order": the dealings also start from the devices by host and
+    speed (``host_speed_order``), so a file that interleaves mixed-3type-2host's hosts and lists its slowest types
+    first gets the shape the bundled file gets (2 x 2 stage-local at 1f1b, and at gpipe 5 one-device replicas on
+    the 5 fastest devices). Dealt from that file's order alone, both cases came out slower (0.4357 vs 0.4314 ms,
+    0.7677 vs 0.6773 ms)."""
+    from dataclasses import replace
+
+    from planner.clusters import load_cluster_spec
+    from planner.formats.catalog import load_catalog
+    from planner.partition.search.hybrid import host_speed_order
+
+    bundled = load_cluster_spec("mixed-3type-2host")
+    by_id = {d.id: d for d in bundled.devices}
+    shuffled = replace(bundled, devices=tuple(by_id[i] for i in SHUFFLED_MIXED))
+    profile = chain(n, fwd=1e-3, bwd=2e-3, out=out, params=params, saved=10**5)
+    problem = build_problem(profile, shuffled, microbatches=m, schedule=schedule, catalog=load_catalog())
+    kind = {d.id: (d.host, d.type) for d in bundled.devices}
+    assert [kind[x] for x in host_speed_order(problem)] == [kind[x] for x in bundled.device_ids]  # ties: file order
+    kwargs = dict(method="dp", microbatches=m, schedule=schedule, optimizer="adam", data_parallel="auto",
+                  catalog=load_catalog())
+    listed, interleaved = partition(profile, bundled, **kwargs), partition(profile, shuffled, **kwargs)
+    assert interleaved.extra["shape"]["chosen"]["degree"] > 1
+    assert interleaved.step_time_s == pytest.approx(listed.step_time_s, rel=1e-9)
+    assert validate_plan(interleaved, profile, shuffled, catalog=load_catalog()) == []
+
+
 def test_shares_follow_speed_with_a_floor() -> None:
     assert proportional_shares([3.0, 1.0], 8, 1) == (6, 2)
     assert proportional_shares([1.0, 1.0], 5, 1) == (3, 2)

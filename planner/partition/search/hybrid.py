@@ -2,8 +2,9 @@
 
 For each candidate degree ``d`` (``--data-parallel auto``: every d from 2 to the device count with at least one
 micro-batch per replica, on clusters above 16 devices only those that divide the device count; ``--data-parallel
-N``: only N), the devices, in the cluster's order, are dealt into
-``d`` pipelines of ``k = devices // d`` devices in two ways, and the cost model keeps whichever is faster:
+N``: only N), the devices are dealt into ``d`` pipelines of ``k = devices // d`` devices in two ways, from two
+orders (the cluster file's, and ``host_speed_order``: by host, the fastest first; the pipelines already tried are
+skipped), and the cost model keeps whichever is faster:
 
 - ``pipeline-local``: pipeline ``r`` takes devices ``r k .. r k + k - 1`` (consecutive devices, usually one
   host, carry one pipeline: fast point-to-point links, slower syncs);
@@ -22,7 +23,8 @@ fastest wins, the pure pipeline (d = 1) included, ties going to fewer replicas. 
 simulated step times are recorded in the plan under ``shape``.
 
 What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline),
-and device groups come from the two orders above rather than from a search over all groupings
+and device groups come from the two dealings above rather than from a search over all groupings (per-type
+counts, Metis's idea, are not enumerated)
 (docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches all of them for dp and ilp.
 """
 
@@ -37,7 +39,8 @@ from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Partition, Placed, Problem, StageSpec, even_shares, replica_of, with_facts
 from planner.partition.search.interleave import interleave
 
-__all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "proportional_shares", "hybrid_search"]
+__all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "host_speed_order", "proportional_shares",
+           "hybrid_search"]
 
 GROUPINGS = ("pipeline-local", "stage-local")
 
@@ -87,6 +90,26 @@ def pipelines_of(devices: Sequence[str], degree: int, grouping: str) -> list[lis
     raise PlannerError(f"unknown grouping {grouping!r}; expected one of {', '.join(GROUPINGS)}")
 
 
+def host_speed_order(problem: Problem) -> list[str]:
+    """The devices grouped by host, the fastest first within a host and the host with the fastest device first (speed:
+    the whole model's profiled forward and backward on the device, measured speed factors left out so a re-plan keeps
+    its groups; ties keep the file's order). The dealings start from this order as well as from the file's, so a file
+    that interleaves hosts or types still gets host-local pipelines, type-homogeneous stage slots, and, where the
+    devices do not divide among the replicas, the slowest left out; on a file already listed this way (every bundled
+    cluster) it adds nothing."""
+    tables = problem.tables
+
+    def whole_model_s(device: str) -> float:
+        return tables.fwd_prefix[device][-1] + tables.bwd_prefix[device][-1]
+
+    position = {d.id: i for i, d in enumerate(problem.cluster.devices)}
+    fastest: dict[str, tuple[float, int]] = {}
+    for d in problem.cluster.devices:
+        fastest[d.host] = min(fastest.get(d.host, (float("inf"), 0)), (whole_model_s(d.id), position[d.id]))
+    return [d.id for d in sorted(problem.cluster.devices,
+                                 key=lambda d: (fastest[d.host], whole_model_s(d.id), position[d.id]))]
+
+
 def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) -> tuple[int, ...] | None:
     """``microbatches`` split in proportion to ``speeds`` (largest remainders, ties to the first), each share at
     least ``least``; ``None`` when the step has too few micro-batches for that."""
@@ -114,15 +137,18 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
         pure_s = step_time_s(problem, pure)
         tried.append({"degree": 1, "grouping": None, "stages": len(pure), "step_time_s": pure_s})
         best = (pure_s, 0, pure)
+    orders = {"file": devices, "host-speed": host_speed_order(problem)}
     for degree in candidate_degrees(len(devices), problem.microbatches, requested):
         seen: set[tuple[tuple[str, ...], ...]] = set()
-        for grouping in GROUPINGS:
-            pipelines = pipelines_of(devices, degree, grouping)
+        for (order, listed), grouping in ((o, g) for o in orders.items() for g in GROUPINGS):
+            pipelines = pipelines_of(listed, degree, grouping)
             key = tuple(sorted(tuple(p) for p in pipelines))
             if key in seen:
                 continue
             seen.add(key)
             record: dict[str, Any] = {"degree": degree, "grouping": grouping}
+            if order != "file":
+                record["order"] = order
             found = _best_for(problem, place, weights, pipelines)
             if found is None:
                 record.update(stages=None, step_time_s=None, fits=False)
