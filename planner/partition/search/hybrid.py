@@ -96,8 +96,8 @@ def host_speed_order(problem: Problem) -> list[str]:
     the whole model's profiled forward and backward on the device, measured speed factors left out so a re-plan keeps
     its groups; ties keep the file's order). The dealings start from this order as well as from the file's, so a file
     that interleaves hosts or types still gets host-local pipelines, type-homogeneous stage slots, and, where the
-    devices do not divide among the replicas, the slowest left out; on a file already listed this way (every bundled
-    cluster) it adds nothing."""
+    devices do not divide among the replicas, the slowest left out; on a file already listed this way (the bundled
+    clusters, for the models checked) it adds nothing."""
     tables = problem.tables
 
     def whole_model_s(device: str) -> float:
