@@ -183,7 +183,8 @@ SHUFFLED_MIXED = ["b-l4-1", "a-a100-1", "b-v100-0", "a-h100-1", "b-l4-0", "a-h10
 
 
 @pytest.mark.parametrize("n, out, params, schedule, m", [(8, 10**5, 10**6, "1f1b", 8), (12, 10**6, 10**5, "gpipe", 16)])
-def test_device_groups_do_not_depend_on_the_order_the_cluster_file_lists_them(n, out, params, schedule, m) -> None:
+def test_a_file_that_interleaves_hosts_and_lists_slow_types_first_gets_the_bundled_files_shapes(
+        n, out, params, schedule, m) -> None:
     """Issue 27, "device groups by type, not by file order": the dealings also start from the devices by host and
     speed (``host_speed_order``), so a file that interleaves mixed-3type-2host's hosts and lists its slowest types
     first gets the shape the bundled file gets (2 x 2 stage-local at 1f1b, and at gpipe 5 one-device replicas on

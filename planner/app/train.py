@@ -325,7 +325,8 @@ def candidate_rows(chosen: Plan, sync: Mapping[str, Any] | None, searched: str) 
     for c in (chosen.extra.get("shape") or {}).get("candidates") or ():
         rows.append({"schedule": chosen.schedule, "microbatches": chosen.microbatches, "stages": c.get("stages"),
                      "degree": c.get("degree"), "step_time_s": c.get("step_time_s"), "peak_memory_bytes": None,
-                     "memory_fraction": None, "grouping": c.get("grouping"),
+                     "memory_fraction": None,
+                     "grouping": " from ".join(x for x in (c.get("grouping"), c.get("order")) if x) or None,
                      "sync": searched if (c.get("degree") or 1) > 1 else None})
     for alt in (sync or {}).get("alternatives") or ():
         if alt["sync"] != best["sync"]:
