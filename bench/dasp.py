@@ -125,6 +125,7 @@ def main() -> None:
     for name in args.data:
         spec = DATA[name]
         plan = make_plan(name, spec, "--sync", "bsp", work=WORK, cluster=str(cluster))
+        shares = json.loads(plan.read_text())["data_parallel"]["microbatches"]
         for setting in args.settings:
             modes = {**MODES, **{v: VARIANTS[v] for v in args.variants}}
             runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
@@ -136,7 +137,7 @@ def main() -> None:
             results[f"{name}/{setting}"] = {
                 "data": name, "setting": setting, "slowdown": SETTINGS[setting], "metric": spec["metric"],
                 "target": spec["target"], "date": time.strftime("%Y-%m-%d"), "steps": spec["steps"],
-                "shares": json.loads(plan.read_text())["data_parallel"]["microbatches"],
+                "shares": shares,
                 "modes": {mode: row(rs, spec["metric"], SLOWED[setting]) for mode, rs in runs.items()}}
             logs = [str(WORK / f"{name}-{_slug(setting)}-{mode}-s0.json") for mode in MODES]
             plan_cli("curves", *logs, "-o", str(IMAGES / f"dasp-{name}-{_slug(setting)}.png"), work=WORK)
