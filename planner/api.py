@@ -81,6 +81,7 @@ def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str |
                    group: Any = None) -> Pipeline:
     """This rank's stages of ``plan`` over ``model`` (captured on ``example_inputs``, one micro-batch) and the
     plan's schedule. Collective: every rank calls it. ``tracer`` must be the profile's (``auto`` = export)."""
+    _warn_if_imported_after_init()
     import torch
 
     from planner.profile.capture import capture
@@ -107,6 +108,25 @@ def build_pipeline(model: Any, example_inputs: Sequence[Any], plan: Plan | str |
     rank_stages = build_rank_stages(capture(model, inputs, tracer), model, plan, rank, device, group=group)
     sync_tied_params(rank_stages)
     return Pipeline(rank_stages.stages, build_schedule(rank_stages, loss_fn), rank_stages)
+
+
+def _warn_if_imported_after_init() -> None:
+    """Warn when torch's pipelining is about to be imported after ``init_process_group``: its import of
+    ``torch.distributed.nn.functional`` binds the default group into ten functions' default arguments
+    (``group=group.WORLD``), so ``destroy_process_group`` no longer frees the group, its gloo threads live on into
+    interpreter shutdown, and one that frees the last collective's tensors there aborts the rank ("terminate
+    called without an active exception": 2 runs in 31 of ``examples/own_loop.py`` on a loaded 2-core machine)."""
+    import sys
+
+    import torch.distributed as dist
+
+    if dist.is_initialized() and "torch.distributed.nn.functional" not in sys.modules:
+        import warnings
+
+        warnings.warn("torch.distributed.pipelining was first imported after init_process_group, so the default "
+                      "process group outlives destroy_process_group and a gloo rank can abort at exit: import "
+                      "torch.distributed.pipelining before init_process_group (examples/own_loop.py does)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def rebalance(plan: Plan, waits: Mapping[str, float], compute: Mapping[str, float], *, threshold: float = 0.05,

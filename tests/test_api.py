@@ -79,6 +79,7 @@ def test_build_pipeline_refuses_a_job_with_more_ranks_than_the_plan_has_devices(
     """The README's digits plan with the default placer keeps the MLP on one CPU; started on 2 ranks, the
     rank with no stage used to fail with an IndexError inside torch's schedule (and the other to wait)."""
     import torch.distributed as dist
+    import torch.distributed.pipelining  # noqa: F401  before init (see the test below)
 
     import planner
     from planner.examples.digits import digits_mlp
@@ -93,3 +94,43 @@ def test_build_pipeline_refuses_a_job_with_more_ranks_than_the_plan_has_devices(
             planner.build_pipeline(model, example, plan, rank=0, loss_fn=lambda out, y: out.sum())
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("pipelining_first", [True, False], ids=["imported-before-init", "imported-after-init"])
+def test_destroy_process_group_frees_the_default_group_when_pipelining_came_first(pipelining_first: bool) -> None:
+    """The CI failure of 2026-11-27: `own_loop.py` aborted a rank at exit ("terminate called without an active
+    exception"). torch.distributed.nn.functional, which torch's pipelining imports, binds the default group into its
+    default arguments when first imported after init_process_group; the group then outlives destroy_process_group,
+    and its gloo threads die in interpreter shutdown. `plan run` imports it before init (its worker module), the
+    example does too, and `build_pipeline` warns a loop that does not. Counted by the process's threads."""
+    first = "import planner.runtime.launch.worker" if pipelining_first else ""
+    script = f"""
+import os, warnings
+import torch.distributed as dist
+{first}
+import planner
+from planner.examples.digits import digits_mlp
+from planner.formats.plan import Plan, Stage
+model, example = digits_mlp()
+plan = Plan("dp", "1f1b", 2, (Stage(0, "cpu0", ("x",)), Stage(1, "cpu1", ("y",))), {{"step_time_s": 1.0}})
+threads = len(os.listdir("/proc/self/task"))
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        planner.build_pipeline(model, example, plan, rank=0, loss_fn=lambda out, y: out.sum())
+    except planner.PlannerError:
+        pass  # a 2-device plan on 1 rank: refused after the import
+dist.destroy_process_group()
+pinned = sum("outlives destroy_process_group" in str(w.message) for w in caught)
+print(pinned, len(os.listdir("/proc/self/task")) - threads)
+"""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    warned, extra_threads = map(int, done.stdout.split())
+    if pipelining_first:
+        assert (warned, extra_threads) == (0, 0)
+    else:
+        assert warned == 1 and extra_threads > 0
