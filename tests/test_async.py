@@ -495,3 +495,67 @@ def test_async_replicas_refuse_the_server_modes_and_are_simulated_at_the_slowest
     assert async_violation("async-1f1b", 2, 2, 2, 2, "local-sgd") is None
     assert async_violation("2bw", 2, 2, 2, 2, "adaptive") is None
     assert "parameter server" in (async_violation("async-1f1b", 2, 2, 2, 2, "dasp") or "")
+
+
+def test_the_reference_rule_equals_a_loop_written_from_the_docs_alone(tmp_path: Path) -> None:
+    """An independent check of what ``train_async_reference`` (and so the engine) does, written from docs/async.md
+    and not from the version rule: on two stages, async-1f1b runs the first micro-batch of every step but a round's
+    first on the first stage's weights one update old, and nothing else is late. A whole-model loop that does just
+    that, with Adam, ends on the reference's weights; one that is never late (or late on every micro-batch) does not."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from planner.data.digits import batches
+    from planner.examples.digits import digits_mlp
+    from planner.formats.plan import load_plan
+    from planner.profile.capture import capture
+    from planner.runtime.pipeline.asynchronous import _stage_names, train_async_reference
+    from planner.runtime.pipeline.graph_split import canonical_param_names
+    from planner.runtime.pipeline.stages import stage_graphs
+    from planner.runtime.pipeline.training import make_optimizer
+
+    plan = dataclasses.replace(load_plan(digits_plan(tmp_path)), schedule="async-1f1b")
+    m, steps, rounds, lr = plan.microbatches, 7, 3, 1e-2
+    torch.manual_seed(0)
+    model, example = digits_mlp()
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    graphs = stage_graphs(capture(model, example, "auto"), model, plan)
+    first_stage = {c for _, c in _stage_names(graphs[0], canonical_param_names(model))}
+    rows = m * example[0].shape[0]
+
+    def batch(step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        x, y = batches(seed=0, step=step, batch_size=rows)
+        return (x,), y
+
+    _, reference = train_async_reference(graphs, model, init, F.cross_entropy, "adam", lr, plan.schedule, m, batch,
+                                         steps, rounds, "none")
+    expected = {c: w for stage in reference[0] for c, w in stage.items()}
+
+    def written(late: Any) -> dict[str, torch.Tensor]:
+        live = {c: torch.nn.Parameter(w.clone()) for c, w in init.items()}
+        optimizer = make_optimizer(live, "adam", lr)
+        versions = [{c: w.detach().clone() for c, w in live.items()}]
+        for step in range(steps):
+            (x,), y = batch(step)
+            grads = {c: torch.zeros_like(w) for c, w in live.items()}
+            for j, (xs, ys) in enumerate(zip(x.chunk(m), y.chunk(m))):
+                weights = dict(live)
+                if late(step, j):
+                    weights.update({c: versions[step - 1][c].clone().requires_grad_(True) for c in first_stage})
+                loss = F.cross_entropy(torch.func.functional_call(model, weights, (xs,)), ys)
+                for c, g in zip(weights, torch.autograd.grad(loss, list(weights.values()))):
+                    grads[c] += g
+            for c, w in live.items():
+                w.grad = grads[c] / m
+            optimizer.step()
+            versions.append({c: w.detach().clone() for c, w in live.items()})
+        return versions[-1]
+
+    def gap(weights: dict[str, torch.Tensor]) -> float:
+        return max(float((weights[c] - expected[c]).abs().max()) for c in expected)
+
+    assert gap(written(lambda step, j: j == 0 and step % rounds != 0)) < 1e-6
+    assert gap(written(lambda step, j: False)) > 1e-4
+    assert gap(written(lambda step, j: step % rounds != 0)) > 1e-4
