@@ -24,42 +24,34 @@ from planner.examples.digits import digits_mlp
 parser = argparse.ArgumentParser()
 parser.add_argument("plan")
 parser.add_argument("--steps", type=int, default=20)
-
-
-def train(plan_path: str, steps: int) -> list[float]:
-    """The loss of every step on this rank's stages (every rank returns the same list)."""
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    model, example = digits_mlp()  # example: one micro-batch, the profile's micro-batch size
-    plan = planner.load_plan(plan_path)
-    pipe = planner.build_pipeline(model.train(), example, plan, rank=rank, loss_fn=F.cross_entropy)
-    optimizer = torch.optim.SGD(pipe.parameters(), lr=0.05)
-    rows = plan.microbatches * example[0].shape[0]
-    losses = []
-    for step in range(steps):
-        images, labels = batches(seed=0, step=step, batch_size=rows)
-        optimizer.zero_grad(set_to_none=True)
-        mine = []
-        pipe.schedule.step(*((images,) if pipe.is_first else ()), target=labels if pipe.is_last else None,
-                           losses=mine)
-        pipe.finish_backward()
-        optimizer.step()
-        loss = torch.tensor([float(torch.stack(mine).mean().detach()) if mine else 0.0], dtype=torch.float64)
-        dist.broadcast(loss, src=pipe.last_rank)  # the last stage's rank holds the losses
-        losses.append(float(loss))
-    return losses
-
-
 args = parser.parse_args()
+
 dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model, example = digits_mlp()  # example: one micro-batch, the profile's micro-batch size
+plan = planner.load_plan(args.plan)
 try:
-    losses = train(args.plan, args.steps)
+    pipe = planner.build_pipeline(model.train(), example, plan, rank=rank, loss_fn=F.cross_entropy)
 except planner.PlannerError as exc:  # e.g. a plan with replicas: one line, every rank stops
-    if dist.get_rank() == 0:
+    if rank == 0:
         print(f"error: {exc}", file=sys.stderr)
     dist.destroy_process_group()
     sys.exit(2)
-if dist.get_rank() == 0:
+optimizer = torch.optim.SGD(pipe.parameters(), lr=0.05)
+rows = plan.microbatches * example[0].shape[0]
+losses = []
+for step in range(args.steps):
+    images, labels = batches(seed=0, step=step, batch_size=rows)
+    optimizer.zero_grad(set_to_none=True)
+    mine = []
+    pipe.schedule.step(*((images,) if pipe.is_first else ()), target=labels if pipe.is_last else None, losses=mine)
+    pipe.finish_backward()
+    optimizer.step()
+    loss = torch.tensor([float(torch.stack(mine).mean().detach()) if mine else 0.0], dtype=torch.float64)
+    dist.broadcast(loss, src=pipe.last_rank)  # the last stage's rank holds the losses
+    losses.append(float(loss))
+if rank == 0:
     print(json.dumps({"losses": losses}))
 dist.barrier()  # leave together: gloo aborts a rank whose peer tears its connections down mid-transfer
 dist.destroy_process_group()
