@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pytest
 
@@ -533,7 +533,7 @@ def test_the_reference_rule_equals_a_loop_written_from_the_docs_alone(tmp_path: 
                                          steps, rounds, "none")
     expected = {c: w for stage in reference[0] for c, w in stage.items()}
 
-    def written(late: Any) -> dict[str, torch.Tensor]:
+    def written(late: Callable[[int, int], bool]) -> dict[str, torch.Tensor]:
         live = {c: torch.nn.Parameter(w.clone()) for c, w in init.items()}
         optimizer = make_optimizer(live, "adam", lr)
         versions = [{c: w.detach().clone() for c, w in live.items()}]

@@ -98,17 +98,12 @@ def host_speed_order(problem: Problem) -> list[str]:
     that interleaves hosts or types still gets host-local pipelines, type-homogeneous stage slots, and, where the
     devices do not divide among the replicas, the slowest left out; on a file already listed this way (the bundled
     clusters, for the models checked) it adds nothing."""
-    tables = problem.tables
-
-    def whole_model_s(device: str) -> float:
-        return tables.fwd_prefix[device][-1] + tables.bwd_prefix[device][-1]
-
-    position = {d.id: i for i, d in enumerate(problem.cluster.devices)}
+    tables, devices = problem.tables, problem.cluster.devices
+    key = {d.id: (tables.fwd_prefix[d.id][-1] + tables.bwd_prefix[d.id][-1], i) for i, d in enumerate(devices)}
     fastest: dict[str, tuple[float, int]] = {}
-    for d in problem.cluster.devices:
-        fastest[d.host] = min(fastest.get(d.host, (float("inf"), 0)), (whole_model_s(d.id), position[d.id]))
-    return [d.id for d in sorted(problem.cluster.devices,
-                                 key=lambda d: (fastest[d.host], whole_model_s(d.id), position[d.id]))]
+    for d in devices:
+        fastest[d.host] = min(fastest.get(d.host, key[d.id]), key[d.id])
+    return [d.id for d in sorted(devices, key=lambda d: (fastest[d.host], key[d.id]))]
 
 
 def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) -> tuple[int, ...] | None:
