@@ -9,7 +9,8 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
   and without the correction. Samples per second from the steady step time, against the plan's prediction;
 - convergence: ``digits_cnn`` (Adam lr 1e-3, target 95% validation accuracy, 300 steps) and ``gpt_bytes`` on
   the standard library's bytes (Adam lr 3e-3, target validation loss 3.0, 200 steps) at 4 micro-batches,
-  1f1b against the asynchronous schedules with and without the correction, 9 seeds (``--seeds``), schedules interleaved.
+  1f1b against the asynchronous schedules with and without the correction and async-1f1b after a synchronous
+  warm-up of 50 steps (``--async-warmup 50``), 9 seeds (``--seeds``), schedules interleaved.
 
 - the rule alone: the engine's update rule in one process (``train_async_reference``, which the distributed run
   equals: ``tests/test_async.py``; on the text runs here, every seed's final loss to the last digit shown) on
@@ -59,15 +60,25 @@ LEARN = {
     "text": {"model": "planner.examples.gpt:gpt_bytes", "data": "planner.data.text:batches", "steps": 200,
              "lr": 0.003, "target": "loss=3.0", "metric": "loss", "eval_every": 10},
 }
-VARIANTS = {  # name -> (schedule, correction, plain model parallelism)
-    "model parallel": ("1f1b", "predict", True),
-    "1f1b": ("1f1b", "predict", False),
-    "async-1f1b": ("async-1f1b", "predict", False),
-    "async-1f1b, no correction": ("async-1f1b", "none", False),
-    "2bw": ("2bw", "predict", False),
-    "2bw, no correction": ("2bw", "none", False),
+WARMUP = 50
+"""The synchronous warm-up of the variants that have one: ``plan partition``'s default (``DEFAULT_ASYNC_WARMUP``)."""
+VARIANTS = {  # name -> (schedule, correction, plain model parallelism, synchronous warm-up steps)
+    "model parallel": ("1f1b", "predict", True, 0),
+    "1f1b": ("1f1b", "predict", False, 0),
+    "async-1f1b": ("async-1f1b", "predict", False, 0),
+    "async-1f1b, no correction": ("async-1f1b", "none", False, 0),
+    "2bw": ("2bw", "predict", False, 0),
+    "2bw, no correction": ("2bw", "none", False, 0),
+    "async-1f1b, warm-up 50": ("async-1f1b", "predict", False, WARMUP),
 }
+"""The timed runs' variants. The asynchronous ones but the last run with no synchronous warm-up (``--async-warmup
+0``): the rule from the first step; the last runs its first ``WARMUP`` steps synchronously (docs/async.md, "The
+synchronous warm-up")."""
+SPEED_VARIANTS = [v for v, (_, _, _, warmup) in VARIANTS.items() if not warmup]
+"""The throughput runs' variants: the asynchronous steady state (a warm-up would only add 1F1B's steps)."""
 LEARN_VARIANTS = [v for v in VARIANTS if v != "model parallel"]
+WARM_VARIANTS = {"async-1f1b, no correction, warm-up 50": ("async-1f1b", "none", False, WARMUP)}
+"""Variants of the rule alone only."""
 ROUND_STEPS = 10
 """Steps per round, in the throughput and the convergence runs alike: the asynchronous schedules drain the pipeline
 once per round, and the convergence runs evaluate at round ends, every 10 steps."""
@@ -75,7 +86,7 @@ MICROBATCHES = (4, 8)
 JITTERED = "1f1b, start jittered"
 """The offline sections' control: synchronous training from initial weights each moved by one part in a million,
 how far a seed's final loss goes when nothing but rounding-sized noise changes."""
-RULE_VARIANTS = [*LEARN_VARIANTS, JITTERED]
+RULE_VARIANTS = [*LEARN_VARIANTS, *WARM_VARIANTS, JITTERED]
 RULE_SETTINGS = ((400, 0.003), (200, 0.0015))
 """(steps, Adam's learning rate) of the offline sections: twice the convergence runs' steps, and their steps at
 half their rate (text's convergence runs: 200 steps at 3e-3)."""
@@ -90,13 +101,14 @@ def make_plan(profile: Path, name: str, microbatches: int, variant: str, fresh: 
     parallelism is 1f1b's two stages as they are (make that plan first) with one micro-batch under GPipe (forward
     through both stages, then backward; the placer, asked for one micro-batch, keeps small models on one
     device, and torch's 1F1B needs a micro-batch per stage)."""
-    schedule, correction, plain = VARIANTS[variant]
+    schedule, correction, plain, warmup = VARIANTS[variant]
     out = WORK / f"{_tag(name, microbatches, variant)}-plan.json"
     if plain:
         flushing = json.loads(make_plan(profile, name, microbatches, "1f1b").read_text())
         out.write_text(json.dumps({**flushing, "schedule": "gpipe", "microbatches": 1}))  # 1F1B needs m >= p
     elif fresh or not out.exists():
-        drains = ["--round-steps", str(ROUND_STEPS)] if schedule in ASYNC_SCHEDULES else []
+        drains = (["--round-steps", str(ROUND_STEPS), "--async-warmup", str(warmup)] if schedule in ASYNC_SCHEDULES
+                  else [])
         plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "1", "-n", str(microbatches),
                  "-s", schedule, "--async-correction", correction, *drains, "-o", str(out), "--json", work=WORK)
     return out
@@ -117,11 +129,11 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
             continue
         profile = profile_of(name, spec["model"], fresh=True)  # the predictions are judged: time the machine as it is
         for m in MICROBATCHES:
-            first = sorted(VARIANTS, key=lambda v: VARIANTS[v][2])  # plain model parallelism reuses 1f1b's new plan
+            first = sorted(SPEED_VARIANTS, key=lambda v: VARIANTS[v][2])  # plain model parallelism reuses 1f1b's new plan
             plans = {variant: make_plan(profile, name, m, variant, fresh=not VARIANTS[variant][2]) for variant in first}
-            runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+            runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in SPEED_VARIANTS}
             for repeat in range(repeats):
-                for variant in VARIANTS:  # the variants take turns, so drift in the machine's speed hits them alike
+                for variant in SPEED_VARIANTS:  # the variants take turns, so drift in the machine's speed hits them alike
                     plain = VARIANTS[variant][2]
                     extra = ["--microbatch-size", str(spec["rows"] * m)] if plain else []
                     tag = _tag("speed", name, m, variant, f"r{repeat}")
@@ -190,7 +202,7 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
 
     variant, seed, steps, lr = job
     spec = LEARN["text"]
-    schedule, correction, _ = VARIANTS["1f1b" if variant == JITTERED else variant]
+    schedule, correction, _, warmup = {**VARIANTS, **WARM_VARIANTS}["1f1b" if variant == JITTERED else variant]
     torch.set_num_threads(1)  # two jobs share the two cores
     plan = load_plan(WORK / f"{_tag('text', 4, 'async-1f1b')}-plan.json")  # the stages; the schedule is the variant's
     plan = dataclasses.replace(plan, schedule="async-1f1b" if schedule == "1f1b" else schedule)
@@ -211,7 +223,8 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
         return (x,), y
 
     _, params = train_async_reference(graphs, model, start, criterion, "adam", lr, plan.schedule, plan.microbatches,
-                                      batch, steps, ROUND_STEPS, correction, 1 if schedule == "1f1b" else None)
+                                      batch, steps, ROUND_STEPS, correction, 1 if schedule == "1f1b" else None,
+                                      warmup=warmup)
     final = {c: w for stage in params[0] for c, w in stage.items()}
     with torch.no_grad():
         losses = [float(criterion(torch.func.functional_call(model, final, (x,)), y))
@@ -219,27 +232,41 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
     return statistics.mean(losses)
 
 
-def rule(results: dict[str, Any], seeds: int) -> None:
-    """Every variant's final text loss under the rule alone, per seed, for each of ``RULE_SETTINGS``, and the check
-    (seed 0 of the convergence runs offline); two jobs at a time (nothing is timed)."""
+def rule(results: dict[str, Any], seeds: int, variants: list[str]) -> None:
+    """``variants``' final text loss under the rule alone, per seed, for each of ``RULE_SETTINGS``, and the check
+    (seed 0 of the convergence runs offline, for those of ``variants`` that have them); two jobs at a time (nothing
+    is timed). The other variants' finals are kept from ``results`` where they were run with as many seeds."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     spec = LEARN["text"]
     make_plan(profile_of("text", spec["model"]), "text", 4, "async-1f1b")
-    jobs = [(v, seed, steps, lr) for steps, lr in RULE_SETTINGS for seed in range(seeds) for v in RULE_VARIANTS]
-    runs = {v: WORK / f"{_tag('learn', 'text', v, 's0')}.json" for v in LEARN_VARIANTS}
+    jobs = [(v, seed, steps, lr) for steps, lr in RULE_SETTINGS for seed in range(seeds) for v in variants]
+    runs = {v: WORK / f"{_tag('learn', 'text', v, 's0')}.json" for v in LEARN_VARIANTS if v in variants}
     runs = {v: json.loads(path.read_text())["eval"][-1]["loss"] for v, path in runs.items() if path.exists()}
     checks = [(v, 0, spec["steps"], spec["lr"]) for v in runs]
     print(f"rule: {len(jobs) + len(checks)} offline runs ...", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
         finals = dict(zip(jobs + checks, pool.map(_rule_final, jobs + checks)))
+    today = time.strftime("%Y-%m-%d")
     for steps, lr in RULE_SETTINGS:
-        by = {v: [finals[(v, seed, steps, lr)] for seed in range(seeds)] for v in RULE_VARIANTS}
-        results[f"rule/text/{steps}/{lr}"] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": by,
-                                              "date": time.strftime("%Y-%m-%d")}
-    results["rule_check/text"] = {"steps": spec["steps"], "lr": spec["lr"],
-                                  "pairs": {v: [finals[job], runs[v]] for v, job in zip(runs, checks)}}
+        key = f"rule/text/{steps}/{lr}"
+        before = results.get(key) if (results.get(key) or {}).get("seeds") == seeds else None
+        by = {v: [finals[(v, seed, steps, lr)] for seed in range(seeds)] for v in variants}
+        kept = {v: f for v, f in (before or {}).get("finals", {}).items() if v not in by and v in RULE_VARIANTS}
+        dates = {**_rule_dates(before), **{v: today for v in by}}
+        results[key] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": {**kept, **by},
+                        "dates": {v: dates[v] for v in {**kept, **by}}}
+    check = results.get("rule_check/text") or {"steps": spec["steps"], "lr": spec["lr"], "pairs": {}}
+    check["pairs"] = {**check["pairs"], **{v: [finals[job], runs[v]] for v, job in zip(runs, checks)}}
+    results["rule_check/text"] = check
+
+
+def _rule_dates(entry: dict[str, Any] | None) -> dict[str, str]:
+    """When each variant of a rule-alone section was run (an older entry has one date for all)."""
+    if not entry:
+        return {}
+    return dict(entry.get("dates") or {v: entry["date"] for v in entry["finals"]})
 
 
 def _render_rule(results: dict[str, Any]) -> list[str]:
@@ -252,24 +279,27 @@ def _render_rule(results: dict[str, Any]) -> list[str]:
              "on the convergence runs' stages, data and seeds, for longer or at a lower learning rate. Nothing is "
              "timed, so a variant's final loss on a seed is exact: what separates two variants on a seed is their "
              "rule. *paired*: the median over seeds of the variant's final loss over 1f1b's on the same seed; "
-             "*above*: the seeds on which it ends above 1f1b. The last row is the control: 1f1b from initial weights "
+             "*above*: the seeds on which it ends above 1f1b; *run*: the day the row was computed. The rows *warm-up 50* "
+             f"run their first {WARMUP} steps synchronously (`--async-warmup {WARMUP}`, `plan partition`'s default; "
+             "[async.md](async.md), \"The synchronous warm-up\"), the other asynchronous rows none, as the timed runs "
+             "above. The last row is the control: 1f1b from initial weights "
              "each moved by one part in a million, so how far a seed's final loss goes when only rounding-sized noise "
              "changes (the plateau amplifies any difference): a paired difference within its spread says nothing.", ""]
     for key in keys:
         entry = results[key]
         finals = entry["finals"]
         base = finals["1f1b"]
+        dates = _rule_dates(entry)
         lines += [f"### {entry['steps']} steps at lr {entry['lr']:g}, {entry['seeds']} seeds", "",
-                  f"Measured {entry['date']}.", "",
-                  "| schedule | final loss (median) | vs 1f1b | paired | above | every seed |",
-                  "|---|---|---|---|---|---|"]
+                  "| schedule | final loss (median) | vs 1f1b | paired | above | every seed | run |",
+                  "|---|---|---|---|---|---|---|"]
         for variant in (v for v in RULE_VARIANTS if v in finals):
             mine = finals[variant]
             paired = statistics.median(a / b - 1 for a, b in zip(mine, base))
             lines.append(f"| {variant} | {statistics.median(mine):.3f} | "
                          f"{statistics.median(mine) / statistics.median(base) - 1:+.1%} | {paired:+.1%} | "
                          f"{sum(a > b for a, b in zip(mine, base))}/{len(mine)} | "
-                         f"{', '.join(f'{f:.3f}' for f in mine)} |")
+                         f"{', '.join(f'{f:.3f}' for f in mine)} | {dates[variant]} |")
         lines.append("")
     check = results.get("rule_check/text")
     if check and check["pairs"]:
@@ -277,7 +307,8 @@ def _render_rule(results: dict[str, Any]) -> list[str]:
         lines += [f"The check: seed 0 of the convergence runs ({check['steps']} steps at lr {check['lr']:g}) offline "
                   f"against the distributed runs' last evaluation, {len(check['pairs'])} variants: the final losses "
                   f"differ by {worst:.1e} at most.", ""]
-    return lines + ["Command: `python3 bench/async.py --only rule` (`--rule-seeds`).", ""]
+    return lines + ["Command: `python3 bench/async.py --only rule` (`--rule-seeds`; `--rule-variants` runs some rows "
+                    "again and keeps the others).", ""]
 
 
 def main() -> None:
@@ -293,6 +324,8 @@ def main() -> None:
                         help="throughput: which models (the others' sections are kept)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
     parser.add_argument("--rule-seeds", type=int, default=6, help="seeds of each offline section (the rule alone)")
+    parser.add_argument("--rule-variants", nargs="+", default=RULE_VARIANTS, choices=RULE_VARIANTS, metavar="VARIANT",
+                        help="the rule alone: which variants to run (the others' rows are kept)")
     parser.add_argument("--render", action="store_true", help="re-render the page from docs/bench-async.json only")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -305,7 +338,7 @@ def main() -> None:
         if args.only in (None, "convergence"):
             convergence(results, args.seeds, args.data)
         if args.only in (None, "rule"):
-            rule(results, args.rule_seeds)
+            rule(results, args.rule_seeds, args.rule_variants)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
                                "minutes": round((time.time() - began) / 60, 1)}
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
@@ -389,7 +422,7 @@ def render(results: dict[str, Any]) -> str:
                   "difference from 1f1b's.", "",
                   f"| schedule | to target (s) | vs 1f1b | reached | final {metric} | vs 1f1b | step (ms) | load |",
                   "|---|---|---|---|---|---|---|---|"]
-        for variant in LEARN_VARIANTS:
+        for variant in (v for v in LEARN_VARIANTS if v in variants):  # an older section lacks the newer variants
             r = variants[variant]
             t = r["time_to_target_s"]
             ratio = f"{base['time_to_target_s'] / t:.2f}x" if t and base["time_to_target_s"] else "-"

@@ -3,6 +3,7 @@ memory model, the runtime against its single-process references, and bad input."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -14,8 +15,9 @@ from _partition_cases import FREE, chain, cluster
 from planner.errors import PlannerError
 from planner.formats.catalog import load_catalog
 from planner.partition import partition
-from planner.partition.sim.schedules import (BWD, FWD, UPD, async_orders, async_staleness, forward_version,
-                                             inflight_counts, stashed_versions)
+from planner.formats.plan import DEFAULT_ASYNC_WARMUP
+from planner.partition.sim.schedules import (BWD, FWD, UPD, async_orders, async_spans, async_staleness,
+                                             forward_version, inflight_counts, stashed_versions)
 from planner.partition.sim.simulate import SimStage, simulate
 from tests._digits import digits_plan
 from tests._inproc import plan as plan_in_process
@@ -55,6 +57,21 @@ def test_one_in_flight_is_synchronous_and_2bw_is_one_update_old() -> None:
     assert [async_staleness("async-1f1b", s, 4, 1) for s in range(4)] == [3, 2, 1, 0]
     assert [async_staleness("2bw", s, 4, 4) for s in range(4)] == [1, 1, 1, 1]
     assert [stashed_versions("2bw", s, 4, 8) for s in range(4)] == [1, 1, 1, 1]  # PipeDream-2BW: 2 versions
+
+
+def test_the_warm_up_drains_each_of_its_steps_and_runs_them_on_their_own_version() -> None:
+    assert async_spans(0, 5, 0) == [(0, 5)]
+    assert async_spans(0, 5, 3) == [(0, 1), (1, 1), (2, 1), (3, 2)]  # it ends inside the round
+    assert async_spans(5, 5, 3) == [(5, 5)] and async_spans(0, 3, 50) == [(0, 1), (1, 1), (2, 1)]
+    for schedule in ("async-1f1b", "2bw"):
+        for k in range(40):  # stage 0 of 4, 4 micro-batches a step, warm-up 6 steps
+            step = k // 4
+            version = forward_version(schedule, 0, 4, 4, k, warmup=6)
+            assert version == step if step < 6 else version == forward_version(schedule, 0, 4, 4, k)
+    # one step per span is 1F1B's order with its flush: every forward of the step runs on that step's version
+    for r, order in enumerate(async_orders(4, 4, 1)):
+        assert [forward_version("async-1f1b", r, 4, 4, 8 + j, round_start=8) for kind, _, j in order if kind == FWD] \
+            == [2] * 4
 
 
 def test_weight_prediction_under_sgd_is_where_sgd_would_be_tau_steps_later() -> None:
@@ -156,6 +173,7 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
          "runs replica pipelines that combine their updates among themselves"),
         (["-s", "async-1f1b", "--async-correction", "pipemare"], "--async-correction must be one of predict, none"),
         (["-s", "2bw", "-c", "cpu-4", "-n", "1"], "2bw needs at least 3 micro-batches per step on 4 stages"),
+        (["-s", "async-1f1b", "--async-warmup", "-1"], "--async-warmup must be a whole number of steps >= 0"),
     ]
     for extra, message in cases:
         args = ["partition", profile, "-m", "uniform", "-o", str(tmp_path / "bad.json"), *extra]
@@ -170,6 +188,14 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     exported = _cli("export", str(tmp_path / "async.json"), "--to", "torchtitan")
     assert exported.returncode != 0 and "has no flush between steps" in exported.stderr
+    doc = json.loads((tmp_path / "async.json").read_text())
+    assert doc["async"]["warmup"] == DEFAULT_ASYNC_WARMUP  # recorded, so plan run and the reference read one number
+    doc["async"]["warmup"] = 2.5
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    checked = _cli("check", str(tmp_path / "bad.json"))
+    lines = [line for line in checked.stderr.splitlines() if line.strip()]
+    assert checked.returncode != 0 and len(lines) == 1 and "async.warmup" in lines[0], checked.stderr
+    (tmp_path / "bad.json").unlink()
     # a cluster that holds the 1F1B plan with 1 KiB to spare cannot hold the asynchronous plan's weight versions
     flushing = json.loads((tmp_path / "plan.json").read_text())
     cluster = flushing["cluster"]
@@ -205,14 +231,19 @@ def test_a_plan_records_the_rounds_its_prediction_drains_at_and_every_reader_pri
     assert simulate_plan(drained).step_time_s == pytest.approx(drained.step_time_s, rel=1e-9)
     assert simulate_plan(steady).step_time_s == pytest.approx(steady.step_time_s, rel=1e-9)
     shown = _cli("show", str(tmp_path / "drained.json"))
-    assert shown.returncode == 0 and "drains every 3 steps" in " ".join(shown.stdout.split()), shown.stderr
-    config = RunConfig(plan=str(tmp_path / "steady.json"), model="planner.examples.digits:digits_mlp", steps=6,
+    shown_text = " ".join(shown.stdout.split())
+    assert shown.returncode == 0 and "drains every 3 steps" in shown_text, shown.stderr
+    assert "steps 0-49 synchronous (warm-up)" in shown_text  # the default warm-up, recorded in the plan
+    config = RunConfig(plan=str(tmp_path / "steady.json"), model="planner.examples.digits:digits_mlp", steps=60,
                        round_steps=3)
     again = with_round_drains(steady, load_profile(profile), config)
     assert again.drain_every == 3 and again.step_time_s == pytest.approx(drained.step_time_s, rel=1e-6)
     assert with_round_drains(drained, load_profile(profile), config) is drained  # already priced for these rounds
     flushing = load_plan(tmp_path / "plan.json")
     assert with_round_drains(flushing, load_profile(profile), config) is flushing  # 1f1b drains every step anyway
+    # a run that ends within the synchronous warm-up (50 steps by default) drains every step, and is priced so
+    within = with_round_drains(steady, load_profile(profile), dataclasses.replace(config, steps=50))
+    assert within.drain_every == 1 and within.step_time_s > again.step_time_s
     # bad values: one line each, nothing written
     done = _cli(*args, "--round-steps", "0", "-o", str(tmp_path / "bad.json"))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -226,11 +257,12 @@ def test_a_plan_records_the_rounds_its_prediction_drains_at_and_every_reader_pri
     assert checked.returncode != 0 and len(lines) == 1 and "async.drain_every" in lines[0], checked.stderr
 
 
-CASES = [("digits", "async-1f1b", "predict", None, "sgd"), ("digits", "async-1f1b", "none", None, "adam"),
-         ("digits", "2bw", "predict", None, "adam"), ("digits", "async-1f1b", "predict", 1, "sgd"),
-         ("gpt", "async-1f1b", "predict", None, "adam")]
-"""(model, schedule, correction, micro-batches in flight, optimizer); gpt_tiny's LM head is tied to its embedding
-across the two ranks."""
+CASES = [("digits", "async-1f1b", "predict", None, "sgd", 0), ("digits", "async-1f1b", "none", None, "adam", 0),
+         ("digits", "2bw", "predict", None, "adam", 0), ("digits", "async-1f1b", "predict", 1, "sgd", 0),
+         ("gpt", "async-1f1b", "predict", None, "adam", 0), ("gpt", "async-1f1b", "predict", None, "adam", 4),
+         ("digits", "2bw", "predict", None, "sgd", 4)]
+"""(model, schedule, correction, micro-batches in flight, optimizer, synchronous warm-up steps); gpt_tiny's LM head
+is tied to its embedding across the two ranks. A warm-up of 4 in rounds of 3 ends inside the second round."""
 
 
 def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) -> None:
@@ -251,8 +283,10 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
     from planner.runtime.pipeline.training import TrainSettings, make_optimizer, train_reference
 
     results = {}
-    for name, schedule, correction, inflight, optimizer in CASES:
-        plan = dataclasses.replace(load_plan(plans[name]), schedule=schedule)
+    for name, schedule, correction, inflight, optimizer, warmup in CASES:
+        plan = load_plan(plans[name])
+        plan = dataclasses.replace(plan, schedule=schedule,
+                                   extra={**plan.extra, "async": {**(plan.extra.get("async") or {}), "warmup": warmup}})
         torch.manual_seed(0)
         model, example = digits_mlp() if name == "digits" else gpt_tiny()
         criterion = F.cross_entropy if name == "digits" else _lm_cross_entropy
@@ -291,7 +325,8 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
         engine.close()
         log += engine.log or []
         ref_losses, ref_params = train_async_reference(stages.graphs, model, init, criterion, optimizer, lr, schedule,
-                                                       plan.microbatches, batch, 7, 3, correction, inflight)
+                                                       plan.microbatches, batch, 7, 3, correction, inflight,
+                                                       warmup=warmup)
         mine = ref_params[0][engine.stage]
         row = {"max_diff": max(float((p.detach() - mine[c]).abs().max()) for c, p in engine.params.items()),
                "losses": losses, "ref_losses": ref_losses, "log": log, "tied": [t.name for t in stages.tied],
@@ -304,7 +339,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
             sync = train_reference(whole, _spec(), settings, batch, 7)  # type: ignore[arg-type]
             row["sync_diff"] = max(float((p.detach() - sync.params[c]).abs().max()) for c, p in engine.params.items())
             row["sync_losses"] = list(sync.losses)
-        results["/".join(map(str, (name, schedule, correction, inflight, optimizer)))] = row
+        results["/".join(map(str, (name, schedule, correction, inflight, optimizer, warmup)))] = row
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -345,15 +380,22 @@ def test_two_ranks_equal_the_documented_update_rule_and_stash_every_version(tmp_
             assert row["draws"] == [[step, 1] for step in range(7)], name  # each step's batch drawn once, not per pass
         last = ranks[1][name]
         assert last["losses"] == pytest.approx(last["ref_losses"], rel=1e-5)
-    assert ranks[0]["gpt/async-1f1b/predict/None/adam"]["tied"] == ["wte.weight"]  # the case tests a tie
-    tied = [rank["gpt/async-1f1b/predict/None/adam"]["tied_sums"]["wte.weight"] for rank in ranks]
+    assert ranks[0]["gpt/async-1f1b/predict/None/adam/0"]["tied"] == ["wte.weight"]  # the case tests a tie
+    tied = [rank["gpt/async-1f1b/predict/None/adam/0"]["tied_sums"]["wte.weight"] for rank in ranks]
     assert tied[0] == tied[1]  # the later holder applied the last sum by the round's end: the copies are equal
-    stale = [tau for _, v, _, tau in ranks[0]["digits/async-1f1b/predict/None/sgd"]["log"] if v >= 0]
+    stale = [tau for _, v, _, tau in ranks[0]["digits/async-1f1b/predict/None/sgd/0"]["log"] if v >= 0]
     assert max(stale) == 1 and min(stale) == 0  # stage 0's gradients are at most one update late
     for rank in ranks:  # the case whose engine was replaced twice reports the whole run
-        row = rank["digits/async-1f1b/none/None/adam"]
+        row = rank["digits/async-1f1b/none/None/adam/0"]
         assert row["report"]["updates"] == 7 and row["report"]["compute_s"] > row["first_compute"] > 0
-    sync = ranks[1]["digits/async-1f1b/predict/1/sgd"]
+    for key, steady in (("gpt/async-1f1b/predict/None/adam/4", 1), ("digits/2bw/predict/None/sgd/4", 1)):
+        late: dict[int, int] = {}
+        for k, v, _, tau in ranks[0][key]["log"]:
+            if v >= 0:  # a forward's staleness, by step (2 micro-batches a step)
+                late[k // 2] = max(late.get(k // 2, 0), tau)
+        assert all(late[step] == 0 for step in range(4)), key  # the warm-up: no gradient late
+        assert max(late[step] for step in range(4, 7)) == steady, key  # then the schedule's own delay
+    sync = ranks[1]["digits/async-1f1b/predict/1/sgd/0"]
     assert sync["sync_diff"] < 1e-5 and sync["losses"] == pytest.approx(sync["sync_losses"], rel=1e-5)
 
 
@@ -365,9 +407,11 @@ def test_plan_run_trains_an_async_plan_and_evaluates_it(tmp_path: Path, schedule
     and the run failed building torch's 1F1B schedule, which it only evaluates with)."""
     pytest.importorskip("sklearn")
     digits_plan(tmp_path)
-    summary = _run_digits(tmp_path, schedule, ["-c", "cpu-2", "-n", str(microbatches), "-s", schedule], 12, 6)
+    summary = _run_digits(tmp_path, schedule, ["-c", "cpu-2", "-n", str(microbatches), "-s", schedule,
+                                               "--async-warmup", "6"], 12, 6)
     assert summary["schedule"] == schedule and len(summary["losses"]) == 12
     assert summary["async"]["updates"] == 12 and summary["async"]["correction"] == "predict"
+    assert summary["async"]["warmup"] == 6  # the first round synchronous, the second asynchronous
     assert [e["step"] for e in summary["eval"]] == [0, 6, 12] and summary["eval"][-1]["accuracy"] > 0.1
 
 
@@ -446,6 +490,7 @@ def test_replica_pipelines_run_asynchronously_and_equal_the_documented_rule(tmp_
 
     digits_plan(tmp_path)
     made = _cli("partition", str(tmp_path / "profile.json"), "-c", "cpu-4", "-m", "uniform", "-n", "4", "-d", "2",
+                "--async-warmup", "0",
                 "-s", "async-1f1b", "-o", str(tmp_path / "replicas.json"))
     assert made.returncode == 0, made.stderr
     plan = load_plan(tmp_path / "replicas.json")

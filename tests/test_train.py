@@ -80,21 +80,24 @@ def test_dry_run_picks_the_fastest_recorded_candidate_and_the_plan_passes_check(
 
 def test_the_search_prices_an_asynchronous_schedule_for_the_rounds_the_run_drains_at(tmp_path: Path) -> None:
     """``plan train`` drains an asynchronous pipeline at every round end: its plan is predicted for ``--round-steps``
-    (``async.drain_every``), and shorter rounds predict a slower step."""
+    (``async.drain_every``), and shorter rounds predict a slower step; a run that ends within the synchronous
+    warm-up (default 50 steps) drains every step, and is priced so."""
     model = "planner.examples.gpt:gpt_tiny"
     cache = tmp_path / "cache"
     seed_cache(cache, model, "cpu-2", "gpt_tiny")
     steps = {}
-    for rounds in (1, 4):
-        out = tmp_path / f"out{rounds}"
+    for rounds, run in ((1, ["--steps", "60"]), (4, ["--steps", "60"]), (4, []), (4, ["--async-warmup", "0"])):
+        out = tmp_path / f"out{rounds}{''.join(run)}"
         code, _, stderr = invoke(model, "--cluster", "cpu-2", "--schedule", "async-1f1b", "--microbatches", "2",
-                                 "--data-parallel", "1", "--round-steps", str(rounds), "-o", out, "--dry-run", "--json",
-                                 cache=cache)
+                                 "--data-parallel", "1", "--round-steps", str(rounds), *run, "-o", out, "--dry-run",
+                                 "--json", cache=cache)
         assert code == 0, stderr
         plan = json.loads((out / "plan.json").read_text())
-        assert plan["async"]["drain_every"] == rounds
-        steps[rounds] = plan["predicted"]["step_time_s"]
-    assert steps[1] > steps[4]
+        assert plan["async"]["drain_every"] == (1 if not run else rounds), run  # 40 steps by default
+        assert plan["async"]["warmup"] == (0 if "0" in run else 50)
+        steps[rounds, tuple(run)] = plan["predicted"]["step_time_s"]
+    assert steps[1, ("--steps", "60")] > steps[4, ("--steps", "60")] == steps[4, ("--async-warmup", "0")]
+    assert steps[4, ()] == steps[1, ("--steps", "60")]
 
 
 MODEL_SOURCE = '''

@@ -18,7 +18,8 @@ from planner.clusters import load_cluster_spec
 from planner.errors import InfeasibleError, UsageError
 from planner.formats.catalog import load_catalog
 from planner.formats.jsonio import check_writable
-from planner.formats.plan import ASYNC_CORRECTIONS, ASYNC_SCHEDULES, SCHEDULES, SERVER_SYNCS, Plan, save_plan
+from planner.formats.plan import (ASYNC_CORRECTIONS, ASYNC_SCHEDULES, DEFAULT_ASYNC_WARMUP, SCHEDULES, SERVER_SYNCS, Plan,
+                                  save_plan, valid_warmup)
 from planner.formats.profile import load_profile
 
 
@@ -62,13 +63,14 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                    estimate_precision: str | None = None, data_parallel: str | int = "auto",
                    global_batch: int | None = None, sync: str = "ssgd", sync_period: int | None = None,
                    staleness: int | None = None, async_correction: str = "predict", recompute: str = "off",
-                   round_steps: int | None = None) -> Plan:
+                   round_steps: int | None = None, async_warmup: int | None = None) -> Plan:
     """Partition the profile at ``profile_path`` over the cluster ``cluster_spec`` (a path or a bundled
     name) and write the plan to ``output`` (when given). ``schedule="auto"`` and ``microbatches="auto"`` (with
     ``global_batch`` samples) are chosen by simulated step time (``planner.partition.search.settings``). Raises
     ``PlannerError`` on bad input; on any error nothing is written. ``sync``, ``sync_period`` and ``staleness``: how
     replicas combine their updates (``planner.partition.partition``). ``async_correction``: what an asynchronous
-    schedule does about delayed gradients (docs/async.md), recorded in the plan's ``async`` field. ``recompute``:
+    schedule does about delayed gradients (docs/async.md) and ``async_warmup`` the steps it first runs synchronously
+    (``None``: ``DEFAULT_ASYNC_WARMUP``), both recorded in the plan's ``async`` field. ``recompute``:
     activation recomputation -- ``off``, ``on`` (every stage), or ``auto`` (only in the stages that need it, for a
     candidate when nothing fits without it or when that is faster than the plan without; ``RECOMPUTE_CHOICES``).
     ``round_steps``: the steps ``plan run`` will run between an asynchronous pipeline's drains
@@ -81,10 +83,15 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     from planner.partition.search.hybrid import parse_degree
 
     degree = parse_degree(data_parallel)
+    if async_warmup is None:
+        async_warmup = DEFAULT_ASYNC_WARMUP
     if schedule in ASYNC_SCHEDULES or schedule == "auto":
         if async_correction not in ASYNC_CORRECTIONS:
             raise UsageError(f"--async-correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
                              f"{async_correction!r}")
+        if not valid_warmup(async_warmup):
+            raise UsageError(f"--async-warmup must be a whole number of steps >= 0 (0: no synchronous warm-up), found "
+                             f"{async_warmup!r}")
         if schedule != "auto" and degree not in (None, 1) and sync in SERVER_SYNCS:
             raise UsageError(f"--schedule {schedule} runs replica pipelines that combine their updates among "
                              f"themselves (ssgd, local-sgd, adaptive), found --sync {sync}, which trains through a "
@@ -153,7 +160,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         plan = plan_with(profile, count, schedule)
     if plan.schedule in ASYNC_SCHEDULES:
         plan = dataclasses.replace(plan, extra=MappingProxyType(
-            {**plan.extra, "async": {**plan.extra["async"], "correction": async_correction}}))
+            {**plan.extra, "async": {**plan.extra["async"], "correction": async_correction, "warmup": async_warmup}}))
     if output is not None:
         save_plan(plan, output)
     return plan

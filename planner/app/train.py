@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import PlannerError, UsageError
-from planner.formats.plan import Plan
+from planner.formats.plan import DEFAULT_ASYNC_WARMUP, Plan
 from planner.formats.profile import Profile
 
 __all__ = ["TrainRequest", "Strategy", "SYNC_RULE", "artifact_paths", "check_request", "choose_strategy",
@@ -65,6 +65,8 @@ class TrainRequest:
     sync_period: int | None = None
     method: str = "greedy"
     recompute: str = "auto"
+    async_warmup: int | None = None
+    """An asynchronous schedule's synchronous warm-up in steps (``None``: ``DEFAULT_ASYNC_WARMUP``)."""
     optimizer: str | None = None
     lr: float | None = None
     seed: int = 0
@@ -135,7 +137,7 @@ def check_request(request: TrainRequest) -> Checked:
                              ("--global-batch", request.global_batch, 1), ("--repeats", request.repeats, 1),
                              ("--warmup", request.warmup, 0), ("--sync-period", request.sync_period, 1),
                              ("--eval-every", request.eval_every, 0), ("--eval-batches", request.eval_batches, 1),
-                             ("--show", request.show, 0)):
+                             ("--show", request.show, 0), ("--async-warmup", request.async_warmup, 0)):
         if value is not None and value < low:
             raise UsageError(f"{name} must be a whole number >= {low}, found {value}")
     if not request.timeout_s > 0:
@@ -275,11 +277,15 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest) -> Strategy:
     if request.microbatches == "auto" and global_batch is None:
         global_batch = int(profile.profile.model.get("microbatch_size") or 1) * DEFAULT_MICROBATCHES
 
+    warmup = DEFAULT_ASYNC_WARMUP if request.async_warmup is None else request.async_warmup
+    drains = request.round_steps if request.step_count > warmup else 1  # within the warm-up every step drains
+
     def plan_with(sync: str, period: int | None) -> Plan:
         return partition_file(profile_path, request.cluster, None, method=request.method,
                               microbatches=request.microbatches, schedule=request.schedule, refine=True,
                               data_parallel=request.data_parallel, global_batch=global_batch, sync=sync,
-                              sync_period=period, recompute=request.recompute, round_steps=request.round_steps)
+                              sync_period=period, recompute=request.recompute, round_steps=drains,
+                              async_warmup=warmup)
 
     chosen = plan_with("ssgd" if request.sync == "auto" else request.sync, request.sync_period)
     sync = None

@@ -59,6 +59,9 @@ def partition_cmd(
                          "worker may be ahead of the slowest. Default: 3.", show_default=False)] = None,
     async_correction: Annotated[str, typer.Option("--async-correction", help="async-1f1b and 2bw: predict (weight "
                                 "prediction on top of weight stashing) or none (stashing alone); docs/async.md.")] = "predict",
+    async_warmup: Annotated[Optional[int], typer.Option("--async-warmup", help="async-1f1b and 2bw: the first steps "
+                            "run synchronously, each drained as under 1F1B, before the steps overlap (0: none; "
+                            "docs/async.md). Default: 50.", show_default=False)] = None,
     recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: off, on (every stage keeps "
                          "only its inputs and runs its forward again before the backward), or auto (only in the "
                          "stages that need it, when nothing fits without it or when that is faster).")] = "off",
@@ -97,7 +100,7 @@ def partition_cmd(
                               time_limit_s=time_limit, estimate_precision=estimate_precision,
                               data_parallel=data_parallel, global_batch=global_batch, sync=sync,
                               sync_period=sync_period, staleness=staleness, async_correction=async_correction,
-                              recompute=recompute, round_steps=round_steps)
+                              recompute=recompute, round_steps=round_steps, async_warmup=async_warmup)
     if as_json:
         emit_json({**plan_summary(plan), "output": None if output is None else str(output)})
         return

@@ -43,6 +43,9 @@ def train_cmd(
     recompute: Annotated[str, typer.Option("--recompute", help="Activation recomputation: auto (only in the stages "
                          "that need it, when nothing fits without it or when that is faster), on (every stage) or "
                          "off.")] = "auto",
+    async_warmup: Annotated[Optional[int], typer.Option("--async-warmup", help="When an asynchronous schedule "
+                            "(async-1f1b, 2bw) is chosen: the first steps it runs synchronously (0: none; "
+                            "docs/async.md). Default: 50.", show_default=False)] = None,
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="sgd or adam (default: adam, as "
                          "planned).", show_default=False)] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Learning rate (default 0.01 sgd, 1e-3 adam).",
@@ -99,7 +102,8 @@ def train_cmd(
     request = TrainRequest(
         model=model, cluster=cluster, output_dir=output_dir, data=data, steps=steps, target=target,
         global_batch=global_batch, microbatches=microbatches, schedule=schedule, data_parallel=data_parallel,
-        sync=sync, sync_period=sync_period, method=method, recompute=recompute, optimizer=optimizer, lr=lr, seed=seed,
+        sync=sync, sync_period=sync_period, method=method, recompute=recompute, async_warmup=async_warmup,
+        optimizer=optimizer, lr=lr, seed=seed,
         round_steps=round_steps, eval_every=eval_every, eval_batches=eval_batches, dry_run=dry_run,
         reprofile=reprofile, cache_dir=cache_dir, input_spec=input_spec, tracer=tracer, repeats=repeats, warmup=warmup,
         emulate_link=emulate_link, emulate_slowdown=tuple(emulate_slowdown or ()), rebalance=rebalance,

@@ -41,6 +41,10 @@ forwards to the weights one update old (PipeDream-2BW)."""
 SCHEDULES = FLUSHING_SCHEDULES + ASYNC_SCHEDULES
 ASYNC_CORRECTIONS = ("predict", "none")
 """``async.correction``: weight prediction on top of weight stashing (the default), or stashing alone."""
+DEFAULT_ASYNC_WARMUP = 50
+"""``async.warmup`` of a plan ``plan partition`` makes: the first steps an asynchronous schedule runs synchronously
+(each step drained, as 1F1B) before its steps overlap (docs/async.md, "The synchronous warm-up"). A plan without the
+field has none."""
 SYNC_MODES = ("ssgd", "local-sgd", "adaptive", "bsp", "asp", "ssp", "dasp")
 """``data_parallel.sync`` values the runtime runs (docs/sync.md): gradients averaged every step; parameters
 averaged every ``period`` local steps; the adaptive interval (docs/sync.md) with its correction and prioritised
@@ -210,6 +214,14 @@ class Plan:
         value = record.get("drain_every") if isinstance(record, Mapping) else None
         return int(value) if value is not None else None
 
+    @property
+    def async_warmup(self) -> int:
+        """An asynchronous plan's synchronous warm-up: the steps before which every step drains (``async.warmup``,
+        validated when the plan was read; 0 when absent)."""
+        record = self.extra.get("async")
+        value = record.get("warmup") if isinstance(record, Mapping) else None
+        return int(value) if value is not None else 0
+
     def replica_devices(self) -> list[str]:
         """Every device once, replica by replica (replica 0's stages in order, then replica 1's, ...): the rank
         order of ``plan run`` and the device rows of ``plan show``."""
@@ -331,8 +343,14 @@ def valid_drain_every(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
+def valid_warmup(value: Any) -> bool:
+    """Whether ``value`` can be ``async.warmup``: whole steps >= 0."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _check_async(check: Checker, data: Mapping[str, Any]) -> None:
-    """``async``, when present: an object whose ``drain_every``, when present, is a whole number of steps >= 1."""
+    """``async``, when present: an object whose ``drain_every``, when present, is a whole number of steps >= 1, and
+    whose ``warmup``, when present, one >= 0."""
     record = data.get("async")
     if record is None:
         return
@@ -342,6 +360,10 @@ def _check_async(check: Checker, data: Mapping[str, Any]) -> None:
     if not valid_drain_every(value):
         check.fail("async.drain_every", "a whole number of steps >= 1 (or absent: the steady state)", value,
                    "fix it, or re-partition with `plan partition --round-steps N`")
+    warmup = record.get("warmup")
+    if warmup is not None and not valid_warmup(warmup):
+        check.fail("async.warmup", "a whole number of steps >= 0 (or absent: none)", warmup,
+                   "fix it, or re-partition with `plan partition --async-warmup N`")
 
 
 def _check_data_parallel(check: Checker, data: Mapping[str, Any], microbatches: int, stages: list[Stage]) -> None:

@@ -105,6 +105,12 @@ def render_run(console: Console, result: Mapping[str, Any]) -> None:
     console.print(Text(f"trained {steps} on {ranks} ({result['backend']}, {result['schedule']}, "
                        f"{result['microbatches']} x {result['microbatch_size']} micro-batches{replicas})"),
                   soft_wrap=True)
+    warmup = int((result.get("async") or {}).get("warmup") or 0)
+    if warmup > first:
+        after = ("; the step time below is measured on the rounds after it, where any ran" if warmup < result["steps"]
+                 else "; the run ended within it")
+        console.print(Text(f"synchronous warm-up: steps {first}-{min(warmup, result['steps']) - 1} each drained, as "
+                           f"under 1F1B (async.warmup){after}"), soft_wrap=True)
     if losses:
         console.print(Text(f"{result['optimizer']} lr {result['lr']:g}, {result['loss']} loss {losses[0]:.6f} -> "
                            f"{losses[-1]:.6f} in {result['wall_s']:.2f} s"), soft_wrap=True)

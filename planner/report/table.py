@@ -96,6 +96,8 @@ def summary_text(plan: Plan) -> Text:
         text.append(f" · bubble {bubble:.1%}")
     if plan.drain_every is not None:
         text.append(f" · drains every {plan.drain_every} step{'s' if plan.drain_every != 1 else ''} (plan run's rounds)")
+    if plan.async_warmup:
+        text.append(f" · steps 0-{plan.async_warmup - 1} synchronous (warm-up)")
     solver = plan.extra.get("solver")
     if isinstance(solver, Mapping) and solver.get("status"):
         text.append(f" · solver {solver['status']}")

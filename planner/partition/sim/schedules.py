@@ -392,8 +392,17 @@ def tied_grace(leader: int, num_stages: int, inflight: int | None = None) -> int
     return inflight_depth(leader, num_stages, inflight) - 1
 
 
+def async_spans(first_step: int, steps: int, warmup: int = 0) -> list[tuple[int, int]]:
+    """The drained spans ``(first step, steps)`` an asynchronous schedule runs a round of ``steps`` steps from
+    ``first_step`` in: while the synchronous warm-up lasts (steps before ``warmup``, ``async.warmup``) one span per
+    step, each of which drains, which is 1F1B with its flush; the rest of the round in one span with no flush."""
+    cut = min(max(warmup, first_step), first_step + steps)
+    rest = [(cut, first_step + steps - cut)] if cut < first_step + steps else []
+    return [(step, 1) for step in range(first_step, cut)] + rest
+
+
 def forward_version(schedule: str, stage: int, num_stages: int, microbatches: int, k: int, *, round_start: int = 0,
-                    inflight: int | None = None) -> int:
+                    inflight: int | None = None, warmup: int = 0) -> int:
     """The weight version (optimizer steps taken before it) stage ``stage``'s forward of micro-batch ``k`` uses.
 
     ``async-1f1b``: the newest weights when the forward runs. In ``async_orders`` the forward of ``k`` follows
@@ -402,8 +411,11 @@ def forward_version(schedule: str, stage: int, num_stages: int, microbatches: in
     pipeline drains at round ends, where evaluation and rebalancing act). ``2bw``: every forward of step
     ``u`` uses version ``max(0, u - 1)``, PipeDream-2BW's ``W(t+1) = W(t) - lr * grad f(W(t-1))``. The
     backward of ``k`` uses the same version (weight stashing); the gradient is applied in update ``k // m``,
-    so its staleness is ``k // m - forward_version``."""
+    so its staleness is ``k // m - forward_version``. Steps before ``warmup`` (the synchronous warm-up,
+    ``async_spans``) use their own step's version under either schedule: no gradient is late."""
     step = k // microbatches
+    if step < warmup:
+        return step
     if schedule == "2bw":
         return max(0, step - 1)
     if schedule != "async-1f1b":

@@ -119,8 +119,10 @@ def with_round_drains(plan: Plan, profile: Profile, config: "RunConfig") -> Plan
     """An asynchronous plan with its step re-predicted for the rounds this run drains at (``--round-steps``: the
     engine drains the pipeline at every round end, so each round pays one fill and drain; ``Problem.drain_every``),
     recorded as its ``async.drain_every``; so the summary compares the measured step with a prediction of the same
-    rounds. Other plans, plans already predicted for these rounds, and plans without an embedded cluster are kept."""
-    if (plan.schedule not in ASYNC_SCHEDULES or plan.drain_every == config.round_steps
+    rounds. A run that ends within the plan's synchronous warm-up drains every step (``async_spans``), and is priced
+    so. Other plans, plans already predicted for these rounds, and plans without an embedded cluster are kept."""
+    drains = 1 if config.steps <= plan.async_warmup else config.round_steps
+    if (plan.schedule not in ASYNC_SCHEDULES or plan.drain_every == drains
             or not isinstance(plan.extra.get("cluster"), Mapping)):
         return plan
     from planner.clusters import embedded_cluster
@@ -128,9 +130,9 @@ def with_round_drains(plan: Plan, profile: Profile, config: "RunConfig") -> Plan
     from planner.runtime.rebalancing.replan import RoundModel
 
     model = RoundModel.build(profile, embedded_cluster(plan), plan, planned_rows(config, plan), load_catalog(),
-                             drain_every=config.round_steps)
+                             drain_every=drains)
     step = model.step_time_s(plan, dict(plan.extra.get("speed_factors") or {}))
-    drained = {**dict(plan.extra.get("async") or {}), "drain_every": config.round_steps}
+    drained = {**dict(plan.extra.get("async") or {}), "drain_every": drains}
     return replace(plan, extra={**plan.extra, "async": drained}, predicted={**plan.predicted, "step_time_s": step})
 
 

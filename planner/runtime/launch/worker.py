@@ -317,7 +317,7 @@ def _train(config: RunConfig, prepared: Prepared, rank: int, device: torch.devic
         "sync": {"mode": run.sync.mode, "degree": run.stages.degree, "shares": list(run.stages.shares),
                  **whole_run_report([*run.sync_reports, run.sync.report()])},
         "replica": run.stages.replica,
-        "step_time_s": steady_step_time_s(run.rounds),
+        "step_time_s": steady_step_time_s(run.rounds, run.engine.warmup if run.engine is not None else 0),
         "predicted_step_time_s": run.plan.step_time_s,
         "device_mismatch": list(prepared.device_mismatch),
         "rounds": [dataclasses.asdict(r) for r in run.rounds],
@@ -332,9 +332,11 @@ STEADY_ROUNDS = 3
 """Rounds the steady step time is averaged over: the last ones, never the first (its steps pay one-off costs)."""
 
 
-def steady_step_time_s(rounds: Sequence[RoundEnd]) -> float | None:
-    """Mean step time of this rank over the last ``STEADY_ROUNDS`` rounds after the first (``None``: none ran)."""
-    later = list(rounds[1:] or rounds)[-STEADY_ROUNDS:]
+def steady_step_time_s(rounds: Sequence[RoundEnd], warmup: int = 0) -> float | None:
+    """Mean step time of this rank over the last ``STEADY_ROUNDS`` rounds after the first (``None``: none ran) and,
+    where any ran, after an asynchronous schedule's synchronous warm-up (steps before ``warmup``, which drain)."""
+    later = [r for r in rounds[1:] if r.first_step >= warmup] or list(rounds[1:] or rounds)
+    later = later[-STEADY_ROUNDS:]
     steps = sum(r.steps for r in later)
     return sum(r.wall_s for r in later) / steps if steps else None
 

@@ -41,8 +41,8 @@ from torch.func import functional_call
 
 from planner.errors import UsageError
 from planner.formats.plan import ASYNC_CORRECTIONS, Plan
-from planner.partition.sim.schedules import (FWD, UPD, async_orders, async_violation, forward_version, inflight_depth,
-                                             tied_grace)
+from planner.partition.sim.schedules import (FWD, UPD, async_orders, async_spans, async_violation, forward_version,
+                                             inflight_depth, tied_grace)
 from planner.runtime.data_parallel import UpdateSync, sync_of
 from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_names
 from planner.runtime.pipeline.stages import RankStages
@@ -105,6 +105,8 @@ class AsyncEngine:
         self.criterion = criterion
         self.correction = correction
         self.inflight = inflight
+        self.warmup = plan.async_warmup
+        """Steps before this one run synchronously, each drained (``async_spans``)."""
         self.m = stages.microbatches  # this replica's share: its order and its versions follow it
         self.total = plan.microbatches  # the step's micro-batches over every replica: the gradient's divisor
         self.sync = sync if sync is not None else sync_of(stages)
@@ -181,13 +183,21 @@ class AsyncEngine:
 
     # -- the round ----------------------------------------------------------------------------------------------
     def run_round(self, first_step: int, steps: int, batch: Batch) -> list[float | None]:
-        """Train steps ``first_step .. first_step + steps - 1`` without a flush between them; return per step the
-        micro-batch losses over the step's micro-batch count on the last stage's rank (None elsewhere; summed over the
-        replicas' last stages, the step's mean loss)."""
-        m, base = self.m, first_step * self.m
+        """Train steps ``first_step .. first_step + steps - 1`` without a flush between them (but for the steps of
+        the synchronous warm-up, which drain one by one: ``async_spans``); return per step the micro-batch losses
+        over the step's micro-batch count on the last stage's rank (None elsewhere; summed over the replicas' last
+        stages, the step's mean loss)."""
         if not self.started and first_step > 0:
             self._rebase(first_step)
         self.started = True
+        losses: list[float | None] = []
+        for start, count in async_spans(first_step, steps, self.warmup):
+            losses += self._run_span(start, count, batch)
+        return losses
+
+    def _run_span(self, first_step: int, steps: int, batch: Batch) -> list[float | None]:
+        """``run_round``'s steps from ``first_step`` in one order with no flush, then drained."""
+        m, base = self.m, first_step * self.m
         losses = [0.0] * steps
         cache: dict[int, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
         order = async_orders(self.p, m, steps, self.inflight)[self.stage]
@@ -223,7 +233,7 @@ class AsyncEngine:
         if self.tied_late and k % self.m >= self.grace:
             self._apply_tied_sums()
         index = forward_version(self.schedule, self.stage, self.p, self.m, k, round_start=round_start,
-                                inflight=self.inflight)
+                                inflight=self.inflight, warmup=self.warmup)
         if self.schedule == "async-1f1b" and index != self.newest.index:
             raise AssertionError(f"stage {self.stage}: forward of micro-batch {k} expects version {index}, "
                                  f"the newest is {self.newest.index}")  # the rule and the order disagree
@@ -429,7 +439,7 @@ class AsyncEngine:
         return self.waited_before + sum(inbox.wait_s for inbox in (self.activations, self.grads) if inbox is not None)
 
     def report(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "correction": self.correction, "updates": self.updates,
+        return {"schedule": self.schedule, "correction": self.correction, "warmup": self.warmup, "updates": self.updates,
                 "stage": self.stage, "inflight": inflight_depth(self.stage, self.p, self.inflight),
                 "versions_peak": self.stash_peak, "compute_s": self.compute_s, "wait_s": self.wait_s,
                 "update_s": self.update_s}
@@ -510,8 +520,8 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                           criterion: Callable[..., Any],
                           optimizer: str, lr: float, schedule: str, microbatches: int, batch: Batch, steps: int,
                           round_steps: int, correction: str = "predict", inflight: int | None = None,
-                          shares: Sequence[int] | None = None, sync: str = "ssgd",
-                          period: int = 1) -> tuple[list[float], list[list[dict[str, torch.Tensor]]]]:
+                          shares: Sequence[int] | None = None, sync: str = "ssgd", period: int = 1,
+                          warmup: int = 0) -> tuple[list[float], list[list[dict[str, torch.Tensor]]]]:
     """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
     stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
@@ -524,8 +534,10 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     the mean over its own micro-batches, and after every ``period``-th update the replicas' weights averaged,
     weighted by their shares (a version's delta is its optimizer step alone). ``model`` names the parameters
     (``canonical_param_names``; the graphs read its tensors) and ``params`` gives their starting values by those
-    names. Returns the step losses and, per replica (one for ``ssgd``), each stage's weights at the end; the
-    distributed run must equal it (``tests/test_async.py``)."""
+    names. ``warmup``: the synchronous warm-up (``async.warmup``): rounds are cut into drained spans as the engine
+    cuts them (``async_spans``), and steps before it use their own step's version. Returns the step losses and, per
+    replica (one for ``ssgd``), each stage's weights at the end; the distributed run must equal it
+    (``tests/test_async.py``)."""
     from planner.runtime.pipeline.training import make_optimizer
 
     if sync not in ("ssgd", "local-sgd"):
@@ -545,9 +557,10 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     losses: list[float] = []
     tied: list[dict[str, torch.Tensor]] = [{} for _ in range(copies)]
     late = _LateSums(live[0], optimizers[0], history[0], shared, inflight) if len(shares) == 1 else None
-    for first in range(0, steps, round_steps):
-        start = first * m
-        for k in range(start, min(first + round_steps, steps) * m):
+    spans = [span for first in range(0, steps, round_steps)
+             for span in async_spans(first, min(round_steps, steps - first), warmup)]
+    for first, count in spans:
+        for k in range(first * m, (first + count) * m):
             step, i = divmod(k, m)
             if i == 0:
                 inputs, target = batch(step)
@@ -561,7 +574,7 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                 if late is not None:
                     late.before_forward(s, j)
                 index = forward_version(schedule, s, p, shares[r], step * shares[r] + j, round_start=first * shares[r],
-                                        inflight=inflight)
+                                        inflight=inflight, warmup=warmup)
                 version = history[q][s][index]
                 weights = predict_weights(version, step - index) if correction == "predict" else version.weights
                 used.append(weights)
@@ -579,7 +592,7 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                     _average(live, history, shares, step + 1)
                 acc = [[{c: torch.zeros_like(w) for c, w in stage.items()} for stage in copy] for copy in live]
         if late is not None:
-            late.apply_all()  # the round's end
+            late.apply_all()  # the span's end: it drains
     return losses, [[{c: w.detach().clone() for c, w in stage.items()} for stage in copy] for copy in live]
 
 
