@@ -127,6 +127,9 @@ def test_steady_step_time_skips_the_first_round_and_averages_the_last_ones():
     assert steady_step_time_s(rounds) == pytest.approx((2.0 + 2.2 + 1.8) / 6)
     assert steady_step_time_s(rounds[:1]) == pytest.approx(4.5)  # only the first: better than nothing
     assert steady_step_time_s([]) is None
+    # an asynchronous schedule's synchronous warm-up (steps before 6 here) is left out where later rounds ran
+    assert steady_step_time_s(rounds, warmup=6) == pytest.approx((2.2 + 1.8) / 4)
+    assert steady_step_time_s(rounds, warmup=99) == steady_step_time_s(rounds)  # the run never left it
 
 
 def test_the_summary_compares_measured_and_predicted_step_time(capsys):
