@@ -157,7 +157,9 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
                                                  "round_steps": ROUND_STEPS, "date": time.strftime("%Y-%m-%d")}
 
 
-def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
+def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: bool = False) -> None:
+    """Every variant's timed runs on each of ``data``, seeds interleaved; ``reuse``: aggregate the runs' summaries kept
+    in the work directory (``learning.train`` writes one per run) instead of running them again, where they exist."""
     for name, spec in LEARN.items():
         if name not in data:
             continue
@@ -167,6 +169,10 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
             for variant in LEARN_VARIANTS:  # interleaved, so load drift hits them alike
                 plan = make_plan(profile, name, 4, variant)
                 tag = _tag("learn", name, variant, f"s{seed}")
+                kept = WORK / f"{tag}.json"
+                if reuse and kept.exists():
+                    runs[variant].append(json.loads(kept.read_text()))
+                    continue
                 print(f"{tag} ...", file=sys.stderr, flush=True)
                 runs[variant].append(train(tag, plan, spec, "--seed", str(seed), "--eval-every", str(spec["eval_every"]),
                                            "--target", spec["target"], work=WORK, round_steps=ROUND_STEPS))
@@ -175,6 +181,8 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str]) -> None:
             "data": name, "target": spec["target"], "metric": metric, "date": time.strftime("%Y-%m-%d"),
             "variants": {v: {"time_to_target_s": median_of_all([r["time_to_target_s"] for r in rs]),
                              "reached": sum(r["time_to_target_s"] is not None for r in rs), "seeds": len(rs),
+                             "per_seed": {"time_to_target_s": [r["time_to_target_s"] for r in rs],
+                                          "final": [r["eval"][-1][metric] for r in rs]},
                              "final": statistics.median(r["eval"][-1][metric] for r in rs),
                              "step_time_s": statistics.median(r["step_time_s"] for r in rs),
                              "wall_s": statistics.median(r["wall_s"] for r in rs),
@@ -234,15 +242,15 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
 
 def rule(results: dict[str, Any], seeds: int, variants: list[str]) -> None:
     """``variants``' final text loss under the rule alone, per seed, for each of ``RULE_SETTINGS``, and the check
-    (seed 0 of the convergence runs offline, for those of ``variants`` that have them); two jobs at a time (nothing
-    is timed). The other variants' finals are kept from ``results`` where they were run with as many seeds."""
+    (seed 0 of every variant's convergence runs kept in the work directory, offline); two jobs at a time (nothing is
+    timed). The other variants' finals are kept from ``results`` where they were run with as many seeds."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     spec = LEARN["text"]
     make_plan(profile_of("text", spec["model"]), "text", 4, "async-1f1b")
     jobs = [(v, seed, steps, lr) for steps, lr in RULE_SETTINGS for seed in range(seeds) for v in variants]
-    runs = {v: WORK / f"{_tag('learn', 'text', v, 's0')}.json" for v in LEARN_VARIANTS if v in variants}
+    runs = {v: WORK / f"{_tag('learn', 'text', v, 's0')}.json" for v in LEARN_VARIANTS}  # the check: every kept run
     runs = {v: json.loads(path.read_text())["eval"][-1]["loss"] for v, path in runs.items() if path.exists()}
     checks = [(v, 0, spec["steps"], spec["lr"]) for v in runs]
     print(f"rule: {len(jobs) + len(checks)} offline runs ...", file=sys.stderr, flush=True)
@@ -320,6 +328,8 @@ def main() -> None:
                              "anywhere between step 20 and 200: 5 seeds left the comparison a coin toss)")
     parser.add_argument("--data", nargs="+", default=list(LEARN), choices=list(LEARN),
                         help="convergence: which data sets (the others' sections are kept)")
+    parser.add_argument("--reuse-runs", action="store_true",
+                        help="convergence: aggregate the runs kept in bench/.cache/async instead of running them again")
     parser.add_argument("--models", nargs="+", default=list(SPEED), choices=list(SPEED),
                         help="throughput: which models (the others' sections are kept)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
@@ -336,7 +346,7 @@ def main() -> None:
         if args.only in (None, "throughput"):
             throughput(results, args.repeats, args.models)
         if args.only in (None, "convergence"):
-            convergence(results, args.seeds, args.data)
+            convergence(results, args.seeds, args.data, args.reuse_runs)
         if args.only in (None, "rule"):
             rule(results, args.rule_seeds, args.rule_variants)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -344,6 +354,21 @@ def main() -> None:
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     OUTPUT.write_text(render(results))
     print(f"wrote {OUTPUT.relative_to(REPO)}", file=sys.stderr)
+
+
+def _paired(row: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[str, str]:
+    """A convergence row against 1f1b's seed by seed: the median of 1f1b's time to target over the row's (seeds on
+    which both reached it) and of the final metric's difference; "-" without per-seed figures."""
+    mine, theirs = row.get("per_seed"), base.get("per_seed")
+    if not mine or not theirs:
+        return "-", "-"
+    both = [(b / a) for a, b in zip(mine["time_to_target_s"], theirs["time_to_target_s"])
+            if a is not None and b is not None and a > 0]
+    time_text = f"{statistics.median(both):.2f}x ({len(both)})" if both else "-"
+    if metric == "accuracy":
+        final = statistics.median((a - b) * 100 for a, b in zip(mine["final"], theirs["final"]))
+        return time_text, f"{final:+.2f} pp"
+    return time_text, f"{statistics.median(a / b - 1 for a, b in zip(mine['final'], theirs['final'])):+.1%}"
 
 
 def _compute_bound(rows: dict[str, Any]) -> list[str]:
@@ -418,10 +443,13 @@ def render(results: dict[str, Any]) -> str:
         lines += [f"## Convergence: {entry['data']}, target {entry['target']}", "",
                   f"Measured {entry['date']}; medians of {base['seeds']} seeds. *to target*: training seconds "
                   "(evaluation excluded) to the first evaluation (every 10 steps, at round ends) that reaches the "
-                  "target; *vs 1f1b*: 1f1b's time over the schedule's; *final*: the last evaluation's metric, and its "
-                  "difference from 1f1b's.", "",
-                  f"| schedule | to target (s) | vs 1f1b | reached | final {metric} | vs 1f1b | step (ms) | load |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "target, \"not reached\" when a seed missed it; *vs 1f1b*: 1f1b's time over the schedule's; "
+                  "*final*: the last evaluation's metric, and its difference from 1f1b's. *paired*: the median over "
+                  "seeds of the same comparison on each seed (time: over the seeds on which both reached the "
+                  "target; final: every seed), where the section kept every seed's figures.", "",
+                  f"| schedule | to target (s) | vs 1f1b | paired | reached | final {metric} | vs 1f1b | paired "
+                  "| step (ms) | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for variant in (v for v in LEARN_VARIANTS if v in variants):  # an older section lacks the newer variants
             r = variants[variant]
             t = r["time_to_target_s"]
@@ -430,9 +458,10 @@ def render(results: dict[str, Any]) -> str:
                 final, diff = f"{r['final']:.2%}", f"{(r['final'] - base['final']) * 100:+.2f} pp"
             else:
                 final, diff = f"{r['final']:.3f}", f"{(r['final'] / base['final'] - 1):+.1%}"
-            lines.append(f"| {variant} | {'not reached' if t is None else f'{t:.2f}'} | {ratio} | "
-                         f"{r['reached']}/{r['seeds']} | {final} | {diff} | {r['step_time_s'] * 1e3:.1f} | "
-                         f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
+            paired_time, paired_final = _paired(r, base, metric)
+            lines.append(f"| {variant} | {'not reached' if t is None else f'{t:.2f}'} | {ratio} | {paired_time} | "
+                         f"{r['reached']}/{r['seeds']} | {final} | {diff} | {paired_final} | "
+                         f"{r['step_time_s'] * 1e3:.1f} | {r['load'][0]:.2f} / {r['load'][1]:.2f} |")
         lines += ["", f"Command (1f1b, seed 0): `{base['command']}`", "",
                   f"![{entry['data']}](img/async-{entry['data']}.png)", ""]
     lines += _render_rule(results)

@@ -17,6 +17,9 @@ Delayed gradients are handled, never ignored:
   runs on ``W_v + tau * (W_v - W_{v-1})``, the version extrapolated by its known delay along the optimizer's
   last step (for SGD exactly ``-lr * tau * g_last``; for Adam ``tau`` times its last step). The backward
   differentiates the predicted weights, and the gradient updates the live ones.
+* **a synchronous warm-up** (``async.warmup``): the first steps drain one by one (``async_spans``), each on its own
+  step's weights, before the steps overlap; a gradient late in the first steps, when the optimizer moves the weights
+  most, costs far more than one late later (docs/async.md, "The synchronous warm-up").
 
 Messages are point-to-point (``isend``/``irecv`` on the default group) between consecutive stages' ranks: a
 forward sends its outputs, a backward its inputs' gradients; shapes travel once, in a header, on the
