@@ -312,7 +312,8 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
         engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True)
         losses: list[float | None] = []
         log: list[tuple[int, int, int, int]] = []
-        swapped = correction == "none"  # a re-plan's new engine at every round end: the rule goes on unchanged
+        swapped = correction == "none" or (warmup > 0 and schedule == "async-1f1b")  # a re-plan's new engine at every
+        # round end (one inside the warm-up, one after it): the rule goes on unchanged
         first_compute = None
         for first in range(0, 7, 3):
             if swapped and first > 0:
