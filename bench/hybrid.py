@@ -12,8 +12,8 @@ granularity for ours), the simulated step time of
 - **ours**: ``--data-parallel auto`` with ``dp``;
 - **whole strategy**: ``plan train``'s search at the row's micro-batch count (``--schedule auto``, the zero-bubble
   and asynchronous schedules included, ``--recompute auto``, ``--data-parallel auto``, ``--refine``, its default
-  placer and rounds: ``planner.app.train.choose_strategy`` with ``--sync ssgd``, so without its sync-mode rule),
-  beside today's auto;
+  placer and rounds: ``planner.app.train.choose_strategy`` with ``--sync ssgd``, so without its sync-mode rule,
+  for a run of ``LONG_RUN`` steps, beyond an asynchronous schedule's synchronous warm-up), beside today's auto;
 
 each with its ratio to the LP lower bound (total work over total capacity: no bubble, no transfers, no sync;
 ``bench/partition.py``), whether it fits in memory (the fullest device's peak over its capacity), and ours'
@@ -105,14 +105,20 @@ def uniform_2d(profile: Profile, cluster: Cluster, m: int) -> Plan | None:
     return best
 
 
+LONG_RUN = 1000
+"""``--steps`` of the whole strategy's search: a run that outlasts an asynchronous schedule's synchronous warm-up, so
+its candidates are priced for the rounds it drains at (a run within the warm-up drains every step)."""
+
+
 def whole_strategy(name: str, profile: Profile, cluster_name: str, m: int) -> tuple[Plan | None, float]:
-    """``plan train``'s search (``choose_strategy``, its defaults, ``--sync ssgd``) at ``m`` micro-batches, and its
-    wall time."""
+    """``plan train``'s search (``choose_strategy``, its defaults, ``--sync ssgd``, ``--steps LONG_RUN``) at ``m``
+    micro-batches, and its wall time."""
     start = time.perf_counter()
     path = suite.CACHE / f"{name}.json"  # suite.cached_profile wrote it
     try:
         plan = choose_strategy(ProfileUse(path, profile, True, path, 0.0),
-                               TrainRequest(model=name, cluster=cluster_name, microbatches=str(m), sync="ssgd")).plan
+                               TrainRequest(model=name, cluster=cluster_name, microbatches=str(m), sync="ssgd",
+                                            steps=LONG_RUN)).plan
     except PlannerError:
         plan = None
     return plan, time.perf_counter() - start
@@ -213,7 +219,8 @@ def render(rows: list[dict[str, Any]], tight: dict[str, Any] | None, measured: l
              f"--method dp --data-parallel auto` (1F1B). Whole strategy: `plan train`'s search at the row's m "
              f"(`--schedule auto` with the zero-bubble and asynchronous schedules, `--recompute "
              f"{TRAIN['recompute'].default}`, `--data-parallel auto`, `--refine`, `--method {TRAIN['method'].default}`, "
-             f"asynchronous schedules priced for rounds of {TRAIN['round_steps'].default} steps); its cell names the "
+             f"`--steps {LONG_RUN}`, so the asynchronous schedules are priced for rounds of "
+             f"{TRAIN['round_steps'].default} steps after their synchronous warm-up); its cell names the "
              f"schedule it chose. *whole vs ours*: ours' step over the whole strategy's. Planning: ours, then the "
              f"whole strategy. Shape search: docs/placers.md#hybrid-shapes.",
              "",
