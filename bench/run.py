@@ -81,6 +81,7 @@ def profile_path(name: str, reprofile: bool, colocate: int = 2) -> Path:
     path = CACHE / f"{name}.profile.json" if colocate == 2 else CACHE / f"{name}.colocate{colocate}.profile.json"
     if reprofile or not path.is_file():
         torch.set_num_threads(1)
+        CACHE.mkdir(parents=True, exist_ok=True)  # other benches (hybrid.py) call this first on a clean checkout
         save_profile(profile_model(MODELS[name], repeats=5, warmup=2, threads=1, colocate=colocate), path)
     return path
 
