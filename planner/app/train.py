@@ -277,8 +277,10 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest) -> Strategy:
     if request.microbatches == "auto" and global_batch is None:
         global_batch = int(profile.profile.model.get("microbatch_size") or 1) * DEFAULT_MICROBATCHES
 
+    from planner.partition.sim.schedules import run_drain_every
+
     warmup = DEFAULT_ASYNC_WARMUP if request.async_warmup is None else request.async_warmup
-    drains = request.round_steps if request.step_count > warmup else 1  # within the warm-up every step drains
+    drains = run_drain_every(request.step_count, request.round_steps, warmup)
 
     def plan_with(sync: str, period: int | None) -> Plan:
         return partition_file(profile_path, request.cluster, None, method=request.method,

@@ -340,12 +340,16 @@ def _check_schedule_order(check: Checker, data: Mapping[str, Any], schedule: str
 
 def valid_drain_every(value: Any) -> bool:
     """Whether ``value`` can be ``async.drain_every``: absent (``None``, the steady state) or whole steps >= 1."""
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    return value is None or _whole_at_least(value, 1)
 
 
 def valid_warmup(value: Any) -> bool:
     """Whether ``value`` can be ``async.warmup``: whole steps >= 0."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _whole_at_least(value, 0)
+
+
+def _whole_at_least(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _check_async(check: Checker, data: Mapping[str, Any]) -> None:

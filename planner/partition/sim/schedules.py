@@ -401,6 +401,12 @@ def async_spans(first_step: int, steps: int, warmup: int = 0) -> list[tuple[int,
     return [(step, 1) for step in range(first_step, cut)] + rest
 
 
+def run_drain_every(steps: int, round_steps: int, warmup: int) -> int:
+    """The steps between drains an asynchronous run of ``steps`` steps in rounds of ``round_steps`` is priced for: its
+    rounds', or 1 when the whole run lies within the synchronous warm-up, where every step drains (``async_spans``)."""
+    return 1 if steps <= warmup else round_steps
+
+
 def forward_version(schedule: str, stage: int, num_stages: int, microbatches: int, k: int, *, round_start: int = 0,
                     inflight: int | None = None, warmup: int = 0) -> int:
     """The weight version (optimizer steps taken before it) stage ``stage``'s forward of micro-batch ``k`` uses.

@@ -121,7 +121,9 @@ def with_round_drains(plan: Plan, profile: Profile, config: "RunConfig") -> Plan
     recorded as its ``async.drain_every``; so the summary compares the measured step with a prediction of the same
     rounds. A run that ends within the plan's synchronous warm-up drains every step (``async_spans``), and is priced
     so. Other plans, plans already predicted for these rounds, and plans without an embedded cluster are kept."""
-    drains = 1 if config.steps <= plan.async_warmup else config.round_steps
+    from planner.partition.sim.schedules import run_drain_every
+
+    drains = run_drain_every(config.steps, config.round_steps, plan.async_warmup)
     if (plan.schedule not in ASYNC_SCHEDULES or plan.drain_every == drains
             or not isinstance(plan.extra.get("cluster"), Mapping)):
         return plan
