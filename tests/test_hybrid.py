@@ -194,7 +194,7 @@ def test_a_file_that_interleaves_hosts_and_lists_slow_types_first_gets_the_bundl
 
     from planner.clusters import load_cluster_spec
     from planner.formats.catalog import load_catalog
-    from planner.partition.search.hybrid import host_speed_order
+    from planner.partition.model.problem import host_speed_order
 
     bundled = load_cluster_spec("mixed-3type-2host")
     by_id = {d.id: d for d in bundled.devices}
@@ -202,7 +202,7 @@ def test_a_file_that_interleaves_hosts_and_lists_slow_types_first_gets_the_bundl
     profile = chain(n, fwd=1e-3, bwd=2e-3, out=out, params=params, saved=10**5)
     problem = build_problem(profile, shuffled, microbatches=m, schedule=schedule, catalog=load_catalog())
     kind = {d.id: (d.host, d.type) for d in bundled.devices}
-    assert [kind[x] for x in host_speed_order(problem)] == [kind[x] for x in bundled.device_ids]  # ties: file order
+    assert [kind[x] for x in host_speed_order(problem)] == [kind[x] for x in bundled.device_ids]
     kwargs = dict(method="dp", microbatches=m, schedule=schedule, optimizer="adam", data_parallel="auto",
                   catalog=load_catalog())
     listed, interleaved = partition(profile, bundled, **kwargs), partition(profile, shuffled, **kwargs)

@@ -209,6 +209,40 @@ def with_schedule(problem: "Problem", schedule: str) -> "Problem":
     return _sharing_tables(problem, schedule=schedule)
 
 
+def host_speed_order(problem: "Problem") -> list[str]:
+    """The devices grouped by host, the fastest first within a host and the host with the fastest device first (speed:
+    the whole model's profiled forward and backward on the device, measured speed factors left out so a re-plan keeps
+    its groups; ties by device id). It depends on what the devices are, never on where the cluster file lists them:
+    the order the shape search deals replicas from besides the file's (``search/hybrid.py``), and the first of
+    ``placement_orders``."""
+    tables, devices = problem.tables, problem.cluster.devices
+    key = {d.id: (tables.fwd_prefix[d.id][-1] + tables.bwd_prefix[d.id][-1], d.id) for d in devices}
+    fastest: dict[str, tuple[float, str]] = {}
+    for d in devices:
+        fastest[d.host] = min(fastest.get(d.host, key[d.id]), key[d.id])
+    return [d.id for d in sorted(devices, key=lambda d: (fastest[d.host], key[d.id]))]
+
+
+def with_device_order(problem: "Problem", ids: Sequence[str]) -> "Problem":
+    """``problem`` with its cluster's devices listed in the order ``ids`` (a permutation of them), sharing its cost
+    tables: what a placer that reads the file's order (the peers' baselines: stage ``i`` on the ``i``-th device) does
+    from another order."""
+    if tuple(ids) == problem.cluster.device_ids:
+        return problem
+    by_id = {d.id: d for d in problem.cluster.devices}
+    if sorted(ids) != sorted(by_id):
+        raise ValueError(f"a device order must list each of the cluster's devices once, found {list(ids)}")
+    return _sharing_tables(problem, cluster=replace(problem.cluster, devices=tuple(by_id[i] for i in ids)))
+
+
+def placement_orders(problem: "Problem") -> tuple["Problem", ...]:
+    """``problem`` under the device orders that the searches which start from an order try: ``host_speed_order``
+    first, then the cluster file's own when it differs. The first depends only on the devices, so permuting the file
+    changes a result only where the file's order places strictly better (ties go to the first)."""
+    canonical = with_device_order(problem, host_speed_order(problem))
+    return (canonical,) if canonical is problem else (canonical, problem)
+
+
 def _sharing_tables(problem: "Problem", **changes: Any) -> "Problem":
     """``replace(problem, **changes)`` keeping the cost tables ``problem`` built (only for changes they ignore)."""
     other = replace(problem, **changes)

@@ -144,7 +144,7 @@ def _local_search(problem: Problem, partition: Partition) -> Partition:
 
 def _neighbours(problem: Problem, partition: Partition) -> list[Partition]:
     devices = [st.device for st in partition]
-    unused = [d for d in problem.cluster.device_ids if d not in devices]
+    unused = [d for d in sorted(problem.cluster.device_ids) if d not in devices]
     out = []
     for i in range(len(partition)):
         for j in range(i + 1, len(partition)):

@@ -37,10 +37,11 @@ from typing import Any, Callable, Mapping, Sequence
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
-from planner.partition.model.problem import Partition, Placed, Problem, StageSpec, even_shares, replica_of, with_facts
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, host_speed_order,
+                                             replica_of, with_facts)
 from planner.partition.search.interleave import interleave
 
-__all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "host_speed_order", "proportional_shares",
+__all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "proportional_shares",
            "hybrid_search"]
 
 GROUPINGS = ("pipeline-local", "stage-local")
@@ -89,21 +90,6 @@ def pipelines_of(devices: Sequence[str], degree: int, grouping: str) -> list[lis
     if grouping == "stage-local":
         return [[devices[i * degree + r] for i in range(k)] for r in range(degree)]
     raise PlannerError(f"unknown grouping {grouping!r}; expected one of {', '.join(GROUPINGS)}")
-
-
-def host_speed_order(problem: Problem) -> list[str]:
-    """The devices grouped by host, the fastest first within a host and the host with the fastest device first (speed:
-    the whole model's profiled forward and backward on the device, measured speed factors left out so a re-plan keeps
-    its groups; ties keep the file's order). The dealings start from this order as well as from the file's, so a file
-    that interleaves hosts or types still gets host-local pipelines, type-homogeneous stage slots, and, where the
-    devices do not divide among the replicas, the slowest left out; on a file already listed this way (the bundled
-    clusters, for the models checked) it adds nothing."""
-    tables, devices = problem.tables, problem.cluster.devices
-    key = {d.id: (tables.fwd_prefix[d.id][-1] + tables.bwd_prefix[d.id][-1], i) for i, d in enumerate(devices)}
-    fastest: dict[str, tuple[float, int]] = {}
-    for d in devices:
-        fastest[d.host] = min(fastest.get(d.host, key[d.id]), key[d.id])
-    return [d.id for d in sorted(devices, key=lambda d: (fastest[d.host], key[d.id]))]
 
 
 def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) -> tuple[int, ...] | None:

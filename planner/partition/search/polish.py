@@ -43,7 +43,7 @@ from planner.errors import PlannerError
 from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.partition.model.cost import stage_backward_halves, stage_fwd_bwd_s, stage_update_s, step_time_s
 from planner.partition.model.feasibility import check_fits
-from planner.partition.model.problem import Partition, Problem, StageSpec
+from planner.partition.model.problem import Partition, Problem, StageSpec, host_speed_order, with_device_order
 from planner.partition.sim.schedules import BWD, BWD_INPUT, device_orders, inflight_counts
 
 __all__ = ["PolishConfig", "PolishResult", "polish"]
@@ -103,10 +103,12 @@ def polish(problem: Problem, partition: Partition, config: PolishConfig = Polish
 
 
 def _restart_start(problem: Problem) -> Partition | None:
-    """The time-balanced split (torchgpipe's objective, solved exactly), when it fits in memory."""
+    """The time-balanced split (torchgpipe's objective, solved exactly) with its stages on the devices in
+    ``host_speed_order`` (the baseline reads the file's order: a file that lists the same devices otherwise would
+    otherwise start, and end, elsewhere), when it fits in memory."""
     from planner.partition.placers.baselines import time_balance
 
-    start = time_balance(problem)
+    start = time_balance(with_device_order(problem, host_speed_order(problem)))
     return start if _fits(problem, start) else None
 
 
@@ -251,9 +253,10 @@ def _kinds(problem: Problem) -> dict[str, tuple[str, str, float]]:
 
 
 def _unused(problem: Problem, devices: list[str], kind: dict[str, tuple[str, str, float]]) -> list[str]:
-    """One unused device per kind, first in cluster order."""
+    """One unused device per kind, the first by id (not the file's order, so that permuting the file changes nothing;
+    devices of one kind differ only where the file declares pair links)."""
     used, seen, out = set(devices), set(), []
-    for d in problem.cluster.devices:
+    for d in sorted(problem.cluster.devices, key=lambda d: d.id):
         if d.id not in used and kind[d.id] not in seen:
             seen.add(kind[d.id])
             out.append(d.id)
