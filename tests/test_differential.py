@@ -8,6 +8,7 @@ or two hosts, sometimes with an explicit pair link, memory that sometimes binds,
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.errors import InfeasibleError
@@ -69,3 +70,41 @@ def test_warm_started_ilp_matches_the_dp(seed: int) -> None:
     solved = solve_ilp(problem, warm_start=greedy, gap_rel=1e-9)
     assert solved.objective_s == pytest.approx(solve_dp(problem).objective_s, rel=1e-9)
     assert solved.objective_s <= step_time_formula_s(problem, greedy) * (1 + 1e-12)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("seed", range(12))
+def test_the_dp_walk_equals_the_best_answer_over_every_latency_bound(seed: int) -> None:
+    """The DP's walk solves few of the candidate bounds (a bisection for the least one that fits gives it a first
+    plan, whose cost then skips every bound that cannot win); on problems too large for brute force (40 ops, up to
+    6 devices, 1 to 32 micro-batches) its objective equals the best of the DP answers under every candidate."""
+    import math
+
+    from planner.partition.model.feasibility import max_stages
+    from planner.partition.model.objective import class_tables, stage_latencies
+    from planner.partition.placers import dp
+
+    profile = random_profile(seed, num_nodes=40, skip_prob=0.2)
+    problem = build_problem(profile, random_cluster(seed, 3 + seed % 4, mem_range=(400, 4000)),
+                            microbatches=(1, 2, 8, 32)[seed % 4], schedule=("gpipe", "1f1b")[seed % 2],
+                            optimizer="sgd")
+    tab = class_tables(problem)
+    lat = stage_latencies(tab, len(problem.blocks))
+    try:
+        value, stages, tried = dp.walk_bounds(problem, tab, lat, len(problem.blocks))
+    except InfeasibleError:
+        value, tried = math.inf, 0
+    space, m = dp._space(tab.counts), problem.microbatches
+    limit = max_stages(problem.schedule, m, sum(tab.counts))
+    every = sorted({float(x) for x in lat.mid[np.isfinite(lat.mid)]} | {float(x) for x in lat.last[np.isfinite(lat.last)]})
+    best, index, solved = math.inf, len(every) - 1, 0  # every bound from the top down, skipping only the bounds
+    while index >= 0:  # between an answer's largest latency and its own bound (the same answer), never pruning
+        answer = dp._solve_bounded(lat, space, len(problem.blocks), every[index], limit)
+        solved += 1
+        if answer is None:
+            break
+        largest = max(dp._stage_latencies(lat, answer[1]))
+        best = min(best, answer[0] + (m - 1) * largest)
+        index = every.index(largest) - 1
+    assert value == pytest.approx(best, rel=1e-12)
+    assert tried <= solved + 2 * math.ceil(math.log2(len(every) + 1))
