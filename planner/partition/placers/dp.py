@@ -94,33 +94,34 @@ def _solve_bounded(lat: StageLatencies, space: _Space, nblocks: int, bound: floa
     """Least ``sum_k L_k`` with every ``L_k <= bound`` and at most ``limit`` stages: (sum, stages as
     (start, stop, class)) or None."""
     too_many = space.total > limit
-    ncls = lat.last.shape[0]
-    inf_col = np.full((nblocks + 1, ncls, 1), np.inf)
-    best = np.concatenate([np.full((nblocks + 1, ncls, space.size), np.inf), inf_col], axis=2)
-    choice_e = np.full((nblocks, ncls, space.size), -1, dtype=np.int64)
-    choice_d = np.full((nblocks, ncls, space.size), -1, dtype=np.int64)
+    ncls, size = lat.last.shape[0], space.size
+    best = np.full((nblocks + 1, ncls, size + 1), np.inf)  # best[e, d, u]: from block e on, on class d, counts u
+    choice_e = np.full((nblocks, ncls, size), -1, dtype=np.int64)
+    choice_d = np.full((nblocks, ncls, size), -1, dtype=np.int64)
+    columns = np.arange(size)
     for b in range(nblocks - 1, -1, -1):
         for c in range(ncls):
-            row = np.full(space.size, np.inf)
+            row = np.full(size, np.inf)
             if lat.last[c, b] <= bound:
                 row[space.unit[c]] = lat.last[c, b]
                 choice_e[b, c, space.unit[c]] = nblocks
             within = lat.mid[c, :, b, b + 1:nblocks] <= bound  # (next class, stop - b - 1)
-            stops = np.nonzero(within.any(axis=0))[0]
-            if stops.size:  # every (next class, stop) at once; ties to the last stage, then the lower class and stop
-                mids = np.where(within[:, stops], lat.mid[c][:, b, stops + b + 1], np.inf)
-                stops = stops + b + 1
-                cand = best[stops][:, :, space.minus[c]].transpose(1, 0, 2) + mids[:, :, None]
-                cand = np.where((space.total[None, :] > lat.room[c, b, stops][:, None])[None], np.inf, cand)
-                cand = cand.reshape(-1, space.size)
+            reach = np.nonzero(within.any(axis=0))[0]
+            if reach.size:  # every (next class, stop) at once; ties to the last stage, then the lower class and stop
+                span = int(reach[-1]) + 1
+                stops = slice(b + 1, b + 1 + span)
+                mids = np.where(within[:, :span], lat.mid[c, :, b, stops], np.inf)
+                full = np.where(space.total[None, :] > lat.room[c, b, stops][:, None], np.inf, 0.0)
+                after = best[stops][:, :, space.minus[c]].transpose(1, 0, 2)  # the next stages use one class-c less
+                cand = (after + mids[:, :, None] + full[None]).reshape(-1, size)
                 pick = np.argmin(cand, axis=0)
-                value = cand[pick, np.arange(space.size)]
+                value = cand[pick, columns]
                 better = value < row
                 row = np.where(better, value, row)
-                choice_e[b, c] = np.where(better, stops[pick % stops.size], choice_e[b, c])
-                choice_d[b, c] = np.where(better, pick // stops.size, choice_d[b, c])
-            best[b, c, :space.size] = np.where(too_many, np.inf, row)
-    flat = best[0, :, :space.size]
+                choice_e[b, c] = np.where(better, b + 1 + pick % span, choice_e[b, c])
+                choice_d[b, c] = np.where(better, pick // span, choice_d[b, c])
+            best[b, c, :size] = np.where(too_many, np.inf, row)
+    flat = best[0, :, :size]
     if not np.isfinite(flat).any():
         return None
     c, u = np.unravel_index(int(np.argmin(flat)), flat.shape)
