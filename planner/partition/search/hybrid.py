@@ -23,20 +23,27 @@ pipeline is three times faster), whichever the simulator finds faster. Every can
 fastest wins, the pure pipeline (d = 1) included, ties going to fewer replicas. The candidates and their
 simulated step times are recorded in the plan under ``shape``.
 
-What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline),
-and device groups come from the two dealings above rather than from a search over all groupings (per-type
-counts, Metis's idea, are not enumerated)
-(docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches all of them for dp and ilp.
+On clusters of up to 16 devices in several device classes (type, host, memory, speed, links), the groupings by
+class counts are searched too (Metis's idea): every way to give the ``d`` pipelines their devices by how many of each
+class each takes, screened with the greedy placer alone (placed once per sequence of classes), the fastest
+``CLASS_GROUPINGS_KEPT`` over every degree then placed and simulated like the dealings (``grouping: class-counts``).
+
+What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline); the
+class-count groupings reach the placer only through the greedy screen, and which device of a class goes where
+follows ``host_speed_order`` (docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches every
+grouping for dp and ilp.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
+from planner.partition.model.objective import DeviceClass, device_classes
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, host_speed_order,
                                              replica_of, with_facts)
 from planner.partition.search.interleave import interleave
@@ -122,26 +129,20 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     orders = {"host-speed": host_speed_order(problem)}  # large clusters: one order, as they try fewer degrees
     if len(devices) <= EVERY_DEGREE_UP_TO:
         orders = {"file": devices, **orders}
+    classes = device_classes(problem) if len(devices) <= EVERY_DEGREE_UP_TO else ()
+    counted: list[tuple[dict[str, Any], list[list[str]]]] = []
     for degree in candidate_degrees(len(devices), problem.microbatches, requested):
         seen: set[tuple[tuple[str, ...], ...]] = set()
-        for (order, listed), grouping in ((o, g) for o in orders.items() for g in GROUPINGS):
-            pipelines = pipelines_of(listed, degree, grouping)
+        dealt = [({"degree": degree, "grouping": grouping, **({"order": order} if order != "file" else {})},
+                  pipelines_of(listed, degree, grouping)) for order, listed in orders.items() for grouping in GROUPINGS]
+        counted += _class_groupings(problem, weights, classes, degree, dealt)
+        for record, pipelines in dealt:
             key = tuple(sorted(tuple(p) for p in pipelines))
-            if key in seen:
-                continue
-            seen.add(key)
-            record: dict[str, Any] = {"degree": degree, "grouping": grouping}
-            if order != "file":
-                record["order"] = order
-            found = _best_for(problem, place, weights, pipelines)
-            if found is None:
-                record.update(stages=None, step_time_s=None, fits=False)
-            else:
-                step, hybrid = found
-                record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares))
-                if best is None or step < best[0] * (1 - 1e-9):
-                    best = (step, len(tried), hybrid)
-            tried.append(record)
+            if key not in seen:
+                seen.add(key)
+                best = _try(problem, place, weights, record, pipelines, tried, best)
+    for record, pipelines in _screened_first(counted):
+        best = _try(problem, place, weights, record, pipelines, tried, best)
     if best is None:
         asked = f"--data-parallel {requested}" if requested is not None else "any data-parallel degree"
         raise InfeasibleError(f"no shape with {asked} fits on the {len(devices)} devices of {problem.cluster.name!r} "
@@ -152,6 +153,110 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     shape = {"data_parallel": "auto" if requested is None else requested, "chosen": tried[index],
              "candidates": tried}
     return with_facts(chosen, {"shape": shape})
+
+
+def _try(problem: Problem, place: PlaceFn, weights: Mapping[str, float], record: dict[str, Any],
+         pipelines: list[list[str]], tried: list[dict[str, Any]], best: tuple[float, int, Partition] | None
+         ) -> tuple[float, int, Partition] | None:
+    """Places and simulates one grouping (``_best_for``), appends its ``record`` to ``tried``; the new best."""
+    found = _best_for(problem, place, weights, pipelines)
+    if found is None:
+        record.update(stages=None, step_time_s=None, fits=False)
+    else:
+        step, hybrid = found
+        record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares))
+        if best is None or step < best[0] * (1 - 1e-9):
+            best = (step, len(tried), hybrid)
+    tried.append(record)
+    return best
+
+
+CLASS_GROUPINGS_KEPT = 2
+"""How many of the class-count groupings (over every degree) the cheap screen ranks first go on to the placer."""
+
+
+def _screened_first(counted: list[tuple[dict[str, Any], list[list[str]]]]
+                    ) -> list[tuple[dict[str, Any], list[list[str]]]]:
+    """The ``CLASS_GROUPINGS_KEPT`` groupings the screen found fastest (ties: the lower degree, then enumeration
+    order), without the screen's time in their records."""
+    ranked = sorted(range(len(counted)), key=lambda i: (counted[i][0]["screened_s"], i))[:CLASS_GROUPINGS_KEPT]
+    return [({k: v for k, v in counted[i][0].items() if k != "screened_s"}, counted[i][1]) for i in ranked]
+
+
+def _class_groupings(problem: Problem, weights: Mapping[str, float], classes: Sequence[DeviceClass],
+                     degree: int, dealt: list[tuple[dict[str, Any], list[list[str]]]]
+                     ) -> list[tuple[dict[str, Any], list[list[str]]]]:
+    """Metis's search over device-type counts (Um et al., USENIX ATC 2024), for clusters of up to
+    ``EVERY_DEGREE_UP_TO`` devices in several classes (``objective.device_classes``: type, host, memory, speed,
+    links): every way to give ``degree`` pipelines ``devices // degree`` devices each, by how many of each class
+    each pipeline takes (pipelines unordered; a class's devices taken by id, each pipeline's listed in
+    ``host_speed_order`` so that stage slots pair like with like). The ones the two dealings already tried are left
+    out; the others are screened with the greedy placer alone (no guard, no polish: milliseconds each), and returned
+    with their screened step time (``_screened_first`` keeps the fastest over every degree for the placer), recorded
+    with ``grouping: class-counts`` and their ``counts`` (devices per class, classes in ``host_speed_order``)."""
+    if len(classes) < 2:
+        return []
+    from planner.partition.placers import registry
+
+    order = {device: i for i, device in enumerate(host_speed_order(problem))}
+    ranked = sorted(range(len(classes)), key=lambda c: min(order[d] for d in classes[c].devices))
+    counts = [classes[c].count for c in ranked]
+    done = {_counts_key(classes, pipelines) for _, pipelines in dealt}
+    greedy, of = registry.get("greedy").fn, {device: c for c, cls in enumerate(classes) for device in cls.devices}
+    placed: dict[tuple[Any, ...], tuple[tuple[str, ...], Partition]] = {}
+
+    def screen(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
+        """Greedy's pipeline, placed once per sequence of classes (and weights, micro-batches): a pipeline of the
+        same classes in the same order gets it on its own devices, position for position."""
+        ids = sub.cluster.device_ids
+        key = (tuple(of[d] for d in ids), tuple(sub_weights.get(d) for d in ids), sub.microbatches)
+        if key not in placed:
+            placed[key] = (ids, greedy(sub, weights=sub_weights))
+        first, stages = placed[key]
+        rename = dict(zip(first, ids))
+        return tuple(replace(st, device=rename[st.device]) for st in stages)
+
+    screened = []
+    for grouping in _count_groupings(tuple(counts), degree, len(order) // degree):
+        taken = [0] * len(ranked)
+        pipelines = []
+        for composition in grouping:
+            members = []
+            for slot, (c, n) in enumerate(zip(ranked, composition)):
+                members += classes[c].devices[taken[slot]:taken[slot] + n]
+                taken[slot] += n
+            pipelines.append(sorted(members, key=order.__getitem__))
+        if _counts_key(classes, pipelines) in done:
+            continue
+        found = _best_for(problem, screen, weights, pipelines)
+        if found is not None:
+            screened.append(({"degree": degree, "grouping": "class-counts", "counts": [list(c) for c in grouping],
+                              "screened_s": found[0]}, pipelines))
+    return screened
+
+
+def _count_groupings(counts: tuple[int, ...], degree: int, size: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Every multiset of ``degree`` compositions (devices per class, each summing to ``size``) within ``counts``, in
+    a fixed order."""
+    compositions = [c for c in itertools.product(*(range(min(n, size) + 1) for n in counts)) if sum(c) == size]
+    out: list[tuple[tuple[int, ...], ...]] = []
+
+    def extend(left: tuple[int, ...], start: int, chosen: list[tuple[int, ...]]) -> None:
+        if len(chosen) == degree:
+            out.append(tuple(chosen))
+            return
+        for i in range(start, len(compositions)):
+            if all(x <= y for x, y in zip(compositions[i], left)):
+                extend(tuple(y - x for x, y in zip(compositions[i], left)), i, [*chosen, compositions[i]])
+
+    extend(counts, 0, [])
+    return out
+
+
+def _counts_key(classes: Sequence[DeviceClass], pipelines: list[list[str]]) -> tuple[tuple[int, ...], ...]:
+    """A grouping up to interchangeable devices: each pipeline's devices per class, sorted."""
+    of = {device: c for c, cls in enumerate(classes) for device in cls.devices}
+    return tuple(sorted(tuple(sum(1 for d in p if of[d] == c) for c in range(len(classes))) for p in pipelines))
 
 
 def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
