@@ -130,6 +130,7 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     if len(devices) <= EVERY_DEGREE_UP_TO:
         orders = {"file": devices, **orders}
     classes = device_classes(problem) if len(devices) <= EVERY_DEGREE_UP_TO else ()
+    place = _per_class_sequence(place, classes)  # groupings share pipelines of the same classes
     counted: list[tuple[dict[str, Any], list[list[str]]]] = []
     for degree in candidate_degrees(len(devices), problem.microbatches, requested):
         seen: set[tuple[tuple[str, ...], ...]] = set()
@@ -202,20 +203,8 @@ def _class_groupings(problem: Problem, weights: Mapping[str, float], classes: Se
     ranked = sorted(range(len(classes)), key=lambda c: min(order[d] for d in classes[c].devices))
     counts = [classes[c].count for c in ranked]
     done = {_counts_key(classes, pipelines) for _, pipelines in dealt}
-    greedy, of = registry.get("greedy").fn, {device: c for c, cls in enumerate(classes) for device in cls.devices}
-    placed: dict[tuple[Any, ...], tuple[tuple[str, ...], Partition]] = {}
-
-    def screen(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
-        """Greedy's pipeline, placed once per sequence of classes (and weights, micro-batches): a pipeline of the
-        same classes in the same order gets it on its own devices, position for position."""
-        ids = sub.cluster.device_ids
-        key = (tuple(of[d] for d in ids), tuple(sub_weights.get(d) for d in ids), sub.microbatches)
-        if key not in placed:
-            placed[key] = (ids, greedy(sub, weights=sub_weights))
-        first, stages = placed[key]
-        rename = dict(zip(first, ids))
-        return tuple(replace(st, device=rename[st.device]) for st in stages)
-
+    greedy = registry.get("greedy").fn
+    screen = _per_class_sequence(lambda sub, sub_weights: greedy(sub, weights=sub_weights), classes)
     screened = []
     for grouping in _count_groupings(tuple(counts), degree, len(order) // degree):
         taken = [0] * len(ranked)
@@ -233,6 +222,28 @@ def _class_groupings(problem: Problem, weights: Mapping[str, float], classes: Se
             screened.append(({"degree": degree, "grouping": "class-counts", "counts": [list(c) for c in grouping],
                               "screened_s": found[0]}, pipelines))
     return screened
+
+
+def _per_class_sequence(place: PlaceFn, classes: Sequence[DeviceClass]) -> PlaceFn:
+    """``place``, run once per sequence of device classes (with the devices' weights and the micro-batches): a
+    sub-problem on devices of the same classes in the same order gets the stages placed for the first one, on its own
+    devices position for position (devices of a class are interchangeable, links included:
+    ``objective.device_classes``). Without classes (clusters above 16 devices), ``place`` itself."""
+    if not classes:
+        return place
+    of = {device: c for c, cls in enumerate(classes) for device in cls.devices}
+    placed: dict[tuple[Any, ...], tuple[tuple[str, ...], Partition]] = {}
+
+    def remembered(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
+        ids = sub.cluster.device_ids
+        key = (tuple(of[d] for d in ids), tuple(sub_weights.get(d) for d in ids), sub.microbatches)
+        if key not in placed:
+            placed[key] = (ids, place(sub, sub_weights))
+        first, stages = placed[key]
+        rename = dict(zip(first, ids))
+        return tuple(replace(st, device=rename[st.device]) for st in stages)
+
+    return remembered
 
 
 def _count_groupings(counts: tuple[int, ...], degree: int, size: int) -> list[tuple[tuple[int, ...], ...]]:
