@@ -20,7 +20,8 @@ from planner.partition.model.allreduce import allreduce_s
 from planner.partition.model.cost import evaluate, stage_sync_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.problem import Placed, StageSpec, build_problem
-from planner.partition.search.hybrid import pipelines_of, proportional_shares
+from planner.partition.search.groups import pipelines_of
+from planner.partition.search.hybrid import proportional_shares
 from planner.partition.validate import validate_plan
 
 FAST = Link(bandwidth_Bps=1e9, latency_s=1e-6)
@@ -765,7 +766,7 @@ def test_groupings_by_device_class_counts_find_the_cross_host_pairs_the_dealings
     from planner.clusters import load_cluster_spec
     from planner.formats.catalog import load_catalog
     from planner.formats.profile import load_profile
-    from planner.partition.search.hybrid import _count_groupings
+    from planner.partition.search.groups import _count_groupings
 
     profile = load_profile(Path(__file__).parent / "golden" / "profiles" / "resnet_small.json")
     cluster = load_cluster_spec("mixed-3type-2host")

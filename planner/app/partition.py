@@ -129,7 +129,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
     options = {} if time_limit_s is None else {"time_limit_s": time_limit_s}  # --time-limit: the ilp method's
     catalog, ref = load_catalog(), profile_ref(profile_path, profile.model.get("name"))
 
-    def plan_with(source: Any, count: int, schedule_name: str, refine: bool = refine) -> Plan:
+    def plan_with(source: Any, count: int, schedule_name: str, refine: bool = refine, full: bool = True) -> Plan:
         asynchronous = schedule_name in ASYNC_SCHEDULES
 
         def place(again: bool | str) -> Plan:
@@ -138,7 +138,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                              estimate_precision=estimate_precision, catalog=catalog,
                              data_parallel=data_parallel, profile_ref=ref, sync=sync,
                              sync_period=sync_period, sync_staleness=staleness, recompute=again,
-                             drain_every=round_steps if asynchronous else None, **options)
+                             drain_every=round_steps if asynchronous else None, class_counts=full, **options)
 
         if recompute == "on":
             if asynchronous:
@@ -154,7 +154,9 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         return where_needed if where_needed.step_time_s < plain.step_time_s * (1 - TIE) else plain  # plain's cuts
 
     if schedule == "auto" or count is None:  # --refine: only the finalists (settings.choose)
-        quick = functools.partial(plan_with, refine=False) if refine else plan_with
+        # the first pass over every candidate: no refine, no class-count groupings (about 1 s each); the finalists
+        # get both
+        quick = functools.partial(plan_with, refine=False, full=False) if refine else plan_with
         plan = choose(profile, schedule, count, global_batch, quick, plan_with if refine else None)
     else:
         plan = plan_with(profile, count, schedule)

@@ -41,7 +41,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
               sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
-              recompute: bool | str = False, drain_every: int | None = None, **method_options: Any) -> Plan:
+              recompute: bool | str = False, drain_every: int | None = None, class_counts: bool = True,
+              **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
     ``weights`` (device id -> share of the load, the rebalancing patent's S3; default equal) reach placers that take
@@ -63,6 +64,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     keeps its input per micro-batch and runs its forward again before the backward), or ``"auto"``: placed as if every
     stage recomputed, then only in the stages whose devices cannot hold their saved activations
     (``planner.partition.search.recompute``); recorded as each stage's ``recompute``.
+    ``class_counts``: whether the shape search also tries the groupings by device-class counts
+    (``search/groups.py``; ``plan train``'s first pass over many candidates leaves them to its finalists).
     ``drain_every``: under an asynchronous schedule, the steps ``plan run`` will run between pipeline drains (its
     round length; ``Problem.drain_every``), recorded in the plan's ``async`` field; ``None``: the steady state.
     The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
@@ -118,7 +121,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
             return guard.check(sub, entry.fn(sub, weights=sub_weights, **method_options), polish_on)
 
         try:
-            chosen = hybrid_search(problem, place, start, requested, chosen)
+            chosen = hybrid_search(problem, place, start, requested, chosen, class_counts)
         except InfeasibleError:
             if pure_error is not None:  # auto: nothing fits; the pipeline's reason names the sizes
                 raise pure_error from None

@@ -24,9 +24,10 @@ fastest wins, the pure pipeline (d = 1) included, ties going to fewer replicas. 
 simulated step times are recorded in the plan under ``shape``.
 
 On clusters of up to 16 devices in several device classes (type, host, memory, speed, links), the groupings by
-class counts are searched too (Metis's idea): every way to give the ``d`` pipelines their devices by how many of each
-class each takes, screened with the greedy placer alone (placed once per sequence of classes), the fastest
-``CLASS_GROUPINGS_KEPT`` over every degree then placed and simulated like the dealings (``grouping: class-counts``).
+class counts are searched too (``search/groups.py``, Metis's idea): every way to give the ``d`` pipelines their
+devices by how many of each class each takes, screened with the greedy placer alone (placed once per sequence of
+classes), the fastest ``CLASS_GROUPINGS_KEPT`` over every degree then placed and simulated like the dealings
+(``grouping: class-counts``).
 
 What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline); the
 class-count groupings reach the placer only through the greedy screen, and which device of a class goes where
@@ -36,26 +37,20 @@ grouping for dp and ilp.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
-from planner.partition.model.objective import DeviceClass, device_classes
+from planner.partition.model.objective import device_classes
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, host_speed_order,
                                              replica_of, with_facts)
+from planner.partition.search.groups import (GROUPINGS, PlaceFn, class_groupings, per_class_sequence,
+                                              pipelines_of, screened_first)
 from planner.partition.search.interleave import interleave
 
-__all__ = ["GROUPINGS", "parse_degree", "candidate_degrees", "pipelines_of", "proportional_shares",
-           "hybrid_search"]
-
-GROUPINGS = ("pipeline-local", "stage-local")
-
-PlaceFn = Callable[[Problem, Mapping[str, float]], Partition]
-"""The placer (with its options bound): a sub-problem and its devices' weights -> a pure pipeline."""
-
+__all__ = ["parse_degree", "candidate_degrees", "proportional_shares", "hybrid_search"]
 
 def parse_degree(value: str | int) -> int | None:
     """``--data-parallel``: ``auto`` (``None``) or a positive degree."""
@@ -89,16 +84,6 @@ def candidate_degrees(num_devices: int, microbatches: int, requested: int | None
             if num_devices <= EVERY_DEGREE_UP_TO or num_devices % d == 0]
 
 
-def pipelines_of(devices: Sequence[str], degree: int, grouping: str) -> list[list[str]]:
-    """``devices`` (in order) dealt into ``degree`` pipelines of ``len(devices) // degree`` (see module docstring)."""
-    k = len(devices) // degree
-    if grouping == "pipeline-local":
-        return [list(devices[r * k:(r + 1) * k]) for r in range(degree)]
-    if grouping == "stage-local":
-        return [[devices[i * degree + r] for i in range(k)] for r in range(degree)]
-    raise PlannerError(f"unknown grouping {grouping!r}; expected one of {', '.join(GROUPINGS)}")
-
-
 def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) -> tuple[int, ...] | None:
     """``microbatches`` split in proportion to ``speeds`` (largest remainders, ties to the first), each share at
     least ``least``; ``None`` when the step has too few micro-batches for that."""
@@ -116,9 +101,10 @@ def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) 
 
 
 def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float], requested: int | None,
-                  pure: Partition | None) -> Partition:
+                  pure: Partition | None, class_counts: bool = True) -> Partition:
     """The fastest feasible shape (see the module docstring); ``pure`` is the degree-1 plan (``None``: it did not
-    fit, or ``--data-parallel`` asked for replicas). Raises ``InfeasibleError`` when no candidate fits."""
+    fit, or ``--data-parallel`` asked for replicas); ``class_counts=False`` leaves out the groupings by class counts.
+    Raises ``InfeasibleError`` when no candidate fits."""
     devices = list(problem.cluster.device_ids)
     tried: list[dict[str, Any]] = []
     best: tuple[float, int, Partition] | None = None
@@ -129,20 +115,21 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     orders = {"host-speed": host_speed_order(problem)}  # large clusters: one order, as they try fewer degrees
     if len(devices) <= EVERY_DEGREE_UP_TO:
         orders = {"file": devices, **orders}
-    classes = device_classes(problem) if len(devices) <= EVERY_DEGREE_UP_TO else ()
-    place = _per_class_sequence(place, classes)  # groupings share pipelines of the same classes
+    classes = device_classes(problem) if len(devices) <= EVERY_DEGREE_UP_TO else ()  # beyond: two dealings only
+    place = per_class_sequence(place, classes)  # groupings share pipelines of the same classes
     counted: list[tuple[dict[str, Any], list[list[str]]]] = []
     for degree in candidate_degrees(len(devices), problem.microbatches, requested):
         seen: set[tuple[tuple[str, ...], ...]] = set()
         dealt = [({"degree": degree, "grouping": grouping, **({"order": order} if order != "file" else {})},
                   pipelines_of(listed, degree, grouping)) for order, listed in orders.items() for grouping in GROUPINGS]
-        counted += _class_groupings(problem, weights, classes, degree, dealt)
+        if class_counts:
+            counted += class_groupings(problem, weights, classes, degree, dealt, _best_for)
         for record, pipelines in dealt:
             key = tuple(sorted(tuple(p) for p in pipelines))
             if key not in seen:
                 seen.add(key)
                 best = _try(problem, place, weights, record, pipelines, tried, best)
-    for record, pipelines in _screened_first(counted):
+    for record, pipelines in screened_first(counted):
         best = _try(problem, place, weights, record, pipelines, tried, best)
     if best is None:
         asked = f"--data-parallel {requested}" if requested is not None else "any data-parallel degree"
@@ -170,104 +157,6 @@ def _try(problem: Problem, place: PlaceFn, weights: Mapping[str, float], record:
             best = (step, len(tried), hybrid)
     tried.append(record)
     return best
-
-
-CLASS_GROUPINGS_KEPT = 2
-"""How many of the class-count groupings (over every degree) the cheap screen ranks first go on to the placer."""
-
-
-def _screened_first(counted: list[tuple[dict[str, Any], list[list[str]]]]
-                    ) -> list[tuple[dict[str, Any], list[list[str]]]]:
-    """The ``CLASS_GROUPINGS_KEPT`` groupings the screen found fastest (ties: the lower degree, then enumeration
-    order), without the screen's time in their records."""
-    ranked = sorted(range(len(counted)), key=lambda i: (counted[i][0]["screened_s"], i))[:CLASS_GROUPINGS_KEPT]
-    return [({k: v for k, v in counted[i][0].items() if k != "screened_s"}, counted[i][1]) for i in ranked]
-
-
-def _class_groupings(problem: Problem, weights: Mapping[str, float], classes: Sequence[DeviceClass],
-                     degree: int, dealt: list[tuple[dict[str, Any], list[list[str]]]]
-                     ) -> list[tuple[dict[str, Any], list[list[str]]]]:
-    """Metis's search over device-type counts (Um et al., USENIX ATC 2024), for clusters of up to
-    ``EVERY_DEGREE_UP_TO`` devices in several classes (``objective.device_classes``: type, host, memory, speed,
-    links): every way to give ``degree`` pipelines ``devices // degree`` devices each, by how many of each class
-    each pipeline takes (pipelines unordered; a class's devices taken by id, each pipeline's listed in
-    ``host_speed_order`` so that stage slots pair like with like). The ones the two dealings already tried are left
-    out; the others are screened with the greedy placer alone (no guard, no polish: milliseconds each), and returned
-    with their screened step time (``_screened_first`` keeps the fastest over every degree for the placer), recorded
-    with ``grouping: class-counts`` and their ``counts`` (devices per class, classes in ``host_speed_order``)."""
-    if len(classes) < 2:
-        return []
-    from planner.partition.placers import registry
-
-    order = {device: i for i, device in enumerate(host_speed_order(problem))}
-    ranked = sorted(range(len(classes)), key=lambda c: min(order[d] for d in classes[c].devices))
-    counts = [classes[c].count for c in ranked]
-    done = {_counts_key(classes, pipelines) for _, pipelines in dealt}
-    greedy = registry.get("greedy").fn
-    screen = _per_class_sequence(lambda sub, sub_weights: greedy(sub, weights=sub_weights), classes)
-    screened = []
-    for grouping in _count_groupings(tuple(counts), degree, len(order) // degree):
-        taken = [0] * len(ranked)
-        pipelines = []
-        for composition in grouping:
-            members = []
-            for slot, (c, n) in enumerate(zip(ranked, composition)):
-                members += classes[c].devices[taken[slot]:taken[slot] + n]
-                taken[slot] += n
-            pipelines.append(sorted(members, key=order.__getitem__))
-        if _counts_key(classes, pipelines) in done:
-            continue
-        found = _best_for(problem, screen, weights, pipelines)
-        if found is not None:
-            screened.append(({"degree": degree, "grouping": "class-counts", "counts": [list(c) for c in grouping],
-                              "screened_s": found[0]}, pipelines))
-    return screened
-
-
-def _per_class_sequence(place: PlaceFn, classes: Sequence[DeviceClass]) -> PlaceFn:
-    """``place``, run once per sequence of device classes (with the devices' weights and the micro-batches): a
-    sub-problem on devices of the same classes in the same order gets the stages placed for the first one, on its own
-    devices position for position (devices of a class are interchangeable, links included:
-    ``objective.device_classes``). Without classes (clusters above 16 devices), ``place`` itself."""
-    if not classes:
-        return place
-    of = {device: c for c, cls in enumerate(classes) for device in cls.devices}
-    placed: dict[tuple[Any, ...], tuple[tuple[str, ...], Partition]] = {}
-
-    def remembered(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
-        ids = sub.cluster.device_ids
-        key = (tuple(of[d] for d in ids), tuple(sub_weights.get(d) for d in ids), sub.microbatches)
-        if key not in placed:
-            placed[key] = (ids, place(sub, sub_weights))
-        first, stages = placed[key]
-        rename = dict(zip(first, ids))
-        return tuple(replace(st, device=rename[st.device]) for st in stages)
-
-    return remembered
-
-
-def _count_groupings(counts: tuple[int, ...], degree: int, size: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Every multiset of ``degree`` compositions (devices per class, each summing to ``size``) within ``counts``, in
-    a fixed order."""
-    compositions = [c for c in itertools.product(*(range(min(n, size) + 1) for n in counts)) if sum(c) == size]
-    out: list[tuple[tuple[int, ...], ...]] = []
-
-    def extend(left: tuple[int, ...], start: int, chosen: list[tuple[int, ...]]) -> None:
-        if len(chosen) == degree:
-            out.append(tuple(chosen))
-            return
-        for i in range(start, len(compositions)):
-            if all(x <= y for x, y in zip(compositions[i], left)):
-                extend(tuple(y - x for x, y in zip(compositions[i], left)), i, [*chosen, compositions[i]])
-
-    extend(counts, 0, [])
-    return out
-
-
-def _counts_key(classes: Sequence[DeviceClass], pipelines: list[list[str]]) -> tuple[tuple[int, ...], ...]:
-    """A grouping up to interchangeable devices: each pipeline's devices per class, sorted."""
-    of = {device: c for c, cls in enumerate(classes) for device in cls.devices}
-    return tuple(sorted(tuple(sum(1 for d in p if of[d] == c) for c in range(len(classes))) for p in pipelines))
 
 
 def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
