@@ -213,8 +213,8 @@ def host_speed_order(problem: "Problem") -> list[str]:
     """The devices grouped by host, the fastest first within a host and the host with the fastest device first (speed:
     the whole model's profiled forward and backward on the device, measured speed factors left out so a re-plan keeps
     its groups; ties by device id). It depends on what the devices are, never on where the cluster file lists them:
-    the order the shape search deals replicas from besides the file's (``search/hybrid.py``), and the first of
-    ``placement_orders``."""
+    the order the shape search deals replicas from besides the file's (``search/hybrid.py``) and lists a class-count
+    grouping's pipelines in (``search/groups.py``), the polish's restart's, and the first of ``placement_orders``."""
     tables, devices = problem.tables, problem.cluster.devices
     key = {d.id: (tables.fwd_prefix[d.id][-1] + tables.bwd_prefix[d.id][-1], d.id) for d in devices}
     fastest: dict[str, tuple[float, str]] = {}

@@ -221,14 +221,14 @@ def _first_incumbent(solve: Callable[[int], tuple[float, float, list[tuple[int, 
     its plan is close), so that the walk's cut-off skips from the top straight to the bounds that can win (gpt2_small
     over mixed-3type-2host, m = 8: 76 bounds solved without it). Returns the index of the least candidate that may
     fit (those below a probe that found nothing cannot) and the best plan met."""
-    best, low, step = (top[0] + (m - 1) * top[1], top[2]), bisect.bisect_left(ordered, floor), 1.0 / 50
-    while low < len(ordered) - 1:
-        index = min(max(bisect.bisect_left(ordered, floor * (1 + step)), low), len(ordered) - 2)
+    best, low, step, jump = (top[0] + (m - 1) * top[1], top[2]), bisect.bisect_left(ordered, floor), 1.0 / 50, 0
+    while low < len(ordered) - 1:  # ``jump`` (0, 1, 3, 7, ..) keeps the probes few where the floor is 0 or tiny
+        index = min(max(bisect.bisect_left(ordered, floor * (1 + step)), low + jump), len(ordered) - 2)
         answer = solve(index)
         if answer is not None:
             value = answer[0] + (m - 1) * answer[1]
             return low, ((value, answer[2]) if value < best[0] else best)
-        low, step = index + 1, step * 2
+        low, step, jump = index + 1, step * 2, 2 * jump + 1
     return low, best
 
 

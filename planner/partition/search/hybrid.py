@@ -52,6 +52,7 @@ from planner.partition.search.interleave import interleave
 
 __all__ = ["parse_degree", "candidate_degrees", "proportional_shares", "hybrid_search"]
 
+
 def parse_degree(value: str | int) -> int | None:
     """``--data-parallel``: ``auto`` (``None``) or a positive degree."""
     if isinstance(value, int) or str(value).isdigit():

@@ -104,8 +104,8 @@ def polish(problem: Problem, partition: Partition, config: PolishConfig = Polish
 
 def _restart_start(problem: Problem) -> Partition | None:
     """The time-balanced split (torchgpipe's objective, solved exactly) with its stages on the devices in
-    ``host_speed_order`` (the baseline reads the file's order: a file that lists the same devices otherwise would
-    otherwise start, and end, elsewhere), when it fits in memory."""
+    ``host_speed_order`` (the baseline reads the file's order, so the same devices listed in another order would
+    start, and end, elsewhere), when it fits in memory."""
     from planner.partition.placers.baselines import time_balance
 
     start = time_balance(with_device_order(problem, host_speed_order(problem)))
