@@ -235,11 +235,17 @@ def with_device_order(problem: "Problem", ids: Sequence[str]) -> "Problem":
     return _sharing_tables(problem, cluster=replace(problem.cluster, devices=tuple(by_id[i] for i in ids)))
 
 
+def by_host_speed(problem: "Problem") -> "Problem":
+    """``problem`` with its devices listed in ``host_speed_order``: where a placer that reads the file's order (stage
+    ``i`` on the ``i``-th device) starts, so that the same devices listed otherwise give the same start."""
+    return with_device_order(problem, host_speed_order(problem))
+
+
 def placement_orders(problem: "Problem") -> tuple["Problem", ...]:
-    """``problem`` under the device orders that the searches which start from an order try: ``host_speed_order``
-    first, then the cluster file's own when it differs. The first depends only on the devices, so permuting the file
-    changes a result only where the file's order places strictly better (ties go to the first)."""
-    canonical = with_device_order(problem, host_speed_order(problem))
+    """``problem`` under the device orders that the guard's baselines place from: ``by_host_speed`` first, then the
+    cluster file's own when it differs. The first depends only on the devices, so permuting the file changes a result
+    only where the file's order places strictly better (ties go to the first)."""
+    canonical = by_host_speed(problem)
     return (canonical,) if canonical is problem else (canonical, problem)
 
 

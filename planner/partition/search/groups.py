@@ -73,7 +73,8 @@ def class_groupings(problem: Problem, weights: Mapping[str, float], classes: Seq
     order = {device: i for i, device in enumerate(host_speed_order(problem))}
     ranked = sorted(range(len(classes)), key=lambda c: min(order[d] for d in classes[c].devices))
     counts = [classes[c].count for c in ranked]
-    done = {_counts_key(classes, pipelines) for _, pipelines in dealt}
+    of = _class_index(classes)
+    done = {_counts_key(of, len(classes), pipelines) for _, pipelines in dealt}
     greedy = registry.get("greedy").fn
     screen = per_class_sequence(lambda sub, sub_weights: greedy(sub, weights=sub_weights), classes)
     proxy = problem if problem.schedule in SCREEN_SCHEDULES else with_schedule(problem, SCREEN_SCHEDULES[1])
@@ -87,7 +88,7 @@ def class_groupings(problem: Problem, weights: Mapping[str, float], classes: Seq
                 members += classes[c].devices[taken[slot]:taken[slot] + n]
                 taken[slot] += n
             pipelines.append(sorted(members, key=order.__getitem__))
-        if _counts_key(classes, pipelines) in done:
+        if _counts_key(of, len(classes), pipelines) in done:
             continue
         found = best_for(proxy, screen, weights, pipelines)
         if found is not None:
@@ -103,7 +104,7 @@ def per_class_sequence(place: PlaceFn, classes: Sequence[DeviceClass]) -> PlaceF
     ``objective.device_classes``). Without classes (clusters above 16 devices), ``place`` itself."""
     if not classes:
         return place
-    of = {device: c for c, cls in enumerate(classes) for device in cls.devices}
+    of = _class_index(classes)
     placed: dict[tuple[Any, ...], tuple[tuple[str, ...], Partition]] = {}
 
     def remembered(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
@@ -136,7 +137,12 @@ def _count_groupings(counts: tuple[int, ...], degree: int, size: int) -> list[tu
     return out
 
 
-def _counts_key(classes: Sequence[DeviceClass], pipelines: list[list[str]]) -> tuple[tuple[int, ...], ...]:
-    """A grouping up to interchangeable devices: each pipeline's devices per class, sorted."""
-    of = {device: c for c, cls in enumerate(classes) for device in cls.devices}
-    return tuple(sorted(tuple(sum(1 for d in p if of[d] == c) for c in range(len(classes))) for p in pipelines))
+def _class_index(classes: Sequence[DeviceClass]) -> dict[str, int]:
+    """Device id -> the index of its class."""
+    return {device: c for c, cls in enumerate(classes) for device in cls.devices}
+
+
+def _counts_key(of: Mapping[str, int], count: int, pipelines: list[list[str]]) -> tuple[tuple[int, ...], ...]:
+    """A grouping up to interchangeable devices: each pipeline's devices per class (``of``: a device's class among
+    ``count``), sorted."""
+    return tuple(sorted(tuple(sum(1 for d in p if of[d] == c) for c in range(count)) for p in pipelines))

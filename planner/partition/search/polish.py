@@ -43,7 +43,7 @@ from planner.errors import PlannerError
 from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.partition.model.cost import stage_backward_halves, stage_fwd_bwd_s, stage_update_s, step_time_s
 from planner.partition.model.feasibility import check_fits
-from planner.partition.model.problem import Partition, Problem, StageSpec, host_speed_order, with_device_order
+from planner.partition.model.problem import Partition, Problem, StageSpec, by_host_speed
 from planner.partition.sim.schedules import BWD, BWD_INPUT, device_orders, inflight_counts
 
 __all__ = ["PolishConfig", "PolishResult", "polish"]
@@ -108,7 +108,7 @@ def _restart_start(problem: Problem) -> Partition | None:
     start, and end, elsewhere), when it fits in memory."""
     from planner.partition.placers.baselines import time_balance
 
-    start = time_balance(with_device_order(problem, host_speed_order(problem)))
+    start = time_balance(by_host_speed(problem))
     return start if _fits(problem, start) else None
 
 
