@@ -97,9 +97,10 @@ def test_the_dp_walk_equals_the_best_answer_over_every_latency_bound(seed: int) 
     space, m = dp._space(tab.counts), problem.microbatches
     limit = max_stages(problem.schedule, m, sum(tab.counts))
     every = sorted({float(x) for x in lat.mid[np.isfinite(lat.mid)]} | {float(x) for x in lat.last[np.isfinite(lat.last)]})
+    bounded = dp._BoundedDP(lat, space, len(problem.blocks), limit)
     best, index, solved = math.inf, len(every) - 1, 0  # every bound from the top down, skipping only the bounds
     while index >= 0:  # between an answer's largest latency and its own bound (the same answer), never pruning
-        answer = dp._solve_bounded(lat, space, len(problem.blocks), every[index], limit)
+        answer = bounded.solve(every[index])
         solved += 1
         if answer is None:
             break

@@ -74,3 +74,72 @@ def test_placer_records_its_result_and_rejects_options() -> None:
     assert facts_of(placed)["solver"]["objective_s"] == pytest.approx(30.0)
     with pytest.raises(PlannerError, match="takes no options"):
         dp_placer(identical_two(), weights={}, time_limit_s=3)
+
+
+def _reference_least_sum(lat, counts: tuple[int, ...], nblocks: int, bound: float, limit: int) -> float:
+    """``S(T)`` by the recurrence of docs/exact-methods.md, one state at a time (slow, and plainly written)."""
+    import functools
+    import math
+
+    classes = range(len(counts))
+
+    @functools.cache
+    def from_here(b: int, c: int, used: tuple[int, ...]) -> float:
+        """Least sum of the stages from block ``b`` on, the first on class ``c``, using ``used`` devices per class."""
+        if sum(used) > limit or used[c] < 1:
+            return math.inf
+        rest = tuple(n - (k == c) for k, n in enumerate(used))
+        best = float(lat.last[c, b]) if lat.last[c, b] <= bound and sum(rest) == 0 else math.inf
+        for e in range(b + 1, nblocks):
+            if sum(used) > lat.room[c, b, e]:
+                continue
+            for d in classes:
+                if lat.mid[c, d, b, e] <= bound:
+                    best = min(best, float(lat.mid[c, d, b, e]) + from_here(e, d, rest))
+        return best
+
+    import itertools
+
+    states = itertools.product(*(range(n + 1) for n in counts))
+    return min((from_here(0, c, used) for used in states for c in classes), default=math.inf)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_vectorised_bounded_dp_equals_the_recurrence_written_out(seed: int) -> None:
+    """``_BoundedDP`` lays the table out for numpy (states after the cut, classes broadcast, the least taken along
+    the last axis); a slip in that layout (an in-place add on a copy, a state mapped to the wrong class) gives
+    wrong sums on mixed clusters. Under a bound below every latency and every third candidate (tight to loose), on
+    random problems of up to 5 classes and 1F1B memory that binds, its least sum equals the recurrence evaluated
+    state by state, and its stages add up to it."""
+    import math
+    from dataclasses import replace
+
+    import numpy as np
+
+    from planner.partition.model.feasibility import max_stages
+    from planner.partition.model.objective import class_tables, stage_latencies
+    from planner.partition.model.problem import build_problem
+    from tests._bruteforce import random_cluster, random_profile
+
+    cluster = random_cluster(seed, 3 + seed % 4, mem_range=(100, 600))
+    if seed % 2:  # devices of a type and host with equal memory: classes of several devices (counts above 1)
+        cluster = replace(cluster, devices=tuple(replace(d, memory_bytes=250) for d in cluster.devices))
+    problem = build_problem(random_profile(seed, num_nodes=14, skip_prob=0.2), cluster,
+                            microbatches=(1, 2, 4, 8)[seed % 4], schedule=("gpipe", "1f1b")[seed % 4 // 2],
+                            optimizer="sgd")
+    tab = class_tables(problem)
+    nblocks = len(problem.blocks)
+    lat = stage_latencies(tab, nblocks)
+    limit = max_stages(problem.schedule, problem.microbatches, sum(tab.counts))
+    bounded = dp._BoundedDP(lat, dp._space(tab.counts), nblocks, limit)
+    every = np.unique(np.concatenate([lat.mid[np.isfinite(lat.mid)], lat.last[np.isfinite(lat.last)]]))
+    for bound in [every[0] * 0.5, *every[::3], every[-1]]:
+        expected = _reference_least_sum(lat, tab.counts, nblocks, float(bound), limit)
+        answer = bounded.solve(float(bound))
+        if math.isinf(expected):
+            assert answer is None
+            continue
+        assert answer is not None and answer[0] == pytest.approx(expected, rel=1e-12)
+        latencies = dp._stage_latencies(lat, answer[1])
+        assert sum(latencies) == pytest.approx(answer[0], rel=1e-12) and max(latencies) <= bound
+        assert [s[0] for s in answer[1]][1:] == [s[1] for s in answer[1]][:-1] and answer[1][-1][1] == nblocks

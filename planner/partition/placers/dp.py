@@ -11,19 +11,19 @@ memory under the schedule.
   the blocks and in the devices per class; identical devices are the one-class case. The count also
   gives each stage its number of stages-to-end, which the 1F1B memory rule needs.
 - ``max_k L_k`` is handled as Alpa does, by enumerating ``T`` over the candidate stage latencies, but
-  without Alpa's approximation: walking ``T`` down from the top, each DP answer with largest latency
-  ``M`` also answers every ``T`` in ``[M, T]``; and since every plan under ``T`` sums to at least the
-  answer's sum ``S``, a plan can beat the best objective ``V`` only if its largest latency is below
-  ``(V - S) / (m - 1)``. So the next ``T`` to try is the largest candidate below both, and the walk stops
-  when nothing fits under ``T``. Bounds a little above a lower bound on ``T`` are probed first, in growing
-  steps, until a plan fits: it gives the walk its first ``V`` (on many micro-batches the optimum's largest
-  latency sits just above the least bound that fits), so the cut-off skips from the top straight to the
-  bounds that can win. The result is exact: gpt2_small on mixed-3type-2host at m = 8 solves 20 bounds instead
-  of 76 for the same plan, and ``tests/test_differential.py`` checks the walk against the walk that skips
-  nothing.
+  without Alpa's approximation: walking ``T`` down, each DP answer with largest latency ``M`` also answers
+  every ``T`` in ``[M, T]``; and since every plan under ``T`` sums to at least the answer's sum ``S``, a plan
+  can beat the best objective ``V`` only if its largest latency is below ``(V - S) / (m - 1)``. So the next
+  ``T`` to try is the largest candidate below both, and the walk stops when nothing fits under ``T``. Bounds
+  a little above a lower bound on ``T`` are probed first, in growing steps, until a plan fits: it gives the
+  walk its first ``V`` (on many micro-batches the optimum's largest latency sits just above the least bound
+  that fits). The walk then starts below ``(V - S_0) / (m - 1)``, ``S_0`` a lower bound on any plan's sum
+  (every block on its fastest class), not at the loosest bound, whose DP is the costliest. The result is
+  exact: gpt2_small on mixed-3type-2host at m = 8 solves 19 bounds instead of 76 for the same plan, and
+  ``tests/test_differential.py`` checks the walk against the walk that skips nothing.
 
 Complexity per ``T``: O(B^2 * C^2 * prod_c (n_c + 1)) for B blocks and C classes of n_c devices,
-vectorised over the count states with numpy.
+vectorised over the count states, classes and stops with numpy (``_BoundedDP``).
 """
 
 from __future__ import annotations
@@ -89,49 +89,80 @@ def _space(counts: tuple[int, ...]) -> _Space:
     return _Space(counts, size, digits.sum(axis=1), minus, tuple(strides))
 
 
-def _solve_bounded(lat: StageLatencies, space: _Space, nblocks: int, bound: float, limit: int
-                   ) -> tuple[float, list[tuple[int, int, int]]] | None:
-    """Least ``sum_k L_k`` with every ``L_k <= bound`` and at most ``limit`` stages: (sum, stages as
-    (start, stop, class)) or None."""
-    too_many = space.total > limit
-    ncls, size = lat.last.shape[0], space.size
-    best = np.full((nblocks + 1, ncls, size + 1), np.inf)  # best[e, d, u]: from block e on, on class d, counts u
-    choice_e = np.full((nblocks, ncls, size), -1, dtype=np.int64)
-    choice_d = np.full((nblocks, ncls, size), -1, dtype=np.int64)
-    columns = np.arange(size)
-    for b in range(nblocks - 1, -1, -1):
-        for c in range(ncls):
-            row = np.full(size, np.inf)
-            if lat.last[c, b] <= bound:
-                row[space.unit[c]] = lat.last[c, b]
-                choice_e[b, c, space.unit[c]] = nblocks
-            within = lat.mid[c, :, b, b + 1:nblocks] <= bound  # (next class, stop - b - 1)
-            reach = np.nonzero(within.any(axis=0))[0]
-            if reach.size:  # every (next class, stop) at once; ties to the last stage, then the lower class and stop
-                span = int(reach[-1]) + 1
-                stops = slice(b + 1, b + 1 + span)
-                mids = np.where(within[:, :span], lat.mid[c, :, b, stops], np.inf)
-                full = np.where(space.total[None, :] > lat.room[c, b, stops][:, None], np.inf, 0.0)
-                after = best[stops][:, :, space.minus[c]].transpose(1, 0, 2)  # the next stages use one class-c less
-                cand = (after + mids[:, :, None] + full[None]).reshape(-1, size)
-                pick = np.argmin(cand, axis=0)
-                value = cand[pick, columns]
-                better = value < row
-                row = np.where(better, value, row)
-                choice_e[b, c] = np.where(better, b + 1 + pick % span, choice_e[b, c])
-                choice_d[b, c] = np.where(better, pick // span, choice_d[b, c])
-            best[b, c, :size] = np.where(too_many, np.inf, row)
-    flat = best[0, :, :size]
-    if not np.isfinite(flat).any():
-        return None
-    c, u = np.unravel_index(int(np.argmin(flat)), flat.shape)
-    total = float(flat[c, u])
-    stages, b = [], 0
-    while b < nblocks:
-        e, d = int(choice_e[b, c, u]), int(choice_d[b, c, u])
-        stages.append((b, e, int(c)))
-        u, b, c = int(space.minus[c][u]), e, d
-    return total, stages
+class _BoundedDP:
+    """The DP under one latency bound, solved for many bounds over the same tables.
+
+    What does not depend on the bound is laid out once, in the order the DP reads it. The table of answers is
+    kept per state ``u'`` of the stages after a cut, and a stage on class ``c`` before them makes the state
+    ``u' + unit(c)``: so every class adds its stage to the same slice of the table (a broadcast, not a gather per
+    class), the least over (next class, stop) is taken along the last, contiguous axis, and only the (class,
+    state) answers are mapped back to ``u``. On 300-op models the count of numpy calls per start, not their
+    arithmetic, is most of what a bound costs."""
+
+    def __init__(self, lat: StageLatencies, space: _Space, nblocks: int, limit: int) -> None:
+        self.lat, self.space, self.nblocks = lat, space, nblocks
+        self.mid = np.ascontiguousarray(lat.mid.transpose(2, 0, 1, 3))  # (start, class, next class, stop)
+        most = int(space.total.max())
+        self.room = np.ascontiguousarray(np.minimum(lat.room, most + 1).transpose(1, 0, 2))  # (start, class, stop)
+        # a stage that fits before ``r`` stages to the end (itself included) and ``limit`` at most (the feasibility
+        # rule's stage count): ``penalty[u', r]`` is inf when ``u'`` after it makes too many; the pad state too
+        after = np.append(space.total, most + 1)[:, None] + 1
+        self.penalty = np.where((after > np.arange(most + 2)[None, :]) | (after > limit), np.inf, 0.0)
+
+    def solve(self, bound: float) -> tuple[float, list[tuple[int, int, int]]] | None:
+        """Least ``sum_k L_k`` with every ``L_k <= bound`` and at most ``limit`` stages: (sum, stages as
+        (start, stop, class)) or None."""
+        lat, space, nblocks = self.lat, self.space, self.nblocks
+        ncls, size = lat.last.shape[0], space.size
+        best = np.full((size + 1, ncls, nblocks + 1), np.inf)  # best[u, d, e]: from block e on, on class d; u = size: pad
+        choice = np.full((nblocks, ncls, size), -1, dtype=np.int64)  # the pick (``_next``) that won; -1: the last stage
+        rows = np.full((nblocks, ncls, size), np.inf)  # rows[b]: the best from b on, first as the last stage
+        fit_c, fit_b = np.nonzero(lat.last[:, :nblocks] <= bound)
+        rows[fit_b, fit_c, np.asarray(space.unit)[fit_c]] = lat.last[fit_c, fit_b]
+        stops = np.arange(nblocks + 1)
+        reach = np.where((self.mid <= bound).any(axis=(1, 2)), stops[None, :], -1).max(axis=1)  # last stop per start
+        spans = reach - np.arange(nblocks + 1)
+        for b in range(nblocks - 1, -1, -1):
+            row, span = rows[b], int(spans[b])
+            if span > 0:
+                # every class at once while the candidates stay few; one class at a time otherwise (the same sums)
+                whole = ncls * ncls * span * (size + 1) <= _CANDIDATES
+                for cs in (slice(None),) if whole else [slice(c, c + 1) for c in range(ncls)]:
+                    value, pick = self._next(best, b, span, cs, bound)
+                    better = value < row[cs]  # ties to the last stage
+                    row[cs] = np.where(better, value, row[cs])
+                    choice[b, cs] = np.where(better, pick, -1)
+            best[:size, :, b] = row.T
+        flat = best[:size, :, 0].T
+        if not np.isfinite(flat).any():
+            return None
+        c, u = np.unravel_index(int(np.argmin(flat)), flat.shape)
+        total = float(flat[c, u])
+        stages, b = [], 0
+        while b < nblocks:
+            pick = int(choice[b, c, u])
+            e, d = (nblocks, -1) if pick < 0 else (b + 1 + pick % int(spans[b]), pick // int(spans[b]))
+            stages.append((b, e, int(c)))
+            u, b, c = int(space.minus[c][u]), e, d
+        return total, stages
+
+    def _next(self, best: np.ndarray, b: int, span: int, cs: slice, bound: float) -> tuple[np.ndarray, np.ndarray]:
+        """For a middle stage from block ``b`` on each class of ``cs``, per state ``u`` (its stage included): the
+        least sum over every (next class, stop) within ``span`` stops, and its pick (``next class * span + stop - b
+        - 1``: ties to the lower class, then the earlier stop)."""
+        stops = slice(b + 1, b + 1 + span)
+        mids = self.mid[b, cs, :, stops]  # (class, next class, stop)
+        cand = best[None, :, :, stops] + np.where(mids > bound, np.inf, mids)[:, None]  # (class, u', next class, stop)
+        cand += self.penalty[:, self.room[b, cs, stops]].transpose(1, 0, 2)[:, :, None, :]
+        flat = cand.reshape(cand.shape[0], cand.shape[1], -1)
+        pick = flat.argmin(axis=2)
+        classes, after = np.arange(flat.shape[0])[:, None], self.space.minus[cs]  # u -> u' (the pad: no class-c device)
+        pick = pick[classes, after]
+        return flat[classes, after, pick], pick
+
+
+_CANDIDATES = 1 << 22
+"""Most candidate sums (classes x next classes x stops x states) one vectorised step of the DP builds."""
 
 
 def _stage_latencies(lat: StageLatencies, stages: list[tuple[int, int, int]]) -> list[float]:
@@ -184,52 +215,63 @@ def walk_bounds(problem: Problem, tab: ClassTables, lat: StageLatencies, nblocks
     m = problem.microbatches
     limit = max_stages(problem.schedule, m, sum(tab.counts))  # the feasibility rule's stage count
     ordered = np.unique(np.concatenate([lat.mid[np.isfinite(lat.mid)], lat.last[np.isfinite(lat.last)]])).tolist()
-    tried = 0
+    bounded, tried = _BoundedDP(lat, space, nblocks, limit), 0
 
     def solve(index: int) -> tuple[float, float, list[tuple[int, int, int]]] | None:
         """(sum, largest latency, stages) of the least sum under the ``index``-th candidate bound, or None."""
         nonlocal tried
         tried += 1
-        answer = _solve_bounded(lat, space, nblocks, ordered[index], limit)
+        answer = bounded.solve(ordered[index])
         return None if answer is None else (answer[0], max(_stage_latencies(lat, answer[1])), answer[1])
 
-    top = solve(len(ordered) - 1) if ordered else None
-    if top is None:
+    if m == 1 or not ordered:  # the objective is the sum alone: the least sum under the loosest bound
+        top = solve(len(ordered) - 1) if ordered else None
+        if top is None:
+            raise InfeasibleError(no_fit_message(problem, "dp"))
+        return top[0] + (m - 1) * top[1], top[2], tried
+    least, first = _first_incumbent(solve, ordered, _latency_floor(tab, nblocks), m)
+    if first is None:
         raise InfeasibleError(no_fit_message(problem, "dp"))
-    least, best = _first_incumbent(solve, ordered, _latency_floor(tab, nblocks), top, m)
-    answer = top
+    best = first
+    # every plan sums to at least ``_sum_floor``, so one whose largest latency is ``x`` or more costs at least
+    # ``floor + (m - 1) x``: the walk starts below the bounds that cannot beat the first plan, not at the top
+    total, largest = _sum_floor(tab, nblocks), math.inf
     while True:
-        total, largest, stages = answer
-        if total + (m - 1) * largest < best[0]:
-            best = (total + (m - 1) * largest, stages)
         # every plan under this bound sums to at least ``total``, so one whose largest latency is ``x`` or more
         # costs at least ``total + (m - 1) x``: only a largest latency below ``cutoff`` can beat the best
-        cutoff = (best[0] - total) / (m - 1) * (1 + 1e-12) if m > 1 else -math.inf
+        cutoff = (best[0] - total) / (m - 1) * (1 + 1e-12)
         below = bisect.bisect_left(ordered, min(largest, cutoff)) - 1  # the largest candidate below both
         if below < least:
             return best[0], best[1], tried
         answer = solve(below)
         if answer is None:  # below the least bound under which anything fits
             return best[0], best[1], tried
+        total, largest, stages = answer
+        if total + (m - 1) * largest < best[0]:
+            best = (total + (m - 1) * largest, stages)
 
 
 def _first_incumbent(solve: Callable[[int], tuple[float, float, list[tuple[int, int, int]]] | None],
-                     ordered: list[float], floor: float, top: tuple[float, float, list[tuple[int, int, int]]], m: int
-                     ) -> tuple[int, tuple[float, list[tuple[int, int, int]]]]:
+                     ordered: list[float], floor: float, m: int
+                     ) -> tuple[int, tuple[float, list[tuple[int, int, int]]] | None]:
     """The walk's first incumbent: the bounds ``floor (1 + 2^k / 50)``, k = 0, 1, .., are solved until a plan fits
     under one (on many micro-batches the optimum's largest latency sits just above the least bound that fits, so
-    its plan is close), so that the walk's cut-off skips from the top straight to the bounds that can win (gpt2_small
-    over mixed-3type-2host, m = 8: 76 bounds solved without it). Returns the index of the least candidate that may
-    fit (those below a probe that found nothing cannot) and the best plan met."""
-    best, low, step, jump = (top[0] + (m - 1) * top[1], top[2]), bisect.bisect_left(ordered, floor), 1.0 / 50, 0
-    while low < len(ordered) - 1:  # ``jump`` (0, 1, 3, 7, ..) keeps the probes few where the floor is 0 or tiny
-        index = min(max(bisect.bisect_left(ordered, floor * (1 + step)), low + jump), len(ordered) - 2)
+    its plan is close), so that the walk's cut-off skips straight to the bounds that can win (gpt2_small over
+    mixed-3type-2host, m = 8: 76 bounds solved without it). Returns the index of the least candidate that may fit
+    (those below a probe that found nothing cannot) and the plan met (None: nothing fits under any bound)."""
+    low, step, jump = bisect.bisect_left(ordered, floor), 1.0 / 50, 0
+    while low < len(ordered):  # ``jump`` (0, 1, 3, 7, ..) keeps the probes few where the floor is 0 or tiny
+        index = min(max(bisect.bisect_left(ordered, floor * (1 + step)), low + jump), len(ordered) - 1)
         answer = solve(index)
         if answer is not None:
-            value = answer[0] + (m - 1) * answer[1]
-            return low, ((value, answer[2]) if value < best[0] else best)
+            return low, (answer[0] + (m - 1) * answer[1], answer[2])
         low, step, jump = index + 1, step * 2, 2 * jump + 1
-    return low, best
+    return low, None
+
+
+def _sum_floor(tab: ClassTables, nblocks: int) -> float:
+    """A lower bound on the latency sum of any plan: every block on its fastest class, one stage's passes, no cut."""
+    return float(sum(tab.compute_s[:, b, b + 1].min() for b in range(nblocks)) + tab.pass_pair_s)
 
 
 def _latency_floor(tab: ClassTables, nblocks: int) -> float:
