@@ -380,5 +380,8 @@ def shape_of(problem: Problem, partition: Partition) -> ParallelShape:
 
 def step_time_s(problem: Problem, partition: Partition) -> float:
     """The simulated step time of ``partition`` (``evaluate`` without recording events): what placers, polish,
-    interleaving and the optimality check compare."""
-    return evaluate(problem, partition, record_events=False).step_time_s
+    interleaving and the optimality check compare; each (stages, shares) is simulated once per problem."""
+    key = (tuple(partition), shares_of(partition, problem.microbatches))
+    if key not in problem.step_times:
+        problem.step_times[key] = evaluate(problem, partition, record_events=False).step_time_s
+    return problem.step_times[key]

@@ -118,6 +118,12 @@ class Problem:
         """Prefix-sum cost tables, built on first use and kept (O(1) stage costs for placers)."""
         return CostTables.build(self)
 
+    @cached_property
+    def step_times(self) -> dict[tuple[tuple["StageSpec", ...], tuple[int, ...]], float]:
+        """(stages, shares) -> simulated step seconds: ``cost.step_time_s``'s memo (a search meets a plan more than
+        once: the polish's neighbours overlap, and the guard simulates what the placers already did)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class StageSpec:
