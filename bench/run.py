@@ -316,8 +316,9 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                   "speed and op-time error, before the schedule and communication add theirs). Shapes: *pipeline* "
                   "is the dp plan on `cpu-2` (2 stages, 2 ranks); *data parallel* is 1 stage x 2 replicas on "
                   "`cpu-2`; *hybrid 2x2* is 2 stages x 2 replicas on `cpu-4`, 4 ranks sharing this machine's 2 "
-                  "cores: the profile is co-located with 3 other ranks and the cost model stretches the ranks' "
-                  "work to fit in 2 cores (`runtime.host_cores`, docs/cost-model.md), so that row checks the "
+                  "cores: the profile is co-located with 3 other ranks and the cost model gives each rank its share of "
+                  "the 2 cores (the ranks busy beside it) and stretches their work to fit in them "
+                  "(`runtime.host_cores`, docs/cost-model.md), so that row checks the "
                   "model of shared cores, not the speed of a 4-device machine.", "",
                   "*Calibrated in round 1*: the plan re-simulated with each rank's compute factor measured in the "
                   "first round after the warm-up (measured compute over the cost model's), against the mean step of "

@@ -7,32 +7,39 @@ polish, the guard and re-plans; ``report.replay`` for saved plans): ``simulate``
 Shared cores: ranks that are processes on one host's CPU cores cannot all compute at once.
 
 The simulator gives every device its own processor, as GPUs have. CPU ranks share their host's cores
-(``runtime.host_cores``): four ranks on a 2-core host compute at half speed whenever all four are busy.
-Between a step in which every rank runs at full speed (the simulator's) and one in which all run at
-``cores / ranks`` of it, where a real step falls depends on how much the ranks overlap. The model used
-here is the processor-sharing bound: a host whose devices are busy ``W`` processor-seconds per step
-(compute, copies, the optimizer step and the sync are all work of those cores) needs at least ``W / cores``
-seconds of wall time; when the simulated step is shorter than that, every time of that host's devices is
-stretched by ``W / (cores * step)`` and the step simulated again, which keeps the schedule's dependencies
-and its bubbles (an idle rank gives its core to the others). Two rounds settle it: the second corrects
-for the copies and per-pass costs the stretch leaves unscaled.
+(``runtime.host_cores``): the operating system gives ``n`` busy processes on ``c < n`` cores ``c / n`` of a core
+each. Where a real step falls between one in which every rank runs at full speed (the simulator's) and one in which
+all run at ``cores / ranks`` of it throughout depends on how much the ranks overlap, so the overlap is simulated:
 
-Measured on the 2-core machine this was developed on, a 2-stage x 2-replica plan of ``gpt_small`` on 4
-ranks ran 1.71x its unstretched prediction, and the bound predicts 1.59x of it (docs/bench-run.md).
+1. **Shares** (``shared_stretch``): on a host with more of the plan's devices than cores, each device's times are
+   stretched by the mean number of the host's devices busy while it is busy, over the cores (at least 1), and
+   the step simulated again; the shares move with the stretch they cause, so this repeats, half-way each time,
+   until they move by under 0.1% (3 or 4 rounds). A pass that overlaps four busy ranks on two cores takes twice as
+   long; one that runs while the others wait in a bubble keeps its speed.
+2. **The processor-sharing bound**: a host whose devices are busy ``W`` processor-seconds per step (compute,
+   copies, the optimizer step and the sync are all work of those cores) needs at least ``W / cores`` seconds of
+   wall time; when the simulated step is shorter, every time of that host's devices is stretched by
+   ``W / (cores * step)`` on top and the step simulated again (two rounds at most).
+
+Measured on the 2-core machine this was developed on, 2-stage x 2-replica plans of ``gpt_small`` on 4 ranks ran
+1.14-1.16x the bound alone (docs/bench-run.md of 2026-11-26); the shares predict 1.10x of it on such a plan.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES
 from planner.partition.sim.hybrid import simulate_async_replicas, simulate_hybrid
 from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
-__all__ = ["core_stretch", "settle", "simulate_step"]
+__all__ = ["core_stretch", "settle", "shared_stretch", "simulate_step"]
 
 ROUNDS = 2
 """Re-simulations at most; the first stretch leaves a few percent (unscaled copies and per-pass costs)."""
@@ -56,23 +63,84 @@ def core_stretch(work: Mapping[str, float], step_s: float, cluster: Cluster) -> 
     return {host: w / capacity for host, w in work.items() if w > capacity * (1 + 1e-6)}
 
 
-def settle(run: Callable[[Mapping[str, float]], SimResult], cluster: Cluster) -> SimResult:
-    """``run(stretch)`` (device -> factor on its times; empty: as profiled) until every host's work, as profiled,
-    fits in its cores over the step."""
-    result = run({})
+def settle(run: Callable[[Mapping[str, float], bool], SimResult], cluster: Cluster, devices: Sequence[str],
+           record_events: bool = True) -> SimResult:
+    """``run(stretch, events)`` (device -> factor on its times, empty: as profiled; whether to record events) until
+    each device of a host crowded with ``devices`` runs at its share of the cores (``shared_stretch``), and every
+    host's work, as profiled, fits in its cores over the step (the processor-sharing bound)."""
+    crowded = _crowded(cluster, devices)
+    result = run({}, crowded or record_events)
     if not cluster.host_cores:
         return result
     work = host_work(result, cluster)
-    factor: dict[str, float] = {}
     stretch: dict[str, float] = {}
+    for _ in range(SHARE_ROUNDS if crowded else 0):
+        target = shared_stretch(result, cluster)
+        # half-way (geometrically) from the last stretch: the shares move with the stretch they cause
+        new = {d: math.sqrt(stretch[d] * f) if stretch else f for d, f in target.items()}
+        settled = bool(stretch) and all(abs(new[d] / stretch[d] - 1) < SHARE_TOLERANCE for d in new)
+        stretch = new
+        result = run(stretch, True)
+        if settled:
+            break
     for _ in range(ROUNDS):
         more = core_stretch(work, result.step_time_s, cluster)
         if not more:
             break
-        factor = {host: factor.get(host, 1.0) * more.get(host, 1.0) for host in set(factor) | set(more)}
-        stretch = {d.id: factor[d.host] for d in cluster.devices if d.host in factor}
-        result = run(stretch)
-    return replace(result, core_stretch=MappingProxyType({d: f for d, f in stretch.items() if d in result.devices}))
+        stretch = {d.id: stretch.get(d.id, 1.0) * more.get(d.host, 1.0) for d in cluster.devices
+                   if d.id in stretch or d.host in more}
+        result = run(stretch, record_events)
+    return replace(result, core_stretch=MappingProxyType({d: f for d, f in stretch.items()
+                                                          if d in result.devices and f != 1.0}))
+
+
+SHARE_ROUNDS = 6
+"""Re-simulations at most for the cores' shares to settle (3 or 4 move them by under ``SHARE_TOLERANCE`` on the
+plans measured)."""
+SHARE_TOLERANCE = 1e-3
+
+
+def _crowded(cluster: Cluster, devices: Sequence[str]) -> bool:
+    """Whether some host runs more of ``devices`` than it has cores (``runtime.host_cores``; 0: not said)."""
+    if not cluster.host_cores:
+        return False
+    per_host: dict[str, int] = {}
+    for device in set(devices):
+        host = cluster.device(device).host
+        per_host[host] = per_host.get(host, 0) + 1
+    return any(n > cluster.host_cores for n in per_host.values())
+
+
+def shared_stretch(result: SimResult, cluster: Cluster) -> dict[str, float]:
+    """Device -> how much longer its work takes on its host's cores, shared fairly: over its busy time, the mean
+    number of the host's devices busy at once, over the cores (1 where they never outnumber the cores).
+
+    The operating system gives ``n`` busy processes on ``c < n`` cores ``c / n`` of a core each, so a pass that
+    overlaps more busy ranks takes longer than one in a bubble of the others. ``result.events`` must be recorded."""
+    import numpy as np
+
+    busy: dict[str, list[tuple[float, float, str]]] = {}
+    for e in result.events:
+        if "->" not in e.resource and e.end_s > e.start_s:  # a device's busy interval, not a link's
+            busy.setdefault(cluster.device(e.resource).host, []).append((e.start_s, e.end_s, e.resource))
+    out: dict[str, float] = {}
+    for intervals in busy.values():
+        starts = np.array([a for a, _, _ in intervals])
+        ends = np.array([b for _, b, _ in intervals])
+        points = np.unique(np.concatenate([starts, ends]))
+        left = points[:-1]
+        running = (np.searchsorted(np.sort(starts), left, side="right")
+                   - np.searchsorted(np.sort(ends), left, side="right"))  # devices busy on each segment
+        overlap = np.concatenate([[0.0], np.cumsum(running * np.diff(points))])  # its integral up to each point
+        shared = np.interp(ends, points, overlap) - np.interp(starts, points, overlap)
+        totals: dict[str, list[float]] = {}
+        for (a, b, device), together in zip(intervals, shared):
+            t = totals.setdefault(device, [0.0, 0.0])
+            t[0] += together
+            t[1] += b - a
+        for device, (together, alone) in totals.items():
+            out[device] = max(1.0, together / alone / cluster.host_cores)
+    return out
 
 
 def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
@@ -89,18 +157,19 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
         sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule))
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1:
-        return settle(lambda stretch: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
-                                               record_events=record_events, drain_every=drain_every), cluster)
+        return settle(lambda stretch, events: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
+                                                       record_events=events, drain_every=drain_every),
+                      cluster, [st.device for st in pipelines[0]], record_events)
 
-    def run(stretch: Mapping[str, float]) -> SimResult:
+    def run(stretch: Mapping[str, float], events: bool) -> SimResult:
         synced = [s * max(stretch.get(p[i].device, 1.0) for p in pipelines) for i, s in enumerate(sync_s)]
         if schedule in ASYNC_SCHEDULES:
             return simulate_async_replicas([_stretched(p, stretch) for p in pipelines], shares, synced, cluster,
-                                           schedule, drain_every=drain_every, record_events=record_events)
+                                           schedule, drain_every=drain_every, record_events=events)
         return simulate_hybrid([_stretched(p, stretch) for p in pipelines], shares, synced, cluster, schedule,
-                               record_events=record_events)
+                               record_events=events)
 
-    return settle(run, cluster)
+    return settle(run, cluster, [st.device for p in pipelines for st in p], record_events)
 
 
 def compute_only_s(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], cluster: Cluster,
