@@ -232,10 +232,9 @@ def walk_bounds(problem: Problem, tab: ClassTables, lat: StageLatencies, nblocks
     least, first = _first_incumbent(solve, ordered, _latency_floor(tab, nblocks), m)
     if first is None:
         raise InfeasibleError(no_fit_message(problem, "dp"))
-    best = first
-    # every plan sums to at least ``_sum_floor``, so one whose largest latency is ``x`` or more costs at least
-    # ``floor + (m - 1) x``: the walk starts below the bounds that cannot beat the first plan, not at the top
-    total, largest = _sum_floor(tab, nblocks), math.inf
+    # the walk starts from a floor on any plan's sum, below the bounds that cannot beat the first plan (not at the
+    # loosest bound, whose DP costs most)
+    best, total, largest = first, _sum_floor(tab, nblocks), math.inf
     while True:
         # every plan under this bound sums to at least ``total``, so one whose largest latency is ``x`` or more
         # costs at least ``total + (m - 1) x``: only a largest latency below ``cutoff`` can beat the best
@@ -271,12 +270,18 @@ def _first_incumbent(solve: Callable[[int], tuple[float, float, list[tuple[int, 
 
 def _sum_floor(tab: ClassTables, nblocks: int) -> float:
     """A lower bound on the latency sum of any plan: every block on its fastest class, one stage's passes, no cut."""
-    return float(sum(tab.compute_s[:, b, b + 1].min() for b in range(nblocks)) + tab.pass_pair_s)
+    return float(_fastest_blocks(tab, nblocks).sum() + tab.pass_pair_s)
+
+
+def _fastest_blocks(tab: ClassTables, nblocks: int) -> np.ndarray:
+    """Each block's compute on its fastest class."""
+    return np.diagonal(tab.compute_s[:, :nblocks + 1, :nblocks + 1], offset=1, axis1=1, axis2=2).min(axis=0) \
+        if tab.compute_s.shape[0] else np.zeros(nblocks)
 
 
 def _latency_floor(tab: ClassTables, nblocks: int) -> float:
     """A lower bound on the largest stage latency of any plan: no stage is faster than its fastest class."""
-    single = np.array([tab.compute_s[:, b, b + 1].min() for b in range(nblocks)])
+    single = _fastest_blocks(tab, nblocks)
     devices = sum(tab.counts)
     return float(max(single.max(initial=0.0), single.sum() / devices))
 

@@ -77,8 +77,8 @@ def settle(run: Callable[[Mapping[str, float], bool], SimResult], cluster: Clust
     for _ in range(SHARE_ROUNDS if crowded else 0):
         target = shared_stretch(result, cluster)
         # half-way (geometrically) from the last stretch: the shares move with the stretch they cause
-        new = {d: math.sqrt(stretch[d] * f) if stretch else f for d, f in target.items()}
-        settled = bool(stretch) and all(abs(new[d] / stretch[d] - 1) < SHARE_TOLERANCE for d in new)
+        new = {d: math.sqrt(stretch.get(d, f) * f) for d, f in target.items()}
+        settled = bool(stretch) and all(abs(new[d] / stretch.get(d, 1.0) - 1) < SHARE_TOLERANCE for d in new)
         stretch = new
         result = run(stretch, True)
         if settled:
