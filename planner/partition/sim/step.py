@@ -117,8 +117,6 @@ def shared_stretch(result: SimResult, cluster: Cluster) -> dict[str, float]:
 
     The operating system gives ``n`` busy processes on ``c < n`` cores ``c / n`` of a core each, so a pass that
     overlaps more busy ranks takes longer than one in a bubble of the others. ``result.events`` must be recorded."""
-    import numpy as np
-
     busy: dict[str, list[tuple[float, float, str]]] = {}
     for e in result.events:
         if "->" not in e.resource and e.end_s > e.start_s:  # a device's busy interval, not a link's
