@@ -143,3 +143,19 @@ def test_the_vectorised_bounded_dp_equals_the_recurrence_written_out(seed: int) 
         latencies = dp._stage_latencies(lat, answer[1])
         assert sum(latencies) == pytest.approx(answer[0], rel=1e-12) and max(latencies) <= bound
         assert [s[0] for s in answer[1]][1:] == [s[1] for s in answer[1]][:-1] and answer[1][-1][1] == nblocks
+
+
+def test_a_whole_model_on_one_device_is_found_whatever_the_rounding() -> None:
+    """One device (a data-parallel replica's sub-problem): the only plan is one stage, whose latency is a prefix-sum
+    difference, while the walk's latency floor sums the blocks one by one. In the last bits the floor could pass
+    that latency, and the DP then reported "nothing fits" for 20 of these 60 problems (bench-hybrid lost its pure
+    data-parallel plans to it)."""
+    from planner.partition.model.problem import build_problem
+    from tests._bruteforce import random_cluster, random_profile
+
+    for seed in range(60):
+        problem = build_problem(random_profile(seed, num_nodes=30, skip_prob=0.2),
+                                random_cluster(seed, 1, mem_range=(10**6, 10**6)), microbatches=(2, 4, 8)[seed % 3],
+                                schedule="1f1b", optimizer="sgd")
+        result = solve_dp(problem)
+        assert [(st.start, st.stop) for st in result.partition] == [(0, len(problem.blocks))], seed

@@ -270,7 +270,12 @@ def _first_incumbent(solve: Callable[[int], tuple[float, float, list[tuple[int, 
 
 def _sum_floor(tab: ClassTables, nblocks: int) -> float:
     """A lower bound on the latency sum of any plan: every block on its fastest class, one stage's passes, no cut."""
-    return float(_fastest_blocks(tab, nblocks).sum() + tab.pass_pair_s)
+    return float(_fastest_blocks(tab, nblocks).sum() + tab.pass_pair_s) * (1 - _ROUNDING)
+
+
+_ROUNDING = 1e-9
+"""Taken off the floors: a sum of per-block times and the prefix-sum difference a stage's latency is computed as
+differ in the last bits, so a floor could otherwise pass the one plan that meets it (a whole model on one device)."""
 
 
 def _fastest_blocks(tab: ClassTables, nblocks: int) -> np.ndarray:
@@ -283,7 +288,7 @@ def _latency_floor(tab: ClassTables, nblocks: int) -> float:
     """A lower bound on the largest stage latency of any plan: no stage is faster than its fastest class."""
     single = _fastest_blocks(tab, nblocks)
     devices = sum(tab.counts)
-    return float(max(single.max(initial=0.0), single.sum() / devices))
+    return float(max(single.max(initial=0.0), single.sum() / devices)) * (1 - _ROUNDING)
 
 
 def dp_placer(problem: Problem, *, weights: Mapping[str, float] | None = None, **options: Any) -> Partition:
