@@ -121,7 +121,7 @@ class _BoundedDP:
         rows[fit_b, fit_c, np.asarray(space.unit)[fit_c]] = lat.last[fit_c, fit_b]
         stops = np.arange(nblocks + 1)
         reach = np.where((self.mid <= bound).any(axis=(1, 2)), stops[None, :], -1).max(axis=1)  # last stop per start
-        spans = reach - np.arange(nblocks + 1)
+        spans = reach - stops
         for b in range(nblocks - 1, -1, -1):
             row, span = rows[b], int(spans[b])
             if span > 0:
@@ -228,7 +228,7 @@ def walk_bounds(problem: Problem, tab: ClassTables, lat: StageLatencies, nblocks
         top = solve(len(ordered) - 1) if ordered else None
         if top is None:
             raise InfeasibleError(no_fit_message(problem, "dp"))
-        return top[0] + (m - 1) * top[1], top[2], tried
+        return top[0], top[2], tried
     least, first = _first_incumbent(solve, ordered, _latency_floor(tab, nblocks), m)
     if first is None:
         raise InfeasibleError(no_fit_message(problem, "dp"))
