@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import itertools
+import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from _partition_cases import chain, cluster, node, profile
 from _placer_cases import GIB, free_cluster, mixed_cluster, ops
 from planner.errors import PlannerError
 from planner.partition import RefineConfig, partition
 from planner.partition.model.cost import evaluate, stage_compute_s
-from planner.partition.model.feasibility import check_fits
+from planner.partition.model.feasibility import check_fits, violations
 from planner.partition.placers.dp import solve_dp
 from planner.partition.placers.registry import call
 from planner.partition.model.objective import step_time_formula_s
-from planner.partition.search.polish import PolishConfig, _lower_bound_s, polish
-from planner.partition.model.problem import Partition, Problem, StageSpec, build_problem
+from planner.partition.search.polish import CUTS_OBJECTIVE, PolishConfig, _lower_bound_s, polish, polish_cuts
+from planner.partition.search.recompute import recompute_where_needed
+from planner.partition.model.problem import Partition, Placed, Problem, StageSpec, build_problem
 from bench.synthetic import synthetic_cluster, transformer_like
 from planner.partition.validate import assert_valid_plan
 
@@ -201,3 +205,72 @@ def test_the_default_placers_plan_does_not_depend_on_the_cluster_files_order(mod
              for order in orders]
     stages = [[st.to_dict() for st in plan.stages] for plan in plans]
     assert all(s == stages[0] for s in stages[1:]), [plan.step_time_s for plan in plans]
+
+
+# --- the whole plan's cuts (polish_cuts) --------------------------------------------------------------
+
+
+def _two_stage_cuts(problem: Problem, template: Partition, decide=None) -> list[tuple[float, Partition]]:
+    """Every cut of ``template``'s two stages, on their devices and replicas with its shares, that fits: what the
+    polish's wide shifts reach in one move when the model has at most 17 blocks."""
+    n, out = len(problem.blocks), []
+    for cut in range(1, n):
+        stages = (StageSpec(0, cut, template[0].device, template[0].replicas),
+                  StageSpec(cut, n, template[1].device, template[1].replicas))
+        candidate = Placed(stages, shares=template.shares)
+        candidate = decide(candidate) if decide else candidate
+        if not violations(problem, candidate):
+            out.append((_step_s(problem, candidate), candidate))
+    return out
+
+
+def test_the_cut_polish_sees_the_all_reduce_and_finds_the_best_cut_of_two_replicated_stages() -> None:
+    """The bug it guards against: cuts placed for one pipeline and then replicated, blind to the all-reduce. Two
+    stages replicated across a slow link, parameters heavy at random ops (6 seeded problems): every cut is one wide
+    shift away, so the polish must end at the best cut by brute force, sync included; and on some of them that cut
+    is not the one the replica pipeline alone prefers."""
+    blind_differs = []
+    for seed in range(6):
+        rng = random.Random(seed)
+        nodes = [node("x", op="input", out=1000, times={"cpu": (0.0, 0.0)})]
+        for i in range(rng.randint(8, 14)):
+            nodes.append(node(f"op{i}", [nodes[-1]["name"]], out=1000, saved=100, module_path=f"layers.{i}",
+                              params=rng.choice([10**3, 10**6, 4 * 10**6]),
+                              times={"cpu": (rng.uniform(0.5, 1.5) * 1e-3, rng.uniform(1.0, 3.0) * 1e-3)}))
+        cl = cluster(4, hosts=2, bandwidth_Bps=1e10, inter_bandwidth_Bps=1e9)
+        problem = build_problem(profile(*nodes), cl, microbatches=4, schedule="1f1b", optimizer="sgd")
+        n = len(problem.blocks)
+        start = Placed((StageSpec(0, n // 2, "d0", ("d0", "d1")), StageSpec(n // 2, n, "d2", ("d2", "d3"))),
+                       shares=(2, 2))
+        result = polish_cuts(problem, start)
+        best = min(t for t, _ in _two_stage_cuts(problem, start))
+        assert _step_s(problem, result.partition) == pytest.approx(best, rel=1e-9), seed
+        assert [st.devices for st in result.partition] == [st.devices for st in start]
+        assert result.partition.shares == (2, 2)
+        assert result.record["objective"] == CUTS_OBJECTIVE and result.record["step_time_s"] == pytest.approx(best)
+        alone = replace(problem, microbatches=2)  # one replica's pipeline and share, no sync
+        blind = min(range(1, n), key=lambda c: (_step_s(alone, (StageSpec(0, c, "d0"), StageSpec(c, n, "d2"))), c))
+        blind_differs.append(blind != result.partition[0].stop)
+    assert any(blind_differs)
+
+
+def test_the_cut_polish_gives_a_stage_that_stops_recomputing_its_blocks() -> None:
+    """Recomputation decided per candidate: placed as if both stages recomputed, a split where only the first must
+    recompute moves blocks to the second, which runs its forward once; the polish ends at the best cut by brute
+    force with each cut's recomputation decided where needed, and the partition() path records it."""
+    prof = chain(12, fwd=1.0, bwd=2.0, params=10, saved=400, out=50)
+    # Adam: 40 static bytes per op. Under 1F1B on 2 stages, stage 0 keeps 2 micro-batches (800 B per op) unless it
+    # recomputes (400 B per op once, its input being the data); stage 1 keeps one (400 B per op) either way.
+    tight = 440 * 7 + 100  # so stage 0 must recompute beyond 3 ops, and either stage holds 7 ops at most
+    problem = build_problem(prof, cluster(2, memory_bytes=tight), microbatches=8, schedule="1f1b", recompute=True)
+    even = recompute_where_needed(problem, (StageSpec(0, 7, "d0"), StageSpec(7, 13, "d1")))  # the input and 6 ops
+    assert [st.recompute for st in even] == [True, False]
+    decide = lambda candidate: recompute_where_needed(problem, candidate)  # noqa: E731
+    result = polish_cuts(problem, even, decide=decide)
+    best = min(t for t, _ in _two_stage_cuts(problem, Placed(tuple(even)), decide))
+    assert _step_s(problem, result.partition) == pytest.approx(best)
+    assert _step_s(problem, result.partition) < _step_s(problem, even) * (1 - 1e-6)
+    plan = partition(prof, cluster(2, memory_bytes=tight), method="dp", microbatches=8, schedule="1f1b",
+                     recompute="auto")
+    assert plan.extra["cut_polish"]["sees"] == ["recompute"]
+    assert plan.step_time_s == pytest.approx(min(best, plan.extra["cut_polish"]["start_step_time_s"]))

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, UsageError
 from planner.partition.model.feasibility import violations
-from planner.partition.model.problem import Partition, Problem, degree_of
+from planner.partition.model.problem import Partition, Problem, degree_of, with_facts
 from planner.formats.catalog import DeviceSpec
 from planner.formats.cluster import Cluster
 from planner.formats.plan import DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, Plan
@@ -27,6 +27,7 @@ from planner.partition.search import guard
 from planner.partition.search.exhaustive import exhaustive
 from planner.partition.search.hybrid import hybrid_search, parse_degree
 from planner.partition.search.interleave import interleave
+from planner.partition.search.polish import polish_cuts
 from planner.partition.search.rebalance import RebalanceConfig, normalise_weights
 from planner.partition.search.recompute import recompute_where_needed
 from planner.partition.search.refine import RefineConfig, refine as refine_loop
@@ -56,7 +57,10 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     (``build_problem``), recorded in the plan as ``estimate_precision``; placers may attach plan fields
     (``methods.Placed``, e.g. the ILP's ``solver``). ``data_parallel`` (``1``, the default: a pure pipeline;
     ``"auto"``: the fastest shape, the pure pipeline included; ``N``: N replica pipelines) replicates the stages
-    (``planner.partition.search.hybrid``; the CLI's default is ``auto``). ``sync`` and ``sync_period`` say how the
+    (``planner.partition.search.hybrid``; the CLI's default is ``auto``); unless ``refine`` turned the polish off, the
+    replicated candidates' cuts are then polished whole, all-reduce included, and under ``recompute="auto"`` with each
+    move's recomputation decided again (``planner.partition.search.polish.polish_cuts``, the plan's ``cut_polish``).
+    ``sync`` and ``sync_period`` say how the
     replicas combine their updates (``ssgd`` every step; ``local-sgd`` every ``sync_period`` steps; ``adaptive``,
     whose first period the rule picks from the predicted times when ``sync_period`` is ``None``); the simulator
     spreads each aggregation over its period, and a mode other than ``ssgd`` makes ``auto`` consider replicated
@@ -120,8 +124,13 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         def place(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
             return guard.check(sub, entry.fn(sub, weights=sub_weights, **method_options), polish_on)
 
+        def finish(hybrid: Partition) -> Partition:
+            facts: dict[str, Any] = {}
+            return with_facts(polished := _polish_whole(problem, hybrid, False, facts), facts, stages=polished)
+
         try:
-            chosen = hybrid_search(problem, place, start, requested, chosen, class_counts)
+            chosen = hybrid_search(problem, place, start, requested, chosen, class_counts,
+                                   finish if polish_on else None)
         except InfeasibleError:
             if pure_error is not None:  # auto: nothing fits; the pipeline's reason names the sizes
                 raise pure_error from None
@@ -129,10 +138,14 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         if degree_of(chosen) > 1:  # the pure pipeline's chunking does not describe the replicas' (they carry their own)
             extra.pop("interleave", None)
         extra.update(methods.facts_of(chosen))
+        if degree_of(chosen) > 1 and isinstance(extra.get("solver"), dict):  # the placer's record: the pure pipeline
+            extra["solver"] = {**extra["solver"], "applies_to": SOLVER_SCOPE}
     if method in EXACT_METHODS and polish_on:  # polish off (--refine ablations): the placer's plan as it is
         chosen = _exact_on_small(problem, requested, chosen, extra)
     if recompute == "auto":  # a split that does not fit keeps recomputing everywhere, for build_plan to name
         chosen = recompute_where_needed(problem, chosen)
+    if polish_on and recompute == "auto":  # the stages that stopped recomputing may take more blocks
+        chosen = _polish_whole(problem, chosen, True, extra)
     if entry.takes_weights:
         extra["weights"] = used
     try:
@@ -140,6 +153,40 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     except InfeasibleError as exc:
         raise InfeasibleError(f"method {method!r} made a split that does not fit: {exc}") from None
 
+
+def _polish_whole(problem: Problem, chosen: Partition, auto_recompute: bool, extra: dict[str, Any]) -> Partition:
+    """``chosen`` with its cuts polished whole (``search.polish.polish_cuts``: the replicas' all-reduce and, under
+    ``recompute="auto"``, each candidate's recomputation decided again), recorded under ``cut_polish``; a plan that does
+    not fit is left for ``build_plan`` to name. ``zb-planned`` polishes under its fixed proxy's order (one simulation
+    a move, as in ``_planned_stages``; ``zbv``'s where a device holds two stages) and keeps the result only when it
+    is faster under its own."""
+    if violations(problem, chosen):
+        return chosen
+    under = problem
+    if problem.schedule in GENERATED_ORDER_SCHEDULES:
+        under = with_schedule(problem, "zbv" if len({st.device for st in chosen}) < len(chosen) else PLANNED_PROXY)
+    decide = (lambda candidate: recompute_where_needed(under, candidate)) if auto_recompute else None
+    result = polish_cuts(under, chosen, decide=decide)
+    polished, record = result.partition, dict(result.record)
+    if under is not problem:
+        record.update(under=under.schedule, start_step_time_s=step_time_s(problem, chosen))
+        if violations(problem, polished) or step_time_s(problem, polished) >= record["start_step_time_s"]:
+            polished, record["moves"] = chosen, []
+        record["step_time_s"] = step_time_s(problem, polished)
+    sees = [*(["all-reduce"] if degree_of(chosen) > 1 else []), *(["recompute"] if auto_recompute else [])]
+    done = {**{k: record[k] for k in ("objective", "start_step_time_s", "step_time_s", "evaluations", "stop", "moves",
+                                      "under") if k in record}, "sees": sees}
+    earlier = extra.get("cut_polish")
+    if earlier:  # replicas polished for their all-reduce first (hybrid_search's finish): one record of both passes
+        done.update(start_step_time_s=earlier["start_step_time_s"], evaluations=earlier["evaluations"] +
+                    done["evaluations"], moves=earlier["moves"] + done["moves"])
+    extra["cut_polish"] = done
+    return polished
+
+
+SOLVER_SCOPE = ("the pure pipeline (data_parallel 1), one candidate of the shape search; the chosen shape, its shares "
+                "and its cuts minimise the simulated step with the all-reduce (shape, cut_polish)")
+"""What a replicated plan's ``solver`` record (the placer on the whole cluster) refers to."""
 
 EXACT_METHODS = ("dp", "ilp")
 """The methods that claim exactness: on a problem small enough, their shape is also searched exhaustively."""
@@ -158,7 +205,8 @@ def _exact_on_small(problem: Problem, requested: int | None, chosen: Partition, 
     extra["exhaustive"] = record
     if plan is None:
         return chosen
-    extra.pop("interleave", None)  # the heuristic's chunking and shape choice no longer describe the plan
+    for stale in ("interleave", "cut_polish"):  # the heuristic's chunking, polish and shape no longer describe it
+        extra.pop(stale, None)
     shape = extra.get("shape")
     if shape:
         extra["shape"] = {**shape, "chosen": {"degree": record["degree"], "grouping": "exhaustive",

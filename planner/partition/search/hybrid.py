@@ -29,7 +29,9 @@ devices by how many of each class each takes, screened with the greedy placer al
 classes), the fastest ``CLASS_GROUPINGS_KEPT`` over every degree then placed and simulated like the dealings
 (``grouping: class-counts``).
 
-What this search is not: it does not co-optimise the cuts with the sync cost (the placer sees one pipeline); the
+``finish`` (``partition``'s whole-plan cut polish, ``polish.polish_cuts``) then moves the cuts of the fastest
+replicated candidate of each layout with the sync in view, and the fastest result wins. What this search is not: the
+placer itself does not see the sync (it splits one pipeline; the polish sees it by local moves); the
 class-count groupings reach the placer only through the greedy screen, and which device of a class goes where
 follows ``host_speed_order`` (docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches every
 grouping for dp and ilp.
@@ -38,17 +40,18 @@ grouping for dp and ilp.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
+from planner.formats.plan import GENERATED_ORDER_SCHEDULES
 from planner.partition.model.cost import stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.objective import device_classes
-from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, even_shares, host_speed_order,
-                                             replica_of, with_facts)
+from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, even_shares,
+                                             facts_of, host_speed_order, replica_of, with_facts)
 from planner.partition.search.groups import (GROUPINGS, PlaceFn, class_groupings, per_class_sequence,
                                               pipelines_of, screened_first)
-from planner.partition.search.interleave import interleave
+from planner.partition.search.interleave import chunked, interleave
 
 __all__ = ["parse_degree", "candidate_degrees", "proportional_shares", "hybrid_search"]
 
@@ -102,9 +105,12 @@ def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) 
 
 
 def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float], requested: int | None,
-                  pure: Partition | None, class_counts: bool = True) -> Partition:
+                  pure: Partition | None, class_counts: bool = True,
+                  finish: Callable[[Partition], Partition] | None = None) -> Partition:
     """The fastest feasible shape (see the module docstring); ``pure`` is the degree-1 plan (``None``: it did not
     fit, or ``--data-parallel`` asked for replicas); ``class_counts=False`` leaves out the groupings by class counts.
+    ``finish`` (the whole plan's cut polish) turns the fastest replicated candidate of each layout (one stage per
+    device, several) into its final plan, never slower; the fastest finished plan, or the pure pipeline, wins.
     Raises ``InfeasibleError`` when no candidate fits."""
     devices = list(problem.cluster.device_ids)
     tried: list[dict[str, Any]] = []
@@ -132,6 +138,7 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
                 best = _try(problem, place, weights, record, pipelines, tried, best)
     for record, pipelines in screened_first(counted):
         best = _try(problem, place, weights, record, pipelines, tried, best)
+    best = _finished(problem, finish, tried, best)
     if best is None:
         asked = f"--data-parallel {requested}" if requested is not None else "any data-parallel degree"
         raise InfeasibleError(f"no shape with {asked} fits on the {len(devices)} devices of {problem.cluster.name!r} "
@@ -144,16 +151,34 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     return with_facts(chosen, {"shape": shape})
 
 
+def _finished(problem: Problem, finish: Callable[[Partition], Partition] | None, tried: list[dict[str, Any]],
+              best: tuple[float, int, Partition] | None) -> tuple[float, int, Partition] | None:
+    """The fastest of the pure pipeline and the finished fastest replicated candidate of each layout (by chunks per
+    device), ties to the earlier candidate; ``best`` without ``finish``. Takes the candidates' plans off their
+    records."""
+    finalists: dict[int, tuple[float, int, Partition]] = {}
+    for index, record in enumerate(tried):
+        for chunks, (step, plan) in sorted(record.pop("_plans", {}).items()):
+            if chunks not in finalists or step < finalists[chunks][0] * (1 - 1e-9):
+                finalists[chunks] = (step, index, plan)
+    if finish is None:
+        return best
+    scored = [(step_time_s(problem, done := finish(plan)), index, done) for _, index, plan in finalists.values()]
+    pure = [best] if best is not None and degree_of(best[2]) == 1 else []
+    return min(pure + scored, key=lambda x: x[:2], default=best)
+
+
 def _try(problem: Problem, place: PlaceFn, weights: Mapping[str, float], record: dict[str, Any],
          pipelines: list[list[str]], tried: list[dict[str, Any]], best: tuple[float, int, Partition] | None
          ) -> tuple[float, int, Partition] | None:
-    """Places and simulates one grouping (``_best_for``), appends its ``record`` to ``tried``; the new best."""
-    found = _best_for(problem, place, weights, pipelines)
-    if found is None:
+    """Places and simulates one grouping (``_layouts_for``), appends its ``record`` to ``tried`` (with the fastest
+    plan of each layout under ``_plans``, for ``_finished``); the new best."""
+    layouts = _layouts_for(problem, place, weights, pipelines)
+    if not layouts:
         record.update(stages=None, step_time_s=None, fits=False)
     else:
-        step, hybrid = found
-        record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares))
+        step, hybrid = min(layouts.values(), key=lambda x: x[0])
+        record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares), _plans=layouts)
         if best is None or step < best[0] * (1 - 1e-9):
             best = (step, len(tried), hybrid)
     tried.append(record)
@@ -162,16 +187,24 @@ def _try(problem: Problem, place: PlaceFn, weights: Mapping[str, float], record:
 
 def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
               pipelines: list[list[str]]) -> tuple[float, Partition] | None:
-    """The fastest feasible hybrid over ``pipelines``: the placer run on each distinct kind of pipeline, and under
-    interleaved-1f1b or a V schedule also its several-chunks-per-device version (``interleave`` on one replica's
-    sub-problem) when that simulates faster there, each with even or throughput-proportional shares; ``None`` when
-    none fits."""
+    """The fastest feasible hybrid over ``pipelines`` (``_layouts_for``); ``None`` when none fits."""
+    layouts = _layouts_for(problem, place, weights, pipelines)
+    return min(layouts.values(), key=lambda x: x[0]) if layouts else None
+
+
+def _layouts_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
+                 pipelines: list[list[str]]) -> dict[int, tuple[float, Partition]]:
+    """The fastest feasible hybrid over ``pipelines`` per layout (chunks per device): the placer run on each distinct
+    kind of pipeline, and under interleaved-1f1b or a V schedule also its several-chunks-per-device version
+    (``interleave`` on one replica's sub-problem) when that simulates faster there -- under ``zb-planned`` always
+    (its V is a finalist of the cut polish, as ``zbv``'s is) --, each with even or throughput-proportional shares;
+    the first on ties."""
     degree = len(pipelines)
     types = {d.id: d.type for d in problem.cluster.devices}
     kinds: dict[tuple[str, ...], int] = {}
     for r, p in enumerate(pipelines):
         kinds.setdefault(tuple(types[x] for x in p), r)
-    found: list[tuple[float, int, Partition]] = []
+    found: dict[int, tuple[float, Partition]] = {}
     even = even_shares(problem.microbatches, degree)
     for r in kinds.values():
         sub = _sub_problem(problem, pipelines[r], max(even))
@@ -184,6 +217,11 @@ def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
         split, record = interleave(sub, pure)  # several chunks per device (interleaved-1f1b, the V schedules)
         if record.get("chunks", 1) > 1:
             layouts.append((split, {"interleave": {**record, "reason": f"each replica pipeline: {record['reason']}"}}))
+        elif problem.schedule in GENERATED_ORDER_SCHEDULES and record:
+            v = chunked(sub, [st.device for st in pure], 2)
+            if v is not None and not violations(sub, v):
+                layouts.append((v, {"interleave": {**record, "chunks": 2, "reason": "each replica pipeline: 2 chunks "
+                                                   "per device in a V, simulated with the replicas"}}))
         for pipe, facts in layouts:
             stages = tuple(StageSpec(st.start, st.stop, pipelines[0][position[st.device]],
                                      tuple(p[position[st.device]] for p in pipelines)) for st in pipe)
@@ -193,15 +231,15 @@ def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
             weighted = proportional_shares(speeds, problem.microbatches, least)
             if weighted is not None and weighted != even:
                 options.append(weighted)
+            chunks = len(stages) // len({st.device for st in stages})
             for shares in options:
                 hybrid = Placed(stages, facts, shares=shares)
                 if violations(problem, hybrid):
                     continue
-                found.append((step_time_s(problem, hybrid), len(found), hybrid))
-    if not found:
-        return None
-    step, _, hybrid = min(found, key=lambda x: x[:2])
-    return step, hybrid
+                step = step_time_s(problem, hybrid)
+                if chunks not in found or step < found[chunks][0] * (1 - 1e-9):
+                    found[chunks] = (step, hybrid)
+    return found
 
 
 def _busiest_device_s(problem: Problem, pipeline: Partition) -> float:

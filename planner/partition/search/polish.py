@@ -31,22 +31,29 @@ fits (``cost.check_fits``); the search stops when a full scan finds no such move
 (``baselines.time_balance``) and keeps the better result (the placer's on ties). Everything is
 deterministic: the same problem and start give the same plan. Polish never returns a plan with a larger
 simulated step time than its start.
+
+``polish_cuts`` runs the same descent on a *whole* plan, after the placer: only the cut moves (1 and 2, with shifts
+of up to ``WIDE_SHIFTS`` blocks), every stage keeping its devices and replicas and the plan its shares, simulated whole
+(every replica pipeline, then each stage's all-reduce). It sees what the placers cannot, which place one pipeline
+under one recomputation setting: the replicas' all-reduce (a cut that moves parameters off the first stage, whose
+sync no backward hides), and, given ``decide``, the stages that stop recomputing (each candidate's recomputation is
+decided again before it is simulated, so a stage freed of its second forward takes more blocks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from planner.errors import PlannerError
 from planner.formats.plan import GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.partition.model.cost import stage_backward_halves, stage_fwd_bwd_s, stage_update_s, step_time_s
 from planner.partition.model.feasibility import check_fits
-from planner.partition.model.problem import Partition, Problem, StageSpec, by_host_speed
+from planner.partition.model.problem import Partition, Placed, Problem, StageSpec, by_host_speed, facts_of
 from planner.partition.sim.schedules import BWD, BWD_INPUT, device_orders, inflight_counts
 
-__all__ = ["PolishConfig", "PolishResult", "polish"]
+__all__ = ["PolishConfig", "PolishResult", "polish", "polish_cuts", "WIDE_SHIFTS", "CUTS_OBJECTIVE"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,17 @@ class PolishResult:
 
 Move = tuple[dict[str, Any], list[int], list[str]]
 """What the move does (for the record), the new cuts (``len(stages) + 1`` bounds) and devices."""
+Make = Callable[[list[int], list[str]], Partition]
+"""The partition a move's cuts and devices make."""
+MovesOf = Callable[[Partition], list[Move]]
+"""Every move of a partition, in order."""
+
+WIDE_SHIFTS = (*range(1, 17), 24, 32, 48, 64)
+"""The blocks one shift of ``polish_cuts`` moves a cut: a cut that frees the first stage of parameters (whose
+all-reduce no backward hides) or gives a stage that stopped recomputing its share moves many blocks at once, and the
+placer's own polish has crossed the short plateaus already."""
+CUTS_OBJECTIVE = "simulated step time: every replica pipeline with its share, then each stage's all-reduce"
+"""What ``polish_cuts`` minimises (recorded in its ``objective``)."""
 
 
 def polish(problem: Problem, partition: Partition, config: PolishConfig = PolishConfig()) -> PolishResult:
@@ -102,6 +120,29 @@ def polish(problem: Problem, partition: Partition, config: PolishConfig = Polish
     return PolishResult(best[0], record)
 
 
+def polish_cuts(problem: Problem, partition: Partition, config: PolishConfig = PolishConfig(),
+                decide: Callable[[Partition], Partition] | None = None) -> PolishResult:
+    """Shift and transfer moves of a whole plan's cuts (module docstring): the stages keep their devices and replicas,
+    the plan its shares and facts; ``decide`` turns each candidate (its stages' ``recompute`` unset, so the problem's)
+    into the plan to simulate. The record also names the ``objective``."""
+    facts, shares = facts_of(partition), getattr(partition, "shares", None)
+    template = tuple(partition)
+
+    def make(bounds: list[int], devices: list[str]) -> Partition:
+        stages = tuple(StageSpec(a, b, st.device, st.replicas, None if decide is not None else st.recompute)
+                       for a, b, st in zip(bounds, bounds[1:], template))
+        candidate = Placed(stages, facts, shares=shares)
+        return decide(candidate) if decide is not None else candidate
+
+    def moves(current: Partition) -> list[Move]:
+        bounds = [st.start for st in current] + [current[-1].stop]
+        devices = [st.device for st in current]
+        return list(_shifts(bounds, devices, WIDE_SHIFTS)) + list(_transfers(bounds, devices))
+
+    best, _, record = _descend(problem, partition, config, make, moves)
+    return PolishResult(best, {**record, "objective": CUTS_OBJECTIVE})
+
+
 def _restart_start(problem: Problem) -> Partition | None:
     """The time-balanced split (torchgpipe's objective, solved exactly) with its stages on the devices in
     ``host_speed_order`` (the baseline reads the file's order, so the same devices listed in another order would
@@ -112,32 +153,39 @@ def _restart_start(problem: Problem) -> Partition | None:
     return start if _fits(problem, start) else None
 
 
-def _descend(problem: Problem, start: Partition, config: PolishConfig) -> tuple[Partition, float, dict[str, Any]]:
-    """First-improvement descent with a cyclic scan; returns the plan, its step time and the record."""
-    current = tuple(start)
+def _descend(problem: Problem, start: Partition, config: PolishConfig, make: Make | None = None,
+             moves_of: MovesOf | None = None) -> tuple[Partition, float, dict[str, Any]]:
+    """First-improvement descent with a cyclic scan; returns the plan, its step time and the record. ``make`` and
+    ``moves_of`` (``polish_cuts``): the partition a move makes and the moves of a partition; without them, the stages
+    on their devices and every move of the module docstring, screened by the lower bound (which assumes a pure
+    pipeline of the problem's micro-batches)."""
+    bounded = make is None
+    make = make or _stages
+    moves_of = moves_of or (lambda partition: _moves(problem, partition, range(1, config.max_shift + 1)))
+    current = start if not bounded else tuple(start)
     value = _step_s(problem, current)
     record: dict[str, Any] = {"start_step_time_s": value, "moves": []}
     if value is None or not _fits(problem, current):
         record.update(step_time_s=value, evaluations=1, stop="start does not fit or cannot be simulated")
         return current, float("inf"), record  # any fitting plan of the restart beats it
     evaluations, position, stale, stop = 1, 0, 0, "local optimum"
-    moves = _moves(problem, current, config.max_shift)
+    moves = moves_of(current)
     while stale < len(moves):
         if evaluations >= config.max_evaluations:
             stop = "max_evaluations"
             break
         what, bounds, devices = moves[position % len(moves)]
         position, stale = position + 1, stale + 1
-        if _lower_bound_s(problem, bounds, devices) >= value * (1 - config.epsilon):
+        if bounded and _lower_bound_s(problem, bounds, devices) >= value * (1 - config.epsilon):
             continue  # cannot improve: no simulation needed
-        candidate = _stages(bounds, devices)
+        candidate = make(bounds, devices)
         evaluations += 1
         time_s = _step_s(problem, candidate)
         if time_s is None or time_s >= value * (1 - config.epsilon) or not _fits(problem, candidate):
             continue
         current, value, stale = candidate, time_s, 0
         record["moves"].append({**what, "step_time_s": time_s})
-        moves = _moves(problem, current, config.max_shift)
+        moves = moves_of(current)
     record.update(step_time_s=value, evaluations=evaluations, stop=stop)
     return current, value, record
 
@@ -208,11 +256,11 @@ def _fits(problem: Problem, partition: Partition) -> bool:
 
 # --- moves -----------------------------------------------------------------------------------------
 
-def _moves(problem: Problem, partition: Partition, max_shift: int) -> list[Move]:
+def _moves(problem: Problem, partition: Partition, sizes: Iterable[int]) -> list[Move]:
     """Every move of the current partition, in the fixed order of the module docstring."""
     bounds = [st.start for st in partition] + [partition[-1].stop]
     devices = [st.device for st in partition]
-    out = list(_shifts(bounds, devices, max_shift)) + list(_transfers(bounds, devices))
+    out = list(_shifts(bounds, devices, sizes)) + list(_transfers(bounds, devices))
     if len(set(devices)) == len(devices):
         kind = _kinds(problem)
         unused = _unused(problem, devices, kind)
@@ -224,9 +272,10 @@ def _stages(bounds: list[int], devices: list[str]) -> Partition:
     return tuple(StageSpec(a, b, d) for a, b, d in zip(bounds, bounds[1:], devices))
 
 
-def _shifts(bounds: list[int], devices: list[str], max_shift: int) -> Iterator[Move]:
+def _shifts(bounds: list[int], devices: list[str], sizes: Iterable[int]) -> Iterator[Move]:
+    """Each cut moved by each of ``sizes`` blocks, left then right, where it stays between its neighbours."""
     for cut in range(1, len(bounds) - 1):
-        for k in range(1, max_shift + 1):
+        for k in sizes:
             for step in (-k, k):
                 moved = bounds[cut] + step
                 if bounds[cut - 1] < moved < bounds[cut + 1]:
