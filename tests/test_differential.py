@@ -109,3 +109,32 @@ def test_the_dp_walk_equals_the_best_answer_over_every_latency_bound(seed: int) 
         index = every.index(largest) - 1
     assert value == pytest.approx(best, rel=1e-12)
     assert tried <= solved + 2 * math.ceil(math.log2(len(every) + 1))
+
+
+@pytest.mark.timeout(120)
+def test_on_a_replica_pipeline_brute_force_dp_and_ilp_agree_with_the_sync_tails() -> None:
+    """Issue 27, cuts that see the sync: on a replica pipeline (``Problem.replica_sync``: each device's all-reduce
+    with its replicas, ``a + b x`` a stage's parameter bytes) the formula adds each stage's sync tail, and the DP and
+    the ILP still find brute force's optimum; on some of these cases it is not the optimum without the sync."""
+    import random
+    from dataclasses import replace
+
+    moved = []
+    for seed in range(10):
+        rng = random.Random(seed)
+        base = build_problem(random_profile(seed, num_nodes=8, skip_prob=0.3), random_cluster(seed, 3 + seed % 2),
+                             microbatches=2 + seed % 4, schedule=("gpipe", "1f1b")[seed % 2], optimizer="sgd")
+        problem = replace(base, replica_sync={d: (rng.uniform(0.0, 8.0), rng.uniform(0.0, 0.5))
+                                              for d in base.cluster.device_ids})
+        try:
+            oracle = brute_force(problem)
+        except InfeasibleError:
+            continue
+        exact, solved = solve_dp(problem), solve_ilp(problem, gap_rel=1e-9)
+        assert solved.status == "optimal", seed
+        assert exact.objective_s == pytest.approx(oracle.objective_s, rel=1e-9), seed
+        assert solved.objective_s == pytest.approx(oracle.objective_s, rel=1e-9), seed
+        assert exact.objective_s > step_time_formula_s(base, exact.partition) or not any(
+            problem.tables.param_prefix[st.stop] > problem.tables.param_prefix[st.start] for st in exact.partition[:1])
+        moved.append(brute_force(base).partition != oracle.partition)
+    assert len(moved) >= 6 and any(moved)

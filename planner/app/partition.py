@@ -138,7 +138,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
                              estimate_precision=estimate_precision, catalog=catalog,
                              data_parallel=data_parallel, profile_ref=ref, sync=sync,
                              sync_period=sync_period, sync_staleness=staleness, recompute=again,
-                             drain_every=round_steps if asynchronous else None, class_counts=full, **options)
+                             drain_every=round_steps if asynchronous else None, thorough=full, **options)
 
         if recompute == "on":
             if asynchronous:

@@ -42,7 +42,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               estimate_precision: str | None = None, catalog: Mapping[str, DeviceSpec] | None = None,
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
               sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
-              recompute: bool | str = False, drain_every: int | None = None, class_counts: bool = True,
+              recompute: bool | str = False, drain_every: int | None = None, thorough: bool = True,
               **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
@@ -68,8 +68,10 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     keeps its input per micro-batch and runs its forward again before the backward), or ``"auto"``: placed as if every
     stage recomputed, then only in the stages whose devices cannot hold their saved activations
     (``planner.partition.search.recompute``); recorded as each stage's ``recompute``.
-    ``class_counts``: whether the shape search also tries the groupings by device-class counts
-    (``search/groups.py``; ``plan train``'s first pass over many candidates leaves them to its finalists).
+    ``thorough``: whether the shape search also tries the groupings by device-class counts (``search/groups.py``)
+    and finishes its finalists with the sync in view, and polishes the cuts again for the stages that stop
+    recomputing (the whole plan's cut polish, ``hybrid._finished``, ``_polish_whole``); ``plan train``'s first pass
+    over many candidates leaves all three to its finalists.
     ``drain_every``: under an asynchronous schedule, the steps ``plan run`` will run between pipeline drains (its
     round length; ``Problem.drain_every``), recorded in the plan's ``async`` field; ``None``: the steady state.
     The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
@@ -124,13 +126,17 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         def place(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
             return guard.check(sub, entry.fn(sub, weights=sub_weights, **method_options), polish_on)
 
+        def in_view(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:  # finish polishes it whole
+            return entry.fn(sub, weights=sub_weights, **method_options)
+
         def finish(hybrid: Partition) -> Partition:
             facts: dict[str, Any] = {}
             return with_facts(polished := _polish_whole(problem, hybrid, False, facts), facts, stages=polished)
 
         try:
-            chosen = hybrid_search(problem, place, start, requested, chosen, class_counts,
-                                   finish if polish_on else None)
+            finishing = polish_on and thorough
+            chosen = hybrid_search(problem, place, start, requested, chosen, thorough,
+                                   finish if finishing else None, in_view if finishing else None)
         except InfeasibleError:
             if pure_error is not None:  # auto: nothing fits; the pipeline's reason names the sizes
                 raise pure_error from None
@@ -144,7 +150,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         chosen = _exact_on_small(problem, requested, chosen, extra)
     if recompute == "auto":  # a split that does not fit keeps recomputing everywhere, for build_plan to name
         chosen = recompute_where_needed(problem, chosen)
-    if polish_on and recompute == "auto":  # the stages that stopped recomputing may take more blocks
+    if polish_on and thorough and recompute == "auto":  # the stages that stopped recomputing may take more blocks
         chosen = _polish_whole(problem, chosen, True, extra)
     if entry.takes_weights:
         extra["weights"] = used

@@ -14,6 +14,8 @@ docs/cost-model.md for the formulas and what they leave out.
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 from planner.errors import PlannerError
 from planner.formats.plan import (ASYNC_SCHEDULES, DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES,
                                   ZERO_BUBBLE_SCHEDULES, ParallelShape)
@@ -213,17 +215,44 @@ def device_memory_bytes(problem: Problem, partition: Partition) -> dict[str, int
 
 
 def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
-    """Seconds to all-reduce the gradients of ``stage``'s parameters over its replicas (0 without replicas)."""
-    if len(stage.devices) < 2:
-        return 0.0
+    """Seconds to all-reduce the gradients of ``stage``'s parameters over its replicas (0 without replicas); on one
+    replica pipeline of a hybrid plan (``Problem.replica_sync``), the charge per step of the all-reduce with the
+    stage's replicas on the other pipelines."""
     tables = problem.tables
     nbytes = tables.param_prefix[stage.stop] - tables.param_prefix[stage.start]
+    if len(stage.devices) < 2:
+        a, b = problem.replica_sync.get(stage.device, (0.0, 0.0))
+        return a + b * nbytes if nbytes > 0 else 0.0
     if problem.sync in SERVER_SYNCS:
         return server_exchange_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)],
                                  problem.cluster.pass_byte_overhead_s)
     hosts = {d.id: d.host for d in problem.cluster.devices}
     return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host,
                        problem.cluster.pass_byte_overhead_s)
+
+
+REPLICA_SYNC_MODES = (DEFAULT_SYNC, "local-sgd")
+"""The modes whose all-reduce a replica pipeline's placer prices (``replica_sync_rates``): one aggregation every
+``sync_period`` steps after the last backward. ``adaptive`` charges only what the next step's compute does not hide,
+and the parameter-server modes have one stage, so their placers see none."""
+
+
+def replica_sync_rates(problem: Problem, groups: Mapping[str, Sequence[str]]) -> dict[str, tuple[float, float]]:
+    """``Problem.replica_sync`` for one replica pipeline of ``problem``: for each of its devices, from the stage slot's
+    replicas ``groups[device]`` (as the hybrid plan lists them), ``(a, b)`` with ``stage_sync_s`` of a stage of
+    ``n > 0`` parameter bytes on the whole plan ``= a + b n``, divided by the sync period; empty for the other modes.
+    The all-reduce is affine in the bytes (``allreduce``), so two sizes fix it."""
+    if problem.sync not in REPLICA_SYNC_MODES or problem.sync_period is None:
+        return {}
+    tables, hosts = problem.tables, {d.id: d.host for d in problem.cluster.devices}
+    out = {}
+    for device, group in groups.items():
+        if len(group) < 2:
+            continue
+        one, two = (allreduce_s(group, n, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host,
+                                problem.cluster.pass_byte_overhead_s) for n in (1e9, 2e9))
+        out[device] = ((2 * one - two) / problem.sync_period, (two - one) / 1e9 / problem.sync_period)
+    return out
 
 
 def infeasible_reason(problem: Problem) -> str | None:
@@ -331,8 +360,9 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
     each replica pipeline runs its share (``shares_of``) and the stages then sync, one aggregation every
     ``sync_period`` steps; ranks sharing a host's cores are stretched to fit them (``planner.partition.sim.step``)."""
     degree = degree_of(partition)
-    if degree == 1:
-        return simulate_step([stage_sims(problem, partition)], [problem.microbatches], [], problem.cluster,
+    if degree == 1:  # one replica pipeline of a hybrid plan also runs its stages' syncs
+        syncs = [stage_sync_s(problem, st) for st in partition] if problem.replica_sync else []
+        return simulate_step([stage_sims(problem, partition)], [problem.microbatches], syncs, problem.cluster,
                              problem.schedule, record_events=record_events, drain_every=problem.drain_every)
     pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
     shares = shares_of(partition, problem.microbatches)

@@ -12,6 +12,18 @@ TeraPipe, Li et al., ICML 2021). The ILP, the DP and the brute force all minimis
 to every stage fitting its device's memory under the schedule (``planner.partition.model.cost``); the
 simulator ranks the resulting plans afterwards.
 
+**The replicas' sync.** On one replica pipeline of a hybrid plan (``Problem.replica_sync``) each stage also
+all-reduces its gradients with its replicas after its last backward, ``A_k`` seconds, while the stages before it
+run their last backwards; what they do not hide lengthens the step. The formula adds, per stage,
+
+    E_k = max(0, A_k - Bmin(start_k))
+
+where ``Bmin(b)`` is the backward of blocks ``[0, b)``, each on its fastest device: no more than the stages before
+stage ``k`` take for their last backward, so ``E_k`` is at least what they leave exposed. The first stage's sync
+is always whole (``Bmin(0) = 0``); the later stages' are usually hidden. The sum over stages of ``E_k`` bounds the
+largest from above, and equals it when one stage is exposed, as is usual; being additive, it fits the DP's sum and
+the ILP's objective without a new bound to enumerate. ``step(P) = sum_k (L_k + E_k) + (m - 1) max_k L_k``.
+
 **Device classes.** Devices of the same type, host, memory and speed factor that every other device
 sees over equal links, and that are joined to each other by equal links, are interchangeable. The exact placers choose a *class* per stage and a count per
 class, which removes the symmetry between identical GPUs (and makes the DP polynomial); stages are
@@ -37,7 +49,8 @@ from planner.partition.model.cost import (
 )
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
-__all__ = ["DeviceClass", "device_classes", "stage_latencies_s", "step_time_formula_s", "stage_fits",
+__all__ = ["DeviceClass", "device_classes", "stage_latencies_s", "step_time_formula_s", "sync_tail_s", "backward_floor",
+           "stage_fits",
            "class_link", "assign_devices", "slot_inflight", "ClassTables", "class_tables",
            "StageLatencies", "stage_latencies", "stages_room"]
 
@@ -86,6 +99,8 @@ def _interchangeable(problem: Problem, members: list[str], dev: str) -> bool:
     if (a.type, a.host, a.memory_bytes) != (b.type, b.host, b.memory_bytes):
         return False
     if problem.speed_factors.get(a.id, 1.0) != problem.speed_factors.get(b.id, 1.0):
+        return False
+    if problem.replica_sync.get(a.id) != problem.replica_sync.get(b.id):  # their stages' syncs cost differently
         return False
     inside = _link_key(cluster.link(members[0], members[1])) if len(members) > 1 else _link_key(cluster.link(a.id, dev))
     if any(_link_key(cluster.link(m, dev)) != inside for m in members):
@@ -138,9 +153,27 @@ def stage_latencies_s(problem: Problem, partition: Partition) -> tuple[float, ..
 
 
 def step_time_formula_s(problem: Problem, partition: Partition) -> float:
-    """``sum_k L_k + (m - 1) * max_k L_k``: the objective every exact placer minimises."""
+    """``sum_k (L_k + E_k) + (m - 1) * max_k L_k``: the objective every exact placer minimises (``E_k``, the sync
+    tail, only on a replica pipeline: ``sync_tail_s``)."""
     latencies = stage_latencies_s(problem, partition)
-    return sum(latencies) + (problem.microbatches - 1) * max(latencies)
+    tails = sum(sync_tail_s(problem, st.device, st.start, st.stop) for st in partition) if problem.replica_sync else 0
+    return sum(latencies) + tails + (problem.microbatches - 1) * max(latencies)
+
+
+def sync_tail_s(problem: Problem, device: str, start: int, stop: int) -> float:
+    """``E`` of a stage ``[start, stop)`` on ``device`` (module docstring): its all-reduce with its replicas less the
+    backward of the blocks before it on their fastest devices, at least 0."""
+    a, b = problem.replica_sync.get(device, (0.0, 0.0))
+    nbytes = problem.tables.param_prefix[stop] - problem.tables.param_prefix[start]
+    return max(0.0, (a + b * nbytes if nbytes > 0 else 0.0) - float(backward_floor(problem)[start]))
+
+
+def backward_floor(problem: Problem) -> np.ndarray:
+    """``Bmin``: per block boundary ``b``, the backward seconds of blocks ``[0, b)`` each on its fastest device."""
+    tables = problem.tables
+    per_block = np.min([np.diff(np.asarray(tables.bwd_prefix[d], dtype=float)) * tables.speed[d]
+                        for d in problem.cluster.device_ids], axis=0)
+    return np.concatenate([[0.0], np.cumsum(per_block)])
 
 
 def slot_inflight(schedule: str, stages_to_end: int, microbatches: int, num_devices: int | None = None) -> int:
@@ -193,7 +226,8 @@ class ClassTables:
     ``max_stages_to_end[c, b, e]``: the largest ``stages_to_end`` for which ``[b, e)`` fits class ``c``'s
     memory (0: never fits; ``BIG``: always fits). ``pass_pair_s``: the runtime's cost of a stage's two passes per
     micro-batch, added to every stage latency (``stage_latencies``), not to ``compute_s``, whose per-block sums
-    give the placers' lower bounds.
+    give the placers' lower bounds. ``sync_tail_s[c, b, e]``: ``E`` of stage ``[b, e)`` on class ``c`` on a
+    replica pipeline (``sync_tail_s``), added to the sum but not to the latency a bound limits; ``None`` elsewhere.
     """
 
     classes: tuple[DeviceClass, ...]
@@ -201,6 +235,7 @@ class ClassTables:
     boundary_s: np.ndarray
     max_stages_to_end: np.ndarray
     pass_pair_s: float = 0.0
+    sync_tail_s: np.ndarray | None = None
 
     BIG = 1 << 30
 
@@ -225,7 +260,23 @@ def class_tables(problem: Problem) -> ClassTables:
             if link is not None:
                 boundary[c, d] = [boundary_s(link, f, g, problem.cluster.pass_byte_overhead_s)
                                   for f, g in zip(problem.cut_fwd_bytes, problem.cut_bwd_bytes)]
-    return ClassTables(classes, compute, boundary, _max_stages_to_end(problem, classes), pass_pair_s(problem))
+    return ClassTables(classes, compute, boundary, _max_stages_to_end(problem, classes), pass_pair_s(problem),
+                       _sync_tails(problem, classes))
+
+
+def _sync_tails(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray | None:
+    """``ClassTables.sync_tail_s`` (``sync_tail_s`` for every stage and class at once); ``None`` off a replica
+    pipeline."""
+    if not problem.replica_sync:
+        return None
+    params = np.asarray(problem.tables.param_prefix, dtype=float)
+    nbytes = params[None, :] - params[:, None]
+    floor = backward_floor(problem)[:, None]
+    out = np.empty((len(classes), len(params), len(params)))
+    for c, cls in enumerate(classes):
+        a, b = problem.replica_sync.get(cls.devices[0], (0.0, 0.0))
+        out[c] = np.maximum(0.0, np.where(nbytes > 0, a + b * nbytes, 0.0) - floor)
+    return out
 
 
 def _max_stages_to_end(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray:
@@ -270,6 +321,9 @@ class StageLatencies:
     """``last[c, b]``: stage ``[b, B)`` on class ``c`` as the last stage (inf: invalid)."""
     room: np.ndarray
     """``room[c, b, e]``: most stages-to-end for which ``[b, e)`` fits class ``c``."""
+    tail: np.ndarray | None = None
+    """``tail[c, b, e]``: the stage's sync tail ``E`` (``ClassTables.sync_tail_s``), in the sum but not in the latency
+    bounded; ``None``: none."""
 
 
 def stage_latencies(tab: ClassTables, nblocks: int, segments: Collection[tuple[int, int]] | None = None
@@ -296,4 +350,4 @@ def stage_latencies(tab: ClassTables, nblocks: int, segments: Collection[tuple[i
             mid[c, d] = np.where(ok, value, np.inf)
     last = np.where(allowed[None, :, nblocks] & (tab.max_stages_to_end[:, :, nblocks] >= 1),
                     tab.compute_s[:, :, nblocks] + tab.pass_pair_s, np.inf)
-    return StageLatencies(mid, last, tab.max_stages_to_end)
+    return StageLatencies(mid, last, tab.max_stages_to_end, tab.sync_tail_s)

@@ -2,7 +2,8 @@
 
 It minimises the shared objective ``sum_k L_k + (m - 1) * max_k L_k`` (``planner.partition.model.objective``)
 over every split of the blocks into contiguous stages and every choice of device per stage, subject to
-memory under the schedule.
+memory under the schedule; on one replica pipeline of a hybrid plan each stage also adds its sync tail ``E_k``
+to the sum (not to the latency a bound limits), so the cuts are chosen with the all-reduce in view.
 
 - For a *fixed* bound ``T`` on every stage latency, minimising ``sum_k L_k`` is a shortest path over
   cut points (PipeDream, Narayanan et al., SOSP 2019; Alpa's stage DP, Zheng et al., OSDI 2022). On a
@@ -108,6 +109,8 @@ class _BoundedDP:
         # rule's stage count): ``penalty[u', r]`` is inf when ``u'`` after it makes too many; the pad state too
         after = np.append(space.total, most + 1)[:, None] + 1
         self.penalty = np.where((after > np.arange(most + 2)[None, :]) | (after > limit), np.inf, 0.0)
+        # a replica pipeline's sync tails: in the sum a stage adds, never in the latency the bound limits
+        self.tail = None if lat.tail is None else np.ascontiguousarray(lat.tail.transpose(1, 0, 2))  # (start, class, stop)
 
     def solve(self, bound: float) -> tuple[float, list[tuple[int, int, int]]] | None:
         """Least ``sum_k L_k`` with every ``L_k <= bound`` and at most ``limit`` stages: (sum, stages as
@@ -118,7 +121,8 @@ class _BoundedDP:
         choice = np.full((nblocks, ncls, size), -1, dtype=np.int64)  # the pick (``_next``) that won; -1: the last stage
         rows = np.full((nblocks, ncls, size), np.inf)  # rows[b]: the best from b on, first as the last stage
         fit_c, fit_b = np.nonzero(lat.last[:, :nblocks] <= bound)
-        rows[fit_b, fit_c, np.asarray(space.unit)[fit_c]] = lat.last[fit_c, fit_b]
+        rows[fit_b, fit_c, np.asarray(space.unit)[fit_c]] = lat.last[fit_c, fit_b] + (
+            0.0 if self.tail is None else self.tail[fit_b, fit_c, nblocks])
         stops = np.arange(nblocks + 1)
         reach = np.where((self.mid <= bound).any(axis=(1, 2)), stops[None, :], -1).max(axis=1)  # last stop per start
         spans = reach - stops
@@ -152,7 +156,8 @@ class _BoundedDP:
         - 1``: ties to the lower class, then the earlier stop)."""
         stops = slice(b + 1, b + 1 + span)
         mids = self.mid[b, cs, :, stops]  # (class, next class, stop)
-        cand = best[None, :, :, stops] + np.where(mids > bound, np.inf, mids)[:, None]  # (class, u', next class, stop)
+        sums = mids if self.tail is None else mids + self.tail[b, cs, None, stops]
+        cand = best[None, :, :, stops] + np.where(mids > bound, np.inf, sums)[:, None]  # (class, u', next class, stop)
         cand += self.penalty[:, self.room[b, cs, stops]].transpose(1, 0, 2)[:, :, None, :]
         flat = cand.reshape(cand.shape[0], cand.shape[1], -1)
         pick = flat.argmin(axis=2)

@@ -69,6 +69,8 @@ class _Arc:
     latency_s: float
     room: int
     """Most stages-to-end for which the stage fits (``ClassTables.BIG``: always)."""
+    tail_s: float = 0.0
+    """The stage's sync tail on a replica pipeline (``objective.sync_tail_s``): in the objective, not in ``top``."""
 
 
 @dataclass
@@ -92,20 +94,22 @@ def _arcs(problem: Problem, tab: ClassTables, incumbent_s: float) -> list[_Arc]:
     fastest = np.array([float(tab.compute_s[:, b, b + 1].min()) for b in range(nb)])
     before = np.concatenate([[0.0], np.cumsum(fastest)])  # fastest time of blocks [0, i)
     outside = before[-1] - (before[None, :] - before[:, None])  # [i, j]: fastest time of blocks outside [i, j)
-    keep_mid = np.isfinite(lat.mid) & _could_beat(problem, tab, lat.mid, outside, incumbent_s)
-    keep_last = np.isfinite(lat.last) & _could_beat(problem, tab, lat.last, before, incumbent_s)
-    arcs = [_Arc(int(i), int(j), int(c), int(d), float(lat.mid[c, d, i, j]), int(lat.room[c, i, j]))
-            for c, d, i, j in zip(*np.nonzero(keep_mid))]
-    arcs += [_Arc(int(i), nb, int(c), -1, float(lat.last[c, i]), int(lat.room[c, i, nb]))
+    tail = np.zeros(lat.room.shape) if lat.tail is None else lat.tail  # (class, start, stop)
+    keep_mid = np.isfinite(lat.mid) & _could_beat(problem, tab, lat.mid, outside, incumbent_s, tail[:, None])
+    keep_last = np.isfinite(lat.last) & _could_beat(problem, tab, lat.last, before, incumbent_s, tail[:, :, nb])
+    arcs = [_Arc(int(i), int(j), int(c), int(d), float(lat.mid[c, d, i, j]), int(lat.room[c, i, j]),
+                 float(tail[c, i, j])) for c, d, i, j in zip(*np.nonzero(keep_mid))]
+    arcs += [_Arc(int(i), nb, int(c), -1, float(lat.last[c, i]), int(lat.room[c, i, nb]), float(tail[c, i, nb]))
              for c, i in zip(*np.nonzero(keep_last))]
     return sorted(arcs, key=lambda a: (a.start, a.stop, a.cls, a.nxt))
 
 
 def _could_beat(problem: Problem, tab: ClassTables, latency: np.ndarray, outside_s: np.ndarray,
-                incumbent_s: float) -> np.ndarray:
-    """Mask of stages (latency ``latency``) that may appear in a plan no worse than ``incumbent_s``.
+                incumbent_s: float, tail_s: np.ndarray | float = 0.0) -> np.ndarray:
+    """Mask of stages (latency ``latency``, sync tail ``tail_s``) that may appear in a plan no worse than
+    ``incumbent_s``.
 
-    A plan holding a stage of latency ``L`` costs at least ``L``, plus ``outside_s`` (every other block
+    A plan holding a stage of latency ``L`` costs at least ``L`` and its tail, plus ``outside_s`` (every other block
     on its fastest class: the rest of the sum term), plus ``(m - 1) * max(L, floor)`` with ``floor``
     from ``top_floor_s``. Dropping stages that must exceed the incumbent keeps every optimal plan.
     """
@@ -113,7 +117,7 @@ def _could_beat(problem: Problem, tab: ClassTables, latency: np.ndarray, outside
         return np.ones(latency.shape, dtype=bool)
     floor = top_floor_s(tab, len(problem.blocks))
     with np.errstate(invalid="ignore"):
-        least = latency + outside_s * (1 - 1e-9) + (problem.microbatches - 1) * np.maximum(latency, floor)
+        least = latency + tail_s + outside_s * (1 - 1e-9) + (problem.microbatches - 1) * np.maximum(latency, floor)
         return least <= incumbent_s * (1 + 1e-9)
 
 
@@ -150,8 +154,10 @@ def _build(problem: Problem, tab: ClassTables, incumbent_s: float = np.inf, rela
     top = lp.add_variable("top", 0)
     after = [lp.add_variable(f"after_{i}", 0) for i in range(nb + 1)]
 
-    # 2. Objective: sum of the chosen latencies + (m - 1) * top, the step-time formula once top = max.
-    lp += pulp.LpAffineExpression([(v, a.latency_s / scale) for v, a in zip(x, arcs)] + [(top, m - 1)]), "step_time"
+    # 2. Objective: sum of the chosen latencies (and sync tails, on a replica pipeline) + (m - 1) * top, the
+    #    step-time formula once top = max.
+    lp += pulp.LpAffineExpression([(v, (a.latency_s + a.tail_s) / scale) for v, a in zip(x, arcs)]
+                                  + [(top, m - 1)]), "step_time"
 
     # 3. Path: one stage starts at block 0; a stage ending before block j on class d's account is
     #    followed by exactly one stage starting at j on class d (flow conservation on nodes (j, d)).

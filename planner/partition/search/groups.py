@@ -98,7 +98,8 @@ def class_groupings(problem: Problem, weights: Mapping[str, float], classes: Seq
 
 
 def per_class_sequence(place: PlaceFn, classes: Sequence[DeviceClass]) -> PlaceFn:
-    """``place``, run once per sequence of device classes (with the devices' weights and the micro-batches): a
+    """``place``, run once per sequence of device classes (with the devices' weights, the micro-batches and the
+    sync each device's stage would pay, ``Problem.replica_sync``): a
     sub-problem on devices of the same classes in the same order gets the stages placed for the first one, on its own
     devices position for position (devices of a class are interchangeable, links included:
     ``objective.device_classes``). Without classes (clusters above 16 devices), ``place`` itself."""
@@ -109,7 +110,8 @@ def per_class_sequence(place: PlaceFn, classes: Sequence[DeviceClass]) -> PlaceF
 
     def remembered(sub: Problem, sub_weights: Mapping[str, float]) -> Partition:
         ids = sub.cluster.device_ids
-        key = (tuple(of[d] for d in ids), tuple(sub_weights.get(d) for d in ids), sub.microbatches)
+        key = (tuple(of[d] for d in ids), tuple(sub_weights.get(d) for d in ids), sub.microbatches,
+               tuple(sub.replica_sync.get(d) for d in ids))
         if key not in placed:
             placed[key] = (ids, place(sub, sub_weights))
         first, stages = placed[key]

@@ -29,22 +29,25 @@ devices by how many of each class each takes, screened with the greedy placer al
 classes), the fastest ``CLASS_GROUPINGS_KEPT`` over every degree then placed and simulated like the dealings
 (``grouping: class-counts``).
 
-``finish`` (``partition``'s whole-plan cut polish, ``polish.polish_cuts``) then moves the cuts of the fastest
-replicated candidate of each layout with the sync in view, and the fastest result wins. What this search is not: the
-placer itself does not see the sync (it splits one pipeline; the polish sees it by local moves); the
-class-count groupings reach the placer only through the greedy screen, and which device of a class goes where
+The finalists then see the sync (``_finished``): the fastest replicated candidate of each degree and layout within
+``FINALIST_WINDOW`` of the fastest, and the fastest of each layout placed again with its replicas' all-reduce in the
+placer's view (``_sub_problem(sync_in_view=True)``, ``Problem.replica_sync``), each with its cuts polished whole
+(``finish``: ``partition``'s ``polish.polish_cuts``, every replica pipeline and each stage's all-reduce simulated);
+the fastest result wins. What this search is not: the placer does not see the sync while it screens the groupings
+(the finalists do); the class-count groupings reach the placer only through the greedy screen, and which device of a class goes where
 follows ``host_speed_order`` (docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches every
 grouping for dp and ilp.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.formats.plan import GENERATED_ORDER_SCHEDULES
-from planner.partition.model.cost import stage_compute_s, step_time_s
+from planner.partition.model.cost import replica_sync_rates, stage_compute_s, step_time_s
 from planner.partition.model.feasibility import violations
 from planner.partition.model.objective import device_classes
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, even_shares,
@@ -106,11 +109,13 @@ def proportional_shares(speeds: Sequence[float], microbatches: int, least: int) 
 
 def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float], requested: int | None,
                   pure: Partition | None, class_counts: bool = True,
-                  finish: Callable[[Partition], Partition] | None = None) -> Partition:
+                  finish: Callable[[Partition], Partition] | None = None,
+                  place_in_view: PlaceFn | None = None) -> Partition:
     """The fastest feasible shape (see the module docstring); ``pure`` is the degree-1 plan (``None``: it did not
     fit, or ``--data-parallel`` asked for replicas); ``class_counts=False`` leaves out the groupings by class counts.
-    ``finish`` (the whole plan's cut polish) turns the fastest replicated candidate of each layout (one stage per
-    device, several) into its final plan, never slower; the fastest finished plan, or the pure pipeline, wins.
+    ``finish`` (the whole plan's cut polish) turns the replicated finalists (``_finished``) into their final plans,
+    never slower, and ``place_in_view`` places the fastest of each layout again with its all-reduce in view; the
+    fastest finished plan, or the pure pipeline, wins. On clusters above ``EVERY_DEGREE_UP_TO`` devices neither runs.
     Raises ``InfeasibleError`` when no candidate fits."""
     devices = list(problem.cluster.device_ids)
     tried: list[dict[str, Any]] = []
@@ -138,7 +143,9 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
                 best = _try(problem, place, weights, record, pipelines, tried, best)
     for record, pipelines in screened_first(counted):
         best = _try(problem, place, weights, record, pipelines, tried, best)
-    best = _finished(problem, finish, tried, best)
+    if len(devices) > EVERY_DEGREE_UP_TO:  # 64 devices of 3 types: 0.25% faster for 100 s (docs/placers.md)
+        finish = place_in_view = None
+    best = _finished(problem, finish, place_in_view, weights, tried, best)
     if best is None:
         asked = f"--data-parallel {requested}" if requested is not None else "any data-parallel degree"
         raise InfeasibleError(f"no shape with {asked} fits on the {len(devices)} devices of {problem.cluster.name!r} "
@@ -151,21 +158,49 @@ def hybrid_search(problem: Problem, place: PlaceFn, weights: Mapping[str, float]
     return with_facts(chosen, {"shape": shape})
 
 
-def _finished(problem: Problem, finish: Callable[[Partition], Partition] | None, tried: list[dict[str, Any]],
+FINALIST_WINDOW = 0.10
+"""The fastest replicated candidate of each degree and layout is finished (its cuts polished whole) when it is within
+this fraction of the fastest: on the bundled models a degree's candidate 2-5% behind became the fastest plan
+(docs/placers.md, "Cuts that see the all-reduce")."""
+
+
+def _finished(problem: Problem, finish: Callable[[Partition], Partition] | None,
+              place_in_view: PlaceFn | None, weights: Mapping[str, float], tried: list[dict[str, Any]],
               best: tuple[float, int, Partition] | None) -> tuple[float, int, Partition] | None:
-    """The fastest of the pure pipeline and the finished fastest replicated candidate of each layout (by chunks per
-    device), ties to the earlier candidate; ``best`` without ``finish``. Takes the candidates' plans off their
-    records."""
-    finalists: dict[int, tuple[float, int, Partition]] = {}
+    """The fastest of the pure pipeline and the finished replicated finalists: the fastest candidate of each degree
+    and layout (by chunks per device) within ``FINALIST_WINDOW`` of the fastest, and the fastest of each layout
+    placed again by ``place_in_view`` with its replicas' all-reduce in the placer's view (``_sub_problem``). Ties
+    go to the earlier candidate, then to the plan placed without the sync. ``best`` without ``finish``. Takes the
+    candidates' plans off their records, and marks the chosen record's ``sync_in_view``."""
+    finalists: dict[tuple[int, int], tuple[float, int, Partition]] = {}
+    grouping: dict[int, list[list[str]]] = {}
     for index, record in enumerate(tried):
+        grouping[index] = record.pop("_pipelines", [])
         for chunks, (step, plan) in sorted(record.pop("_plans", {}).items()):
-            if chunks not in finalists or step < finalists[chunks][0] * (1 - 1e-9):
-                finalists[chunks] = (step, index, plan)
+            key = (record["degree"], chunks)
+            if key not in finalists or step < finalists[key][0] * (1 - 1e-9):
+                finalists[key] = (step, index, plan)
     if finish is None:
         return best
-    scored = [(step_time_s(problem, done := finish(plan)), index, done) for _, index, plan in finalists.values()]
-    pure = [best] if best is not None and degree_of(best[2]) == 1 else []
-    return min(pure + scored, key=lambda x: x[:2], default=best)
+    scored: list[tuple[float, int, int, Partition]] = []
+    near = min((step for step, _, _ in finalists.values()), default=math.inf) * (1 + FINALIST_WINDOW)
+    fastest: dict[int, tuple[float, int]] = {}
+    for (_, chunks), (step, index, plan) in sorted(finalists.items()):
+        if step <= near:
+            scored.append((step_time_s(problem, done := finish(plan)), index, 0, done))
+        if chunks not in fastest or step < fastest[chunks][0] * (1 - 1e-9):
+            fastest[chunks] = (step, index)
+    for chunks, (_, index) in sorted(fastest.items()) if place_in_view is not None else ():
+        aware = _layouts_for(problem, place_in_view, weights, grouping[index], sync_in_view=True).get(chunks)
+        if aware is not None:
+            scored.append((step_time_s(problem, done := finish(aware[1])), index, 1, done))
+    pure = [(best[0], best[1], 0, best[2])] if best is not None and degree_of(best[2]) == 1 else []
+    if not pure + scored:
+        return best
+    step, index, aware_won, chosen = min(pure + scored, key=lambda x: x[:3])
+    if degree_of(chosen) > 1:
+        tried[index]["sync_in_view"] = bool(aware_won)
+    return step, index, chosen
 
 
 def _try(problem: Problem, place: PlaceFn, weights: Mapping[str, float], record: dict[str, Any],
@@ -178,7 +213,8 @@ def _try(problem: Problem, place: PlaceFn, weights: Mapping[str, float], record:
         record.update(stages=None, step_time_s=None, fits=False)
     else:
         step, hybrid = min(layouts.values(), key=lambda x: x[0])
-        record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares), _plans=layouts)
+        record.update(stages=len(hybrid), step_time_s=step, shares=list(hybrid.shares), _plans=layouts,
+                      _pipelines=pipelines)
         if best is None or step < best[0] * (1 - 1e-9):
             best = (step, len(tried), hybrid)
     tried.append(record)
@@ -192,13 +228,14 @@ def _best_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
     return min(layouts.values(), key=lambda x: x[0]) if layouts else None
 
 
-def _layouts_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
-                 pipelines: list[list[str]]) -> dict[int, tuple[float, Partition]]:
+def _layouts_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float], pipelines: list[list[str]],
+                 sync_in_view: bool = False) -> dict[int, tuple[float, Partition]]:
     """The fastest feasible hybrid over ``pipelines`` per layout (chunks per device): the placer run on each distinct
     kind of pipeline, and under interleaved-1f1b or a V schedule also its several-chunks-per-device version
     (``interleave`` on one replica's sub-problem) when that simulates faster there -- under ``zb-planned`` always
     (its V is a finalist of the cut polish, as ``zbv``'s is) --, each with even or throughput-proportional shares;
-    the first on ties."""
+    the first on ties. ``sync_in_view``: the placer's sub-problems carry their stages' all-reduce
+    (``_sub_problem``)."""
     degree = len(pipelines)
     types = {d.id: d.type for d in problem.cluster.devices}
     kinds: dict[tuple[str, ...], int] = {}
@@ -207,7 +244,7 @@ def _layouts_for(problem: Problem, place: PlaceFn, weights: Mapping[str, float],
     found: dict[int, tuple[float, Partition]] = {}
     even = even_shares(problem.microbatches, degree)
     for r in kinds.values():
-        sub = _sub_problem(problem, pipelines[r], max(even))
+        sub = _sub_problem(problem, pipelines, r, max(even), sync_in_view)
         try:
             pure = place(sub, _weights_of(weights, pipelines[r]))
         except PlannerError:
@@ -251,12 +288,18 @@ def _busiest_device_s(problem: Problem, pipeline: Partition) -> float:
     return max(load.values())
 
 
-def _sub_problem(problem: Problem, devices: Sequence[str], microbatches: int) -> Problem:
-    """``problem`` on ``devices`` only, with ``microbatches`` (one replica's share)."""
+def _sub_problem(problem: Problem, pipelines: Sequence[Sequence[str]], r: int, microbatches: int,
+                 sync_in_view: bool = False) -> Problem:
+    """``problem`` on pipeline ``r``'s devices only, with ``microbatches`` (one replica's share); with
+    ``sync_in_view``, each device carrying what its stage's all-reduce with the other pipelines' devices at its slot
+    costs (``Problem.replica_sync``), so that the placer splits the replica with its sync in view."""
+    devices = pipelines[r]
     keep = set(devices)
     cluster = replace(problem.cluster, devices=tuple(d for d in problem.cluster.devices if d.id in keep))
+    groups = {dev: tuple(p[i] for p in pipelines) for i, dev in enumerate(devices)}
     return replace(problem, cluster=cluster, microbatches=microbatches,
-                   speed_factors={k: v for k, v in problem.speed_factors.items() if k in keep})
+                   speed_factors={k: v for k, v in problem.speed_factors.items() if k in keep},
+                   replica_sync=replica_sync_rates(problem, groups) if sync_in_view else {})
 
 
 def _weights_of(weights: Mapping[str, float], devices: Sequence[str]) -> dict[str, float]:
