@@ -211,3 +211,42 @@ def test_train_under_torchrun_plans_on_rank_0_and_hands_the_plan_to_the_others(t
     assert summary["profile"]["cached"] is False
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert summary["run"]["schedule"] == plan["schedule"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_train_under_torchrun_on_two_nodes_runs_the_same_command_on_each_host(tmp_path: Path) -> None:
+    """Two hosts, emulated on this machine: two torchrun agents (``--nnodes 2``, one rank each, the c10d rendezvous over
+    loopback, docs/train.md's command), each in its own directory with its own profile cache as a host would have,
+    run the same ``plan train`` command. The rank that rendezvous makes 0 profiles and plans; the other takes both
+    through the store and writes the same plan under its own ``-o``; both train, and rank 0 prints the summary."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "planner.train",
+               "planner.examples.digits:digits_mlp", "--cluster", "cpu-2", "--data", "planner.data.digits:batches",
+               "--steps", "4", "--round-steps", "2", "--repeats", "1", "--warmup", "0", "--timeout-s", "60",
+               "-o", "out", "--json"]
+    hosts = [tmp_path / "host0", tmp_path / "host1"]
+    procs = []
+    for home in hosts:
+        home.mkdir()
+        env = {**os.environ, "PLANNER_CACHE_DIR": str(home / "cache"), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen(command, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        outputs = [p.communicate(timeout=280) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    printed = [out for out, _ in outputs if "{" in out]
+    assert len(printed) == 1  # rank 0's summary, on whichever host rendezvous made rank 0
+    summary = json.loads(printed[0][printed[0].index("{"):])
+    assert summary["run"]["steps"] == 4 and summary["run"]["world_size"] == 2
+    plans = [json.loads((home / "out" / "plan.json").read_text()) for home in hosts]
+    assert plans[0] == plans[1] and summary["run"]["schedule"] == plans[0]["schedule"]

@@ -58,8 +58,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     (``methods.Placed``, e.g. the ILP's ``solver``). ``data_parallel`` (``1``, the default: a pure pipeline;
     ``"auto"``: the fastest shape, the pure pipeline included; ``N``: N replica pipelines) replicates the stages
     (``planner.partition.search.hybrid``; the CLI's default is ``auto``); unless ``refine`` turned the polish off, the
-    replicated candidates' cuts are then polished whole, all-reduce included, and under ``recompute="auto"`` with each
-    move's recomputation decided again (``planner.partition.search.polish.polish_cuts``, the plan's ``cut_polish``).
+    replicated finalists' cuts are then polished whole, all-reduce included, and under ``recompute="auto"`` with each
+    move's recomputation decided again (``thorough`` below; ``planner.partition.search.polish.polish_cuts``, the
+    plan's ``cut_polish``).
     ``sync`` and ``sync_period`` say how the
     replicas combine their updates (``ssgd`` every step; ``local-sgd`` every ``sync_period`` steps; ``adaptive``,
     whose first period the rule picks from the predicted times when ``sync_period`` is ``None``); the simulator
@@ -70,8 +71,8 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     (``planner.partition.search.recompute``); recorded as each stage's ``recompute``.
     ``thorough``: whether the shape search also tries the groupings by device-class counts (``search/groups.py``)
     and finishes its finalists with the sync in view, and polishes the cuts again for the stages that stop
-    recomputing (the whole plan's cut polish, ``hybrid._finished``, ``_polish_whole``); ``plan train``'s first pass
-    over many candidates leaves all three to its finalists.
+    recomputing (the whole plan's cut polish, ``hybrid._finished``, ``_polish_whole``; never on the peers' baselines,
+    whose cuts are theirs); ``plan train``'s first pass over many candidates leaves all three to its finalists.
     ``drain_every``: under an asynchronous schedule, the steps ``plan run`` will run between pipeline drains (its
     round length; ``Problem.drain_every``), recorded in the plan's ``async`` field; ``None``: the steady state.
     The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
@@ -108,6 +109,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     if estimate_precision is not None:
         extra["estimate_precision"] = estimate_precision
     polish_on = not refine or (refine_config or RefineConfig()).polish is not None
+    ours = thorough and method not in methods.PEER_BASELINES  # the peers' splits stay theirs: no whole-plan polish
     chosen: Partition | None = None
     used = start
     pure_error: InfeasibleError | None = None
@@ -134,7 +136,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
             return with_facts(polished := _polish_whole(problem, hybrid, False, facts), facts, stages=polished)
 
         try:
-            finishing = polish_on and thorough
+            finishing = polish_on and ours
             chosen = hybrid_search(problem, place, start, requested, chosen, thorough,
                                    finish if finishing else None, in_view if finishing else None)
         except InfeasibleError:
@@ -150,7 +152,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
         chosen = _exact_on_small(problem, requested, chosen, extra)
     if recompute == "auto":  # a split that does not fit keeps recomputing everywhere, for build_plan to name
         chosen = recompute_where_needed(problem, chosen)
-    if polish_on and thorough and recompute == "auto":  # the stages that stopped recomputing may take more blocks
+    if polish_on and ours and recompute == "auto":  # the stages that stopped recomputing may take more blocks
         chosen = _polish_whole(problem, chosen, True, extra)
     if entry.takes_weights:
         extra["weights"] = used

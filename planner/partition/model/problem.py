@@ -108,7 +108,7 @@ class Problem:
     on it pays each step with its replicas on the other pipelines, ``a + b x`` its parameter bytes (0 without
     parameters; ``ssgd`` and ``local-sgd``, spread over the period). The simulator then runs each stage's sync after
     its last backward, as it does for the whole plan, and the formula adds what no backward hides
-    (``objective.exposed_sync_s``), so placers split the replica with its sync in view. Empty: none."""
+    (``objective.sync_tail_s``), so placers split the replica with its sync in view. Empty: none."""
     drain_every: int | None = None
     """Asynchronous schedules: the steps between pipeline drains, i.e. the run's round length (``plan run`` drains at
     every round end); each round then pays the pipeline's fill and drain (``simulate(drain_every=...)``). ``None``:

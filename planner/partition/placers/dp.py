@@ -110,7 +110,7 @@ class _BoundedDP:
         after = np.append(space.total, most + 1)[:, None] + 1
         self.penalty = np.where((after > np.arange(most + 2)[None, :]) | (after > limit), np.inf, 0.0)
         # a replica pipeline's sync tails: in the sum a stage adds, never in the latency the bound limits
-        self.tail = None if lat.tail is None else np.ascontiguousarray(lat.tail.transpose(1, 0, 2))  # (start, class, stop)
+        self.tail = None if lat.tail is None else np.ascontiguousarray(lat.tail.transpose(1, 0, 2))  # start, cls, stop
 
     def solve(self, bound: float) -> tuple[float, list[tuple[int, int, int]]] | None:
         """Least ``sum_k L_k`` with every ``L_k <= bound`` and at most ``limit`` stages: (sum, stages as

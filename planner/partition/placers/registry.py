@@ -5,7 +5,8 @@ this module imports them all, so a broken placer fails loudly at import instead 
 lookup say "unknown method". ``register`` adds a placer at run time (tests and extensions use it); it
 never replaces a built-in one.
 
-Public: ``Method``, ``BUILTIN``, ``register``, ``METHODS``, ``get``, ``names``, ``takes_weights``, ``call``,
+Public: ``Method``, ``BUILTIN``, ``PEER_BASELINES``, ``register``, ``METHODS``, ``get``, ``names``, ``takes_weights``,
+``call``,
 and ``Placed``/``facts_of`` (re-exported from ``planner.partition.model.problem``).
 """
 
@@ -19,7 +20,8 @@ from planner.errors import PlannerError, UsageError
 from planner.partition.model.problem import Partition, Placed, Problem, facts_of
 from planner.partition.placers import baselines, dp, greedy, ilp
 
-__all__ = ["Method", "BUILTIN", "METHODS", "Placed", "facts_of", "register", "get", "names", "takes_weights", "call"]
+__all__ = ["Method", "BUILTIN", "PEER_BASELINES", "METHODS", "Placed", "facts_of", "register", "get", "names",
+           "takes_weights", "call"]
 
 Placer = Callable[..., Partition]
 """``fn(problem: Problem, *, weights: Mapping[str, float], **options) -> Partition``."""
@@ -44,6 +46,11 @@ BUILTIN: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
 """The built-in placers."""
 
 _extra: dict[str, Method] = {}
+
+
+PEER_BASELINES = ("uniform", "params", "time-balance")
+"""The peers' methods (docs/placers.md, "The peers' baselines"): a plan of theirs is the split those tools make, so
+``partition`` never moves its cuts afterwards (the whole plan's cut polish is for our methods)."""
 
 
 def register(name: str, fn: Placer, *, takes_weights: bool = False) -> Placer:

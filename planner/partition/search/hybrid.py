@@ -34,9 +34,9 @@ The finalists then see the sync (``_finished``): the fastest replicated candidat
 placer's view (``_sub_problem(sync_in_view=True)``, ``Problem.replica_sync``), each with its cuts polished whole
 (``finish``: ``partition``'s ``polish.polish_cuts``, every replica pipeline and each stage's all-reduce simulated);
 the fastest result wins. What this search is not: the placer does not see the sync while it screens the groupings
-(the finalists do); the class-count groupings reach the placer only through the greedy screen, and which device of a class goes where
-follows ``host_speed_order`` (docs/placers.md, "Hybrid shapes"); on small problems ``exhaustive.py`` searches every
-grouping for dp and ilp.
+(the finalists do); the class-count groupings reach the placer only through the greedy screen, and which device of a
+class goes where follows ``host_speed_order`` (docs/placers.md, "Hybrid shapes"); on small problems
+``exhaustive.py`` searches every grouping for dp and ilp.
 """
 
 from __future__ import annotations
