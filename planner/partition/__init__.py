@@ -43,6 +43,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
               data_parallel: str | int = 1, corrections: Sequence[tuple[int, int, float]] = (),
               sync: str = DEFAULT_SYNC, sync_period: int | None = 1, sync_staleness: int | None = None,
               recompute: bool | str = False, drain_every: int | None = None, thorough: bool = True,
+              whole_polish: bool = True,
               **method_options: Any) -> Plan:
     """Plan ``profile`` on ``cluster`` with placer ``method``; the plan's ``predicted`` comes from the simulator.
 
@@ -73,6 +74,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     and finishes its finalists with the sync in view, and polishes the cuts again for the stages that stop
     recomputing (the whole plan's cut polish, ``hybrid._finished``, ``_polish_whole``; never on the peers' baselines,
     whose cuts are theirs); ``plan train``'s first pass over many candidates leaves all three to its finalists.
+    ``whole_polish=False`` leaves out the last two alone: ``plan run``'s re-plans, which run between rounds.
     ``drain_every``: under an asynchronous schedule, the steps ``plan run`` will run between pipeline drains (its
     round length; ``Problem.drain_every``), recorded in the plan's ``async`` field; ``None``: the steady state.
     The parameter-server modes (``bsp``, ``asp``, ``ssp`` with ``sync_staleness``, ``dasp``) serve
@@ -109,7 +111,7 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
     if estimate_precision is not None:
         extra["estimate_precision"] = estimate_precision
     polish_on = not refine or (refine_config or RefineConfig()).polish is not None
-    ours = thorough and method not in methods.PEER_BASELINES  # the peers' splits stay theirs: no whole-plan polish
+    ours = thorough and whole_polish and method not in methods.PEER_BASELINES  # the peers' splits stay theirs
     chosen: Partition | None = None
     used = start
     pure_error: InfeasibleError | None = None

@@ -171,7 +171,8 @@ def propose(model: RoundModel, current: Plan, state: RebalanceState, *, method: 
                          speed_factors=factors, corrections=state.corrections, profile_ref=profile_ref,
                          catalog=model.catalog, sync=current.shape().sync, sync_period=current.shape().period,
                          data_parallel=current.shape().degree,  # a hybrid plan keeps its degree; cuts and shares move
-                         recompute=current.recompute_mode(), drain_every=model.problem.drain_every)
+                         recompute=current.recompute_mode(), drain_every=model.problem.drain_every,
+                         whole_polish=False)  # between rounds: the placer's plan, not the finalists' polish
     except PlannerError as exc:
         return Proposal(None, f"placer {method!r} failed ({exc}); plan kept")
     now = model.step_time_s(current, factors, state.corrections)
