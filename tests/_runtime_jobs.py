@@ -89,3 +89,27 @@ def reference_losses(plan: Path, steps: int) -> list[float]:
     config = RunConfig(plan=str(plan), model=MODEL, steps=steps)
     prepared = prepare(config, 2, torch.device("cpu"))
     return list(train_reference(prepared.module, prepared.spec, prepared.settings, prepared.batch, steps).losses)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (for a rendezvous the test starts next)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def emulated_hosts(runs: list[tuple[list[str], Path, dict[str, str]]], timeout_s: float) -> list[tuple[int, str, str]]:
+    """Run one command per emulated host at once (``(command, cwd, env)``: a torchrun agent each), and return each one's
+    exit status, stdout and stderr; every process is killed when the wait ends, however it ends."""
+    import subprocess
+
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd, cwd, env in runs]
+    try:
+        outputs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]

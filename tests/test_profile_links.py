@@ -174,28 +174,21 @@ def test_two_emulated_hosts_of_two_ranks_probe_their_concurrent_streams(tmp_path
     """Two torchrun agents on this machine, each 2 ranks under its own PLANNER_HOST: the probe sees 2 hosts, runs the
     2 cross-host streams at once and writes a valid cluster (4 ranks on 2 cores: correctness only; the streams share
     the cores' copies here, not a NIC, so the count itself is not checked)."""
-    import socket
+    from tests._runtime_jobs import emulated_hosts, free_port
 
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     out = tmp_path / "cluster.json"
-    procs = []
+    runs = []
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-               "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
+               "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                "--rdzv-id", "emulated-hosts", "--no-python", sys.executable, "-c",
                "from planner.cli import main; main()", "profile", "--probe-links", "-o", str(out)]
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
                    PLANNER_HOST=f"host{node}")
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    try:
-        results = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), [r[1][-2000:] for r in results]
+        runs.append((cmd, tmp_path, env))
+    results = emulated_hosts(runs, timeout_s=240)
+    assert all(code == 0 for code, _, _ in results), [err[-2000:] for _, _, err in results]
     cluster = load_cluster(out)
     assert sorted({d.host for d in cluster.devices}) == ["host0", "host1"]
     assert "measured" in cluster.inter_host.source

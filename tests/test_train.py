@@ -220,31 +220,22 @@ def test_train_under_torchrun_on_two_nodes_runs_the_same_command_on_each_host(tm
     loopback, docs/train.md's command), each in its own directory with its own profile cache as a host would have,
     run the same ``plan train`` command. The rank that rendezvous makes 0 profiles and plans; the other takes both
     through the store and writes the same plan under its own ``-o``; both train, and rank 0 prints the summary."""
-    import socket
+    from tests._runtime_jobs import emulated_hosts, free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "planner.train",
                "planner.examples.digits:digits_mlp", "--cluster", "cpu-2", "--data", "planner.data.digits:batches",
                "--steps", "4", "--round-steps", "2", "--repeats", "1", "--warmup", "0", "--timeout-s", "60",
                "-o", "out", "--json"]
     hosts = [tmp_path / "host0", tmp_path / "host1"]
-    procs = []
     for home in hosts:
         home.mkdir()
-        env = {**os.environ, "PLANNER_CACHE_DIR": str(home / "cache"), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen(command, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    try:
-        outputs = [p.communicate(timeout=280) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
-    printed = [out for out, _ in outputs if "{" in out]
+    results = emulated_hosts([(command, home, {**os.environ, "PLANNER_CACHE_DIR": str(home / "cache"),
+                                               "OMP_NUM_THREADS": "1"}) for home in hosts], timeout_s=280)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    printed = [out for _, out, _ in results if "{" in out]
     assert len(printed) == 1  # rank 0's summary, on whichever host rendezvous made rank 0
     summary = json.loads(printed[0][printed[0].index("{"):])
     assert summary["run"]["steps"] == 4 and summary["run"]["world_size"] == 2
