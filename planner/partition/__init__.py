@@ -134,8 +134,9 @@ def partition(profile: Profile, cluster: Cluster, *, method: str, microbatches: 
             return entry.fn(sub, weights=sub_weights, **method_options)
 
         def finish(hybrid: Partition) -> Partition:
-            facts: dict[str, Any] = {}
-            return with_facts(polished := _polish_whole(problem, hybrid, False, facts), facts, stages=polished)
+            facts: dict[str, Any] = {}  # its cut_polish record travels with the plan
+            polished = _polish_whole(problem, hybrid, False, facts)
+            return with_facts(polished, facts)
 
         try:
             finishing = polish_on and ours

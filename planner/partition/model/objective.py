@@ -46,6 +46,7 @@ from planner.partition.model.cost import (
     stage_compute_s,
     stage_stash_bytes_t,
     stage_static_bytes_t,
+    stage_sync_s,
 )
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
@@ -156,16 +157,19 @@ def step_time_formula_s(problem: Problem, partition: Partition) -> float:
     """``sum_k (L_k + E_k) + (m - 1) * max_k L_k``: the objective every exact placer minimises (``E_k``, the sync
     tail, only on a replica pipeline: ``sync_tail_s``)."""
     latencies = stage_latencies_s(problem, partition)
-    tails = sum(sync_tail_s(problem, st.device, st.start, st.stop) for st in partition) if problem.replica_sync else 0
+    tails = 0.0
+    if problem.replica_sync:
+        floor = backward_floor(problem)
+        tails = sum(sync_tail_s(problem, st.device, st.start, st.stop, floor) for st in partition)
     return sum(latencies) + tails + (problem.microbatches - 1) * max(latencies)
 
 
-def sync_tail_s(problem: Problem, device: str, start: int, stop: int) -> float:
-    """``E`` of a stage ``[start, stop)`` on ``device`` (module docstring): its all-reduce with its replicas less the
-    backward of the blocks before it on their fastest devices, at least 0."""
-    a, b = problem.replica_sync.get(device, (0.0, 0.0))
-    nbytes = problem.tables.param_prefix[stop] - problem.tables.param_prefix[start]
-    return max(0.0, (a + b * nbytes if nbytes > 0 else 0.0) - float(backward_floor(problem)[start]))
+def sync_tail_s(problem: Problem, device: str, start: int, stop: int, floor: np.ndarray | None = None) -> float:
+    """``E`` of a stage ``[start, stop)`` on ``device`` (module docstring): its all-reduce with its replicas
+    (``cost.stage_sync_s``) less the backward of the blocks before it on their fastest devices (``floor``:
+    ``backward_floor(problem)``, computed when not given), at least 0."""
+    floor = backward_floor(problem) if floor is None else floor
+    return max(0.0, stage_sync_s(problem, StageSpec(start, stop, device)) - float(floor[start]))
 
 
 def backward_floor(problem: Problem) -> np.ndarray:
@@ -265,8 +269,8 @@ def class_tables(problem: Problem) -> ClassTables:
 
 
 def _sync_tails(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray | None:
-    """``ClassTables.sync_tail_s`` (``sync_tail_s`` for every stage and class at once); ``None`` off a replica
-    pipeline."""
+    """``ClassTables.sync_tail_s``: ``sync_tail_s`` for every stage and class at once (the same charge as
+    ``cost.stage_sync_s``, on arrays); ``None`` off a replica pipeline."""
     if not problem.replica_sync:
         return None
     params = np.asarray(problem.tables.param_prefix, dtype=float)
