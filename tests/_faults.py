@@ -7,6 +7,8 @@ Environment variables, each ``RANK:STEP``:
   clear error instead of hanging;
 - ``PLANNER_TEST_HANG_BEFORE_STEP``: the same at the start of a round, so that its neighbours block inside
   the schedule's transfers (the process group's timeout ends those).
+Set ``PLANNER_TEST_STALE_BUFFERS=1`` and the tensors torch's pipelining makes from metadata start with what reused
+memory may hold (integers far out of any table's range), as they can once a run has used its memory.
 Plugins run before the built-in hooks, so a kill at a round end comes before that round's checkpoint.
 """
 
@@ -20,7 +22,24 @@ from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 
 
 def hooks(config: RunConfig) -> RunHooks:
+    if os.environ.get("PLANNER_TEST_STALE_BUFFERS"):
+        _stale_buffers()
     return _Faults(config)
+
+
+def _stale_buffers() -> None:
+    import torch
+    from torch.distributed.pipelining import _utils
+
+    made = _utils._make_tensor_from_meta
+
+    def stale(meta, device):  # type: ignore[no-untyped-def]
+        tensor = made(meta, device)
+        if not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
+            tensor.fill_(1 << 30)
+        return tensor
+
+    _utils._make_tensor_from_meta = stale
 
 
 class _Faults(RunHooks):

@@ -176,6 +176,25 @@ def test_gpt_interleaved_two_stages_per_rank(tmp_path, profiles):
     assert_parity(tmp_path, plan, GPT, summary, lr=0.05)
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_stage_whose_input_is_an_index_from_another_rank(tmp_path, profiles):
+    """The cut after the token embedding sends the position ids (``arange``'s output, int64) to the stage that looks
+    them up. torch infers each stage's metadata by running it on inputs made with ``torch.empty``; the fault plugin
+    fills those with what reused memory may hold, as after a mid-run re-plan moved the cut here (an IndexError in
+    the position embedding, 2026-11-27)."""
+    from tests._runtime_jobs import job
+
+    names = [n["name"] for n in json.loads(profiles[GPT].read_text())["nodes"]]
+    plan = write_case(tmp_path, profiles[GPT], ["cpu0", "cpu1"], "1f1b", microbatches=2,
+                      cut_at=names.index("embedding_1") / len(names))
+    stages = json.loads(plan.read_text())["stages"]
+    assert "arange" in stages[0]["nodes"] and stages[1]["nodes"][0] == "embedding_1"
+    env = {"PLANNER_TEST_STALE_BUFFERS": "1", "PLANNER_TEST_PARAMS_OUT": str(tmp_path / "params")}
+    code, summary, _ = job(plan, STEPS, {"rebalance": False}, env=env)
+    assert code == 0, summary
+    assert_parity(tmp_path, plan, GPT, summary)
+
+
 def _tied_sync(rank: int, world: int) -> None:
     import torch.distributed as dist
 

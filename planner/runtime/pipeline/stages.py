@@ -40,13 +40,26 @@ __all__ = ["ContiguousStage", "OwnOutputs", "Recomputed", "RankStages", "TiedGro
 
 
 class ContiguousStage(PipelineStage):
-    """A ``PipelineStage`` that sends contiguous gradients.
+    """A ``PipelineStage`` that sends contiguous gradients and infers its metadata from zeroed integer inputs.
 
     gloo and NCCL send only contiguous tensors, but an input's gradient can be a strided view (the
     gradient of one operand of a ``cat`` along channels is a slice of the output's gradient). Both the
     gradients sent and the gradient metadata the previous stage sizes its receive buffers from
     (torch's backward metadata inference, ``_compute_input_grads``) are made contiguous.
+
+    torch's forward metadata inference runs a stage on inputs made from the previous stage's metadata with
+    ``torch.empty``: an integer input then holds whatever the allocator reused. A stage whose input is an index
+    (the position ids a GPT's ``arange`` makes, cut before their ``embedding``) indexed out of range, but only once
+    memory had been used, after a mid-run re-plan moved the cut there. ``_to_tensor`` zeroes integer and boolean
+    inputs made from metadata (index 0 is valid for any table); floating inputs stay as torch makes them.
     """
+
+    def _to_tensor(self, arg: Any) -> torch.Tensor:
+        tensor = super()._to_tensor(arg)
+        if not isinstance(arg, torch.Tensor) and not (tensor.is_floating_point() or tensor.is_complex()):
+            with torch.no_grad():
+                tensor.zero_()
+        return tensor
 
     def _compute_input_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor | None, ...]:
         grads = super()._compute_input_grads(*args, **kwargs)
