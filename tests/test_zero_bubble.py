@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -31,7 +32,7 @@ from _partition_cases import FREE, cluster
 from planner.errors import PlannerError, UsageError
 from planner.formats.profile import Node, OpTime
 from planner.partition.model.cost import inflight_microbatches
-from planner.partition.sim.schedules import BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts, order_violations
+from planner.partition.sim.schedules import BWD, BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts, order_violations
 from planner.partition.sim.simulate import SimStage, planned_orders, simulate
 from planner.roofline import weight_share
 
@@ -129,6 +130,57 @@ def test_halves_run_apart_send_at_the_input_gradient_and_free_at_the_weight_grad
         assert at[("bwd_input", 0, j)].start_s >= at[("bwd_input", 1, j)].end_s  # waits for I, not for W
     for s, stats in enumerate(result.devices.values()):  # activations live until W: min(m, p) on every stage
         assert stats.peak_memory_bytes == 10 * inflight_microbatches("zb-h1", s, 3, 4) == 30
+
+
+def test_a_whole_backward_does_not_pay_the_split_excess() -> None:
+    """``split_excess_s`` is what running I and W apart adds to a stage's backward (torch's runtime walks the graph
+    twice): a whole backward ``B`` costs the rest; I and W share all of it."""
+    pipe = stages([(1.0, 3.0, 1.0)] * 2)
+    pipe[1] = dataclasses.replace(pipe[1], split_excess_s=1.0)
+    took = {(e.kind, e.stage): e.end_s - e.start_s for e in simulate(pipe, cluster(2, bandwidth_Bps=FREE), "1f1b", 2).events}
+    assert took[("bwd", 1)] == pytest.approx(2.0) and took[("bwd", 0)] == pytest.approx(3.0)
+    took = {(e.kind, e.stage): e.end_s - e.start_s for e in simulate(pipe, cluster(2, bandwidth_Bps=FREE), "zb-h1", 2).events}
+    assert took[("bwd_input", 1)] + took[("bwd_weight", 1)] == pytest.approx(3.0)
+    with pytest.raises(PlannerError, match="split_excess_s"):
+        simulate([pipe[0], dataclasses.replace(pipe[1], split_excess_s=4.0)], cluster(2), "zb-h1", 2)
+
+
+def test_the_planned_order_runs_backwards_whole_where_the_split_costs_more_than_its_bubble() -> None:
+    """The last stage's backward costs 3 split and 2 whole, and the first device, which holds 3 forwards in flight as
+    zb-h1 lets it, is the bottleneck: with the last stage's backwards whole it never waits, and the step is its own
+    work, m (F + B) = 16, the least any order takes. Neither a fixed order (1F1B's holds only 2 in flight) nor any
+    order of split backwards gets there."""
+    pipe = [SimStage("d0", 2.0, 2.0, 0, 0, 0, 0, bwd_weight_s=2.0),
+            SimStage("d1", 1.0, 3.0, 0, 0, 0, 0, bwd_weight_s=0.75, split_excess_s=1.0)]
+    net = cluster(2, bandwidth_Bps=FREE)
+    orders = planned_orders(pipe, net, 4)
+    assert [op for op in orders[1] if op[0] != FWD] == [(BWD, 1, j) for j in range(4)]
+    assert simulate(pipe, net, "zb-planned", 4).step_time_s == pytest.approx(16.0)
+    for fixed in ("1f1b", "zb-h1", "zb-h2"):
+        assert simulate(pipe, net, fixed, 4).step_time_s >= 18.0 - 1e-9
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_planned_orders_with_whole_backwards_are_valid_for_torch_and_never_slower_than_a_fixed_order(seed: int) -> None:
+    """Stages whose split backward costs more than the fused one (``split_excess_s``): every micro-batch's backward
+    runs once, whole or as I then W, the order passes torch's validation, and no fixed order simulates faster."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    rng = random.Random(100 + seed)
+    p, m = rng.randint(2, 5), rng.randint(1, 10)
+    times = [(f := rng.uniform(0.2, 2.0), b := f * rng.uniform(1.0, 3.0), b * rng.uniform(0.0, 0.7)) for _ in range(p)]
+    pipe = [dataclasses.replace(st, split_excess_s=st.bwd_s * rng.uniform(0.0, 0.4)) if s else st
+            for s, st in enumerate(stages(times, sends=rng.choice([0, 10**6])))]
+    net = cluster(p, bandwidth_Bps=rng.choice([FREE, 1e9]))
+    orders = planned_orders(pipe, net, m)
+    actions = {r: [schedules._Action.from_str(f"{s}{k}{j}") for k, s, j in order] for r, order in enumerate(orders)}
+    assert schedules._validate_schedule(actions, p, p, m) == {s: s for s in range(p)}
+    for r, order in enumerate(orders):
+        for j in range(m):
+            ran = [k for k, s, i in order if i == j]
+            assert ran in ([FWD, BWD], [FWD, BWD_INPUT, BWD_WEIGHT]), (r, j, ran)
+    planned = simulate(pipe, net, "zb-planned", m).step_time_s
+    for fixed in ("zb-h1", "zb-h2", "1f1b"):
+        assert planned <= simulate(pipe, net, fixed, m).step_time_s + 1e-12
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -2,9 +2,10 @@
 
 Every field of ``planner.partition.sim.simulate.SimStage`` except ``device`` (``fwd_s``, ``bwd_s``,
 ``send_fwd_bytes``, ``send_bwd_bytes``, ``static_bytes``, ``activation_bytes``, ``update_s``, for zero-bubble plans
-``bwd_weight_s``, and for recomputing stages ``recompute_bytes``) is stored on each stage of a plan by ``build_plan``;
-reading them back by the dataclass's own field list keeps this module in step with the simulator. A field with a
-default (``update_s``, ``bwd_weight_s``, ``recompute_bytes``) may be missing from plans written before it existed or
+``bwd_weight_s`` and ``split_excess_s``, and for recomputing stages ``recompute_bytes``) is stored on each stage of a
+plan by ``build_plan``; reading them back by the dataclass's own field list keeps this module in step with the
+simulator. A field with a default (``update_s``, ``bwd_weight_s``, ``split_excess_s``, ``recompute_bytes``) may be
+missing from plans written before it existed or
 that do not need it; the default is used.
 """
 
@@ -61,4 +62,5 @@ def _replica_figures(stage: Stage, r: int, what: str) -> dict[str, float]:
     if not isinstance(rows, list) or len(rows) <= r or not isinstance(rows[r], dict):
         raise InputFileError(f"{what}: stage {stage.index} has replicas but no usable 'replica_times' for replica {r}; "
                              f"the plan cannot be re-simulated. Re-create it with `plan partition`")
-    return {k: float(rows[r][k]) for k in ("fwd_s", "bwd_s", "update_s", "bwd_weight_s") if k in rows[r]}
+    return {k: float(rows[r][k]) for k in ("fwd_s", "bwd_s", "update_s", "bwd_weight_s", "split_excess_s")
+            if k in rows[r]}

@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_backward_halves, stage_fwd_bwd_s,
-                                          stage_memory_bytes, stage_sims, stage_sync_s, stage_update_s, transfer_s)
+                                          stage_memory_bytes, stage_sims, stage_split_excess_s, stage_sync_s,
+                                          stage_update_s, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
@@ -142,6 +143,7 @@ def _stage(problem: Problem, partition: Partition, i: int, sim: SimStage, result
     }
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:  # what plan show needs to re-simulate the halves
         fields["bwd_weight_s"] = sim.bwd_weight_s
+        fields["split_excess_s"] = sim.split_excess_s
     if recomputes(problem.tables, spec):  # design.md section 5; absent means "none"
         fields["recompute"] = "full"
         fields["recompute_bytes"] = sim.recompute_bytes
@@ -156,12 +158,14 @@ def _replica_times(problem: Problem, spec: StageSpec, device: str, first: bool) 
     """What the stage costs on one of its replicas' devices (``plan show`` re-simulates every replica from these);
     ``first``: the stage is its pipeline's first."""
     fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop, spec.recompute)
-    weight = None
+    weight = excess = None
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
+        excess = stage_split_excess_s(problem.tables, device, spec.start, spec.stop, bwd, first=first)
         bwd, weight = stage_backward_halves(problem.tables, device, spec.start, spec.stop, bwd, first=first)
     out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
     if weight is not None:
         out["bwd_weight_s"] = weight
+        out["split_excess_s"] = excess
     return out
 
 

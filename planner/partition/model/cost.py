@@ -57,12 +57,22 @@ def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int
     if first:
         return bwd, bwd
     weight = min(bwd, (tables.weight_prefix[device][stop] - tables.weight_prefix[device][start]) * tables.speed[device])
-    a, k = tables.split_excess[device]
-    excess = a * (tables.saved_prefix[stop] - tables.saved_prefix[start]) ** k * tables.speed[device]
-    if bwd <= 0 or excess <= 0:
+    excess = stage_split_excess_s(tables, device, start, stop, bwd, first=first)
+    if excess <= 0:
         return bwd, weight
     total = bwd + excess
     return total, min(total, weight * total / bwd)  # the min: rounding can put an all-W share a last bit above
+
+
+def stage_split_excess_s(tables: CostTables, device: str, start: int, stop: int, bwd: float, *, first: bool) -> float:
+    """What running a zero-bubble stage's backward as ``I`` and ``W`` apart costs above ``bwd``, the fused one
+    (``stage_backward_halves`` adds it): ``a * saved ** k`` for the bytes blocks ``[start, stop)`` save; nothing on a
+    pipeline's first stage, whose backward torch's runtime runs fused, nor for a stage without a backward. A whole
+    backward (``B``) in a zero-bubble order does not pay it."""
+    if first or bwd <= 0:
+        return 0.0
+    a, k = tables.split_excess[device]
+    return max(0.0, a * (tables.saved_prefix[stop] - tables.saved_prefix[start]) ** k * tables.speed[device])
 
 
 def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> float:
@@ -323,8 +333,9 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
     sims = []
     for i, st in enumerate(partition):
         fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop, st.recompute)
-        weight = 0.0
+        weight = excess = 0.0
         if problem.schedule in ZERO_BUBBLE_SCHEDULES:
+            excess = stage_split_excess_s(tables, st.device, st.start, st.stop, bwd, first=i == 0)
             bwd, weight = stage_backward_halves(tables, st.device, st.start, st.stop, bwd, first=i == 0)
         sims.append(SimStage(
             device=st.device, fwd_s=fwd, bwd_s=bwd,
@@ -337,6 +348,7 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
             recompute_bytes=stage_recompute_bytes_t(tables, st.start, st.stop, st.recompute),
             update_s=stage_update_s(problem, st.device, st.start, st.stop),
             bwd_weight_s=weight,
+            split_excess_s=excess,
         ))
     return tuple(sims)
 

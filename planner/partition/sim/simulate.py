@@ -23,12 +23,12 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES
-from planner.partition.sim.schedules import (BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
+from planner.partition.sim.schedules import (BWD, BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
                                              inflight_counts, pipeline_layout, planned_patterns, stage_ranks)
 
 EVENT_KINDS = {FWD: "fwd", "B": "bwd", BWD_INPUT: "bwd_input", BWD_WEIGHT: "bwd_weight"}
@@ -53,6 +53,9 @@ class SimStage:
     """The optimizer step over the stage's parameters, once per step after the device's last pass."""
     bwd_weight_s: float = 0.0
     """The weight-gradient part of ``bwd_s`` (zero-bubble schedules run it apart, as ``W``; the rest is ``I``)."""
+    split_excess_s: float = 0.0
+    """What ``bwd_s`` holds above the backward run whole, fused: a zero-bubble stage's ``I`` and ``W`` run apart pay
+    it (``cost.stage_split_excess_s``, shared in proportion); a whole backward ``B`` in its order does not."""
     recompute_bytes: int = 0
     """A recomputing stage: the saved bytes of the one micro-batch whose forward runs again inside a backward (its
     ``activation_bytes`` are then its input only). A device runs one backward at a time, so it holds the largest of
@@ -190,12 +193,14 @@ PLANNED_V_VARIANTS = ((True, "zbv"), (False, "zbv"))
 
 def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int) -> tuple[tuple[Op, ...], ...]:
     """The ``zb-planned`` order of every device: the fastest of the fixed orders for the layout (``zb-h1``'s on one
-    stage per device, and ``zb-h2``'s where it fits every device's memory; ``zbv``'s on two in a V, and
+    stage per device, and ``zb-h2``'s where it fits every device's memory, then 1F1B's; ``zbv``'s on two in a V, and
     ``dualpipev``'s there when there are enough micro-batches: both hold the same micro-batches in flight) and the
     greedy orders ``_OrderPlanner`` builds under each of the layout's variants (first listed wins ties), simulated on
     these stages' own F, I and W times and links, each judged by its step with the optimizer updates. An order is a
     candidate only when no device's live activations peak above what those fixed orders (``planned_patterns``, which
-    the memory rule replays for ``zb-planned``) hold there. What ``simulate`` runs for that schedule, what a plan
+    the memory rule replays for ``zb-planned``) hold there. The fastest then runs backwards whole where that is
+    faster still (``_fused``): where splitting a backward costs more than the fused one (``split_excess_s``), the
+    split pays only where the weight gradient has a bubble to fill. What ``simulate`` runs for that schedule, what a plan
     records (``schedule_order``) and what torch's runtime is handed. Deterministic: the same stages give the same
     order."""
     ranks, chunks = pipeline_layout([st.device for st in stages], "zb-planned")
@@ -205,7 +210,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     fixed = patterns[0]
     best: tuple[tuple[Op, ...], ...] = ()
     best_step, ceiling = math.inf, [0] * len(ranks)
-    for pattern in patterns:
+    for pattern in (*patterns, *(("1f1b",) if chunks == 1 else ())):  # 1F1B's whole backwards hold the least
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
         _run(state, stages, cluster, ranks, pattern)
         _updates(state, stages, ranks)
@@ -226,7 +231,46 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
         _updates(state, stages, ranks)
         if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
             best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
-    return best
+    return _fused(best, best_step, stages, cluster, ranks, chunks, fixed, microbatches)
+
+
+def _fused(orders: tuple[tuple[Op, ...], ...], step: float, stages: Sequence[SimStage], cluster: Cluster,
+           ranks: tuple[str, ...], chunks: int, pattern: str, microbatches: int) -> tuple[tuple[Op, ...], ...]:
+    """``orders`` with backwards run whole where that is faster: a ``B`` costs the fused backward, less than its
+    ``I`` and ``W`` apart (``SimStage.split_excess_s``, and one pass fewer), but sends its input gradient only when
+    the weight gradient is done too. Greedy, each kept only when the simulated step (updates included) gets shorter:
+    first every ``I`` followed at once by its own ``W`` (nothing to fill between them), then, device by device, all
+    of the device's backwards. A whole backward frees its activations no later than its ``W`` did, so no device
+    holds more. Deterministic."""
+    def timed(candidate: tuple[tuple[Op, ...], ...]) -> float:
+        state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
+        state.orders = candidate
+        _run(state, stages, cluster, ranks, "zb-planned")
+        _updates(state, stages, ranks)
+        return max(state.free_at)
+
+    def whole(order: Sequence[Op], everywhere: bool) -> tuple[Op, ...]:
+        out: list[Op] = []
+        joined = set()
+        for i, (kind, s, j) in enumerate(order):
+            if kind == BWD_WEIGHT and (s, j) in joined:
+                continue
+            if kind == BWD_INPUT and (everywhere or (i + 1 < len(order) and order[i + 1] == (BWD_WEIGHT, s, j))):
+                joined.add((s, j))
+                out.append((BWD, s, j))
+            else:
+                out.append((kind, s, j))
+        return tuple(out)
+
+    moves: list[Callable[[tuple[tuple[Op, ...], ...]], tuple[tuple[Op, ...], ...]]] = [
+        lambda now: tuple(whole(order, False) for order in now)]
+    moves += [lambda now, r=r: tuple(whole(order, True) if k == r else order for k, order in enumerate(now))
+              for r in range(len(ranks))]
+    for move in moves:
+        candidate = move(orders)
+        if candidate != orders and (t := timed(candidate)) < step - 1e-12:
+            orders, step = candidate, t
+    return orders
 
 
 class _OrderPlanner:
@@ -382,13 +426,16 @@ def _check_stages(stages: Sequence[SimStage]) -> None:
     """Times must be finite and non-negative, byte counts non-negative."""
     for s, stage in enumerate(stages):
         for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes",
-                     "update_s", "bwd_weight_s", "recompute_bytes"):
+                     "update_s", "bwd_weight_s", "split_excess_s", "recompute_bytes"):
             value = getattr(stage, name)
             if not 0 <= value < float("inf"):  # also false for NaN
                 raise PlannerError(f"stage {s} has {name} = {value!r}; expected a finite non-negative number")
         if stage.bwd_weight_s > stage.bwd_s:
             raise PlannerError(f"stage {s} has bwd_weight_s = {stage.bwd_weight_s!r} above its bwd_s = "
                                f"{stage.bwd_s!r}; the weight gradient is a part of the backward")
+        if stage.split_excess_s > stage.bwd_s:
+            raise PlannerError(f"stage {s} has split_excess_s = {stage.split_excess_s!r} above its bwd_s = "
+                               f"{stage.bwd_s!r}; the split's excess is a part of the backward")
 
 
 def _initial_state(stages: Sequence[SimStage], ranks: tuple[str, ...], chunks: int, schedule: str,
@@ -479,7 +526,7 @@ def _compute_s(stage: SimStage, kind: str) -> float:
         return stage.bwd_s - stage.bwd_weight_s
     if kind == BWD_WEIGHT:
         return stage.bwd_weight_s
-    return stage.bwd_s
+    return stage.bwd_s - stage.split_excess_s
 
 
 def _start_update(state: _State, stage: SimStage, device: str, rank: int, s: int, now: float) -> None:

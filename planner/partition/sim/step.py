@@ -188,5 +188,5 @@ def _stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[
     if not stretch:
         return tuple(sims)
     return tuple(replace(st, fwd_s=st.fwd_s * f, bwd_s=st.bwd_s * f, update_s=st.update_s * f,
-                         bwd_weight_s=st.bwd_weight_s * f)
+                         bwd_weight_s=st.bwd_weight_s * f, split_excess_s=st.split_excess_s * f)
                  if (f := stretch.get(st.device, 1.0)) != 1.0 else st for st in sims)
