@@ -6,7 +6,9 @@ Environment variables, each ``RANK:STEP``:
 - ``PLANNER_TEST_HANG_AT_STEP``: RANK stops answering there (it sleeps), so the others must end with a
   clear error instead of hanging;
 - ``PLANNER_TEST_HANG_BEFORE_STEP``: the same at the start of a round, so that its neighbours block inside
-  the schedule's transfers (the process group's timeout ends those).
+  the schedule's transfers (the process group's timeout ends those);
+- ``PLANNER_TEST_RAISE_AT_STEP``: RANK raises a ``RuntimeError`` (not a ``PlannerError``: a crash) at the first
+  round end at or after STEP, and its neighbours' next transfers fail on the closed connection.
 Set ``PLANNER_TEST_STALE_BUFFERS=1`` and the tensors torch's pipelining makes from metadata start with what reused
 memory may hold (integers far out of any table's range), as they can once a run has used its memory.
 Plugins run before the built-in hooks, so a kill at a round end comes before that round's checkpoint.
@@ -58,6 +60,9 @@ class _Faults(RunHooks):
                 marker.write_text(str(run.step))
                 os._exit(1)
         _hang(run.rank, run.step, "PLANNER_TEST_HANG_AT_STEP")
+        crash = _rank_step(os.environ.get("PLANNER_TEST_RAISE_AT_STEP"))
+        if crash and crash[0] == run.rank and run.step >= crash[1]:
+            raise RuntimeError(f"injected fault on rank {run.rank} at step {run.step}")
 
 
 def _hang(rank: int, step: int, variable: str) -> None:

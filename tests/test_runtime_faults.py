@@ -50,3 +50,17 @@ def test_a_rank_that_stops_answering_ends_the_job_with_a_clear_message(plans: di
     assert code != 0
     assert expected in summary["error"] and "rank 0 failed" in summary["error"], summary
     assert elapsed < 150
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_rank_that_failed_first_is_the_one_named(plans: dict[str, Path]) -> None:
+    """Rank 1 crashes at a round end; rank 0, in the next step's transfer, then fails on the closed connection
+    ("Connection closed by peer"). Which exit torch's agent sees first is a race, and it reports that rank alone: a
+    stage's IndexError once reached the user as rank 0's gloo error (2026-11-27). Each rank that raises notes when,
+    and the line names the first."""
+    for _ in range(2):
+        code, summary, _ = job(plans["a"], 8, {"rebalance": False}, env={"PLANNER_TEST_RAISE_AT_STEP": "1:2"})
+        assert code != 0
+        assert "rank 1 failed: RuntimeError: injected fault on rank 1 at step 2" in summary["error"], summary

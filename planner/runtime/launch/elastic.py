@@ -3,7 +3,8 @@
 ``launch`` is ``torch.distributed.launcher.api.elastic_launch`` with ``main.elastic_main`` as the entry
 point: one process per rank on this node, rendezvous over c10d (a free local port unless
 ``--rdzv-endpoint`` names a shared one), ``--max-restarts`` restarts of the whole worker group. Results
-come back as the ranks' return values; a ``PlannerError`` raised on a rank comes back as the same error.
+come back as the ranks' return values; a ``PlannerError`` raised on a rank comes back as the same error, and a job
+whose ranks crashed is reported in one line naming the rank that failed first (``worker.note_failure``).
 
 Ranks start from ``multiprocessing``'s fork server with the runtime preloaded (``START_METHOD``), not by
 ``spawn`` as ``torchrun`` does: a spawned rank imported torch and the runtime afresh (about 4 s of a core
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,6 +40,7 @@ from planner.errors import DistributedError, Interrupted, UsageError
 from planner.runtime.checkpoint import latest_checkpoint
 from planner.runtime.launch.config import RunConfig
 from planner.runtime.launch.main import INTERRUPTED_EXIT, elastic_main
+from planner.runtime.launch.worker import FAILURES_ENV
 
 __all__ = ["LaunchOptions", "launch", "parse_nnodes", "START_METHOD", "preload_fork_server"]
 
@@ -124,12 +128,12 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     preload_fork_server()
     try:
-        with _omp_threads(options.nproc_per_node), _quiet_agent():
+        with _omp_threads(options.nproc_per_node), _quiet_agent(), _failure_notes() as notes:
             results = elastic_launch(launch_config, elastic_main)(dataclasses.asdict(config), dict(os.environ))
     except ChildFailedError as exc:
         if any(f.exitcode in (INTERRUPTED_EXIT, -signal.SIGINT) for f in exc.failures.values()):
             raise Interrupted(_interrupted_line(config)) from None
-        raise DistributedError(_failure_line(exc)) from None
+        raise DistributedError(_failure_line(exc, notes)) from None
     except (SignalException, KeyboardInterrupt):
         # The agent stopped every rank before raising (its handler for SIGINT/SIGTERM); the ranks ignore
         # SIGINT themselves (``main.elastic_main``), so a terminal's Ctrl-C reaches them only this way.
@@ -195,11 +199,39 @@ def _raise_first_error(results: dict[int, Any]) -> None:
             raise DistributedError(f"rank {rank} returned no summary ({result!r}); see its log above")
 
 
-def _failure_line(exc: ChildFailedError) -> str:
-    rank, failure = min(exc.failures.items())
-    text = str(getattr(failure, "message", "") or "").strip()
-    if isinstance(getattr(failure, "message", None), dict):
-        text = str(failure.message.get("message", "")).strip()
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), f"exit code {failure.exitcode}")
+@contextlib.contextmanager
+def _failure_notes() -> Iterator[list[dict[str, Any]]]:
+    """A directory where the ranks note their errors (``worker.FAILURES_ENV``), named in the environment the ranks
+    adopt; yields the list the notes are read into when the job ends, removed with the directory."""
+    notes: list[dict[str, Any]] = []
+    before = os.environ.get(FAILURES_ENV)
+    with tempfile.TemporaryDirectory(prefix="plan-run-failures-") as directory:
+        os.environ[FAILURES_ENV] = directory
+        try:
+            yield notes
+        finally:
+            if before is None:
+                os.environ.pop(FAILURES_ENV, None)
+            else:
+                os.environ[FAILURES_ENV] = before
+            for path in sorted(Path(directory).glob("rank*.json")):
+                with contextlib.suppress(OSError, ValueError):
+                    notes.append(json.loads(path.read_text()))
+
+
+def _failure_line(exc: ChildFailedError, notes: list[dict[str, Any]]) -> str:
+    """One line for a failed job: the rank that failed first by the ranks' own notes (in the last restart attempt),
+    else the rank torch's agent reports."""
+    noted = [n for n in notes if isinstance(n, dict) and {"rank", "time", "attempt", "line"} <= n.keys()]
+    if noted:
+        last = max(n["attempt"] for n in noted)
+        first_note = min((n for n in noted if n["attempt"] == last), key=lambda n: (n["time"], n["rank"]))
+        rank, first = first_note["rank"], str(first_note["line"])
+    else:
+        rank, failure = min(exc.failures.items())
+        text = str(getattr(failure, "message", "") or "").strip()
+        if isinstance(getattr(failure, "message", None), dict):
+            text = str(failure.message.get("message", "")).strip()
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), f"exit code {failure.exitcode}")
     return (f"rank {rank} failed: {first[:400]}; the other ranks were stopped "
             f"(see the ranks' output above; a hang ends after --timeout-s)")

@@ -1,7 +1,8 @@
 """A rank's entry point: the built-in hooks (rebalancing, checkpoints) plus plugins around ``run_rank``.
 
 ``rank_main`` is what ``plan run`` calls under torchrun; ``elastic_main`` is the entry point of torch's
-elastic launcher (``planner.runtime.launch.elastic``), which turns a ``PlannerError`` into a value.
+elastic launcher (``planner.runtime.launch.elastic``), which turns a ``PlannerError`` into a value and notes any
+other error for the launcher (``worker.note_failure``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from planner.errors import PlannerError
 from planner.runtime.launch.config import RunConfig, load_plugins
-from planner.runtime.launch.worker import run_rank
+from planner.runtime.launch.worker import note_failure, run_rank
 from planner.runtime.rebalancing.hooks import make_hooks
 
 __all__ = ["rank_main", "elastic_main", "INTERRUPTED_EXIT"]
@@ -63,3 +64,7 @@ def elastic_main(config: dict[str, Any], environment: dict[str, str] | None = No
     except PlannerError as exc:
         return {"rank": int(os.environ.get("RANK", 0)), "error": str(exc), "exit_code": exc.exit_code,
                 "kind": type(exc).__name__}
+    except Exception as exc:  # one that ``run_rank`` did not note (it notes before tearing its group down)
+        note_failure(exc)
+        raise
+

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import os
 import time
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from planner.profile.timer import steady_cpu_allocator
-from planner.errors import DistributedError
+from planner.errors import DistributedError, PlannerError
 from planner.formats.plan import ASYNC_SCHEDULES, Plan
 from planner.data import factory as data_mod
 from planner.runtime import netem
@@ -50,7 +51,7 @@ from planner.runtime.pipeline.stages import (RankStages, average_grads, build_ra
 from planner.runtime.pipeline.asynchronous import AsyncEngine, correction_of
 from planner.runtime.pipeline.training import make_optimizer
 
-__all__ = ["RankRun", "exchange_rows", "run_rank", "steady_step_time_s"]
+__all__ = ["FAILURES_ENV", "RankRun", "exchange_rows", "note_failure", "run_rank", "steady_step_time_s"]
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,31 @@ def _bounds(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends))
 
 
+FAILURES_ENV = "PLANNER_FAILURE_NOTES"
+"""A directory the launcher makes per job (``elastic.launch``): each rank that raises notes there its error and when,
+so the launcher names the rank that failed first. torch's agent reports one failed rank, whichever exit it saw first:
+a rank that crashed and the neighbour whose transfer then broke on the closed connection race, and the neighbour's
+"Connection closed by peer" once reached the user instead of the crash."""
+
+
+def note_failure(exc: BaseException) -> None:
+    """Note this rank's error (its first line, the time, the restart attempt) where the launcher reads it, once: the
+    first note of an attempt stands. A rank that cannot write it is reported as torch's agent saw it."""
+    directory = os.environ.get(FAILURES_ENV)
+    if not directory:
+        return
+    rank = int(os.environ.get("RANK", 0))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    text = str(exc).strip()
+    line = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    note = {"rank": rank, "time": time.time(), "attempt": attempt, "line": line}
+    try:
+        with open(Path(directory, f"rank{rank}-attempt{attempt}.json"), "x") as out:
+            out.write(json.dumps(note))
+    except OSError:  # FileExistsError included: noted already
+        pass
+
+
 def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any]:
     """Train on this rank (environment from torchrun / the elastic launcher) calling ``hooks``; return its summary."""
     rank, world, local_rank = _env()
@@ -251,6 +277,10 @@ def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any
                        emulated_link_s=float(sent[1]))
         dist.barrier()  # leave together: gloo aborts a peer torn down mid-transfer
         return summary
+    except Exception as exc:
+        if not isinstance(exc, PlannerError):
+            note_failure(exc)  # before the group goes: tearing it down fails the neighbours' transfers
+        raise
     finally:
         dist.destroy_process_group()
 
