@@ -560,6 +560,56 @@ def test_a_stage_output_that_an_op_inside_the_stage_saved_keeps_its_weight_gradi
             torch.testing.assert_close(mine.grad, theirs.grad)
 
 
+@pytest.mark.parametrize("parts", [2, 3, 4, 5, 7])
+def test_stages_copy_the_outputs_they_saved_and_only_those(parts: int) -> None:
+    """GPT cut into even parts, each stage as the zero-bubble runtime wraps it (``OwnOutputs`` with
+    ``kept_outputs``): the input gradient, the in-place detach of the outputs, then the weight gradient, which must
+    equal the fused backward's. An output read by another op of its stage, or through the ``.contiguous()`` the split
+    puts on a cut (which returns the tensor itself), is copied; the logits, which only the loss reads, are not."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from planner.examples.gpt import gpt_tiny
+    from planner.profile.capture import capture
+    from planner.runtime.pipeline.graph_split import assign_nodes, split_graph
+    from planner.runtime.pipeline.stages import OwnOutputs, kept_outputs
+
+    torch.manual_seed(0)
+    module, inputs = gpt_tiny()
+    captured = capture(module, inputs)
+    names = [op.name for op in captured.ops]
+    stages = split_graph(captured, module, assign_nodes(captured, {n: i * parts // len(names)
+                                                                   for i, n in enumerate(names)}, parts), parts)
+    assert kept_outputs(stages[-1].module) == (False,)
+    values = tuple(inputs)
+    for stage in stages:
+        ins = tuple(v.detach().requires_grad_(v.is_floating_point()) for v in values)
+        params = list(stage.module.parameters())
+        fused = stage.module(*ins)
+        if not params:  # a stage of parameter-free ops has no weight gradient
+            values = tuple(o.detach() for o in (fused if isinstance(fused, tuple) else (fused,)))
+            continue
+        fused = fused if isinstance(fused, tuple) else (fused,)
+        if stage.index == parts - 1:
+            targets, grads = [fused[0].pow(2).mean()], None
+        else:
+            targets = [o for o in fused if o.requires_grad]
+            grads = [torch.randn_like(o) for o in targets]
+        expected = torch.autograd.grad(targets, params, grads, allow_unused=True)
+        out = OwnOutputs(stage.module, kept_outputs(stage.module))(*ins)
+        out = out if isinstance(out, tuple) else (out,)
+        split = [out[0].pow(2).mean()] if stage.index == parts - 1 else [o for o in out if o.requires_grad]
+        values = tuple(o.detach() for o in fused)
+        if stage.index == 0:  # torch's runtime never splits the first stage's backward
+            continue
+        for p in params:
+            p.grad = None
+        _, groups = stage_backward_input(split, grads, list(ins), iter(params))
+        stage_backward_weight(iter(params), groups)
+        for p, want in zip(params, expected):
+            torch.testing.assert_close(p.grad if p.grad is not None else torch.zeros_like(p),
+                                       want if want is not None else torch.zeros_like(p))
+
+
 @pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 4), (3, 5), (4, 4), (4, 8), (8, 8), (8, 16), (5, 3), (4, 2)])
 def test_zbv_order_is_torchs_and_passes_its_validation(p: int, m: int) -> None:
     """``zbv``'s order is ``ScheduleZBVZeroBubble``'s (its per-rank builder reads only the pipeline size, the stage
