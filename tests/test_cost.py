@@ -179,3 +179,56 @@ def test_build_plan_refuses_a_plan_that_does_not_fit() -> None:
     problem = build_problem(chain(2, params=GIB), cluster(2, memory_bytes=GIB), microbatches=2, schedule="1f1b")
     with pytest.raises(InfeasibleError):
         build_plan(problem, (StageSpec(0, 2, "d0"), StageSpec(2, 3, "d1")), method="manual")
+
+
+def test_a_stage_that_reads_a_tied_weight_it_does_not_hold_first_keeps_a_copy() -> None:
+    """GPT's LM head reads the token embedding's weight (tied). The profile counts those bytes once, at the
+    embedding; the runtime keeps a copy, with its gradient and optimizer state, on every rank whose stages read it
+    (``stages.tied_groups``). A split that puts the head on another stage than the embedding must count that copy
+    there, or a plan can fit on paper and not on the device."""
+    from pathlib import Path
+
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.partition.model.cost import stage_param_bytes_t, stage_static_bytes_t
+
+    root = Path(__file__).resolve().parents[1]
+    profile = load_profile(root / "tests" / "golden" / "profiles" / "gpt_tiny.json")
+    problem = build_problem(profile, load_cluster(root / "profiles" / "clusters" / "cpu-2.json"), microbatches=2,
+                            schedule="1f1b", optimizer="adam")
+    ((nbytes, readers),) = problem.tied
+    names = [b.name for b in problem.blocks]
+    assert names[readers[0]] == "embedding" and names[readers[-1]].startswith("linear") and nbytes > 0
+    tables, n = problem.tables, len(problem.blocks)
+    own = [tables.param_prefix[b + 1] - tables.param_prefix[b] for b in range(n)]
+    for cut in (readers[0] + 1, n // 2, readers[-1]):
+        assert stage_param_bytes_t(tables, 0, cut) == sum(own[:cut])
+        assert stage_param_bytes_t(tables, cut, n) == sum(own[cut:]) + nbytes
+        assert stage_static_bytes_t(tables, cut, n) == (sum(own[cut:]) + nbytes) * tables.static_per_param_byte
+    assert stage_param_bytes_t(tables, 0, n) == sum(own)  # one stage holds it once
+    assert stage_param_bytes_t(tables, readers[0] + 1, readers[-1]) == sum(own[readers[0] + 1:readers[-1]])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_exact_placers_matrix_of_parameter_bytes_is_the_per_stage_rule(seed: int) -> None:
+    """``objective.param_bytes_matrix`` (the DP's and the ILP's stage room) equals ``cost.stage_param_bytes_t`` (the
+    feasibility rule's) on every stage, with random tied parameter sets."""
+    import dataclasses
+    import random
+
+    import numpy as np
+
+    from planner.partition.model.cost import stage_param_bytes_t
+    from planner.partition.model.objective import param_bytes_matrix
+
+    rng = random.Random(seed)
+    base = build_problem(chain(rng.randint(2, 11)), cluster(2), microbatches=2, schedule="1f1b")
+    n = len(base.blocks)
+    tied = tuple((rng.randint(1, 50), tuple(sorted(rng.sample(range(n), rng.randint(2, min(n, 4))))))
+                 for _ in range(rng.randint(0, 3)))
+    problem = dataclasses.replace(base, tied=tied)
+    matrix = param_bytes_matrix(problem.tables)
+    for start in range(n):
+        for stop in range(start + 1, n + 1):
+            assert matrix[start, stop] == stage_param_bytes_t(problem.tables, start, stop), (start, stop, tied)
+    assert isinstance(matrix, np.ndarray)

@@ -77,7 +77,7 @@ def test_8_infeasible_memory_gives_sizes(tmp_path: Path, method: str) -> None:
     code, _, err = run("partition", GPT_TINY, "-d", "1", "--cluster", cluster, "-m", method, "-s", "gpipe", "-n", "8",
                        "-o", tmp_path / "plan.json")
     line = one_error_line(err)
-    assert code == 1 and "least memory" in line and "818688 bytes" in line and "729446 bytes" in line
+    assert code == 1 and "least memory" in line and "854528 bytes" in line and "729446 bytes" in line
     assert "on stage 0 (blocks 0-" in line
     assert not (tmp_path / "plan.json").exists()
 

@@ -81,9 +81,20 @@ def stage_compute_s(tables: CostTables, device: str, start: int, stop: int) -> f
     return (fwd[stop] - fwd[start] + bwd[stop] - bwd[start]) * tables.speed[device]
 
 
+def stage_param_bytes_t(tables: CostTables, start: int, stop: int) -> int:
+    """Bytes of the parameters a stage of blocks ``[start, stop)`` holds: those first read there, and its own copy of
+    each tied set (``Problem.tied``) it reads whose first reader lies before it (the runtime keeps one per rank and
+    sums their gradients)."""
+    own = tables.param_prefix[stop] - tables.param_prefix[start]
+    for nbytes, readers in tables.tied:
+        if readers[0] < start and any(start <= r < stop for r in readers):
+            own += nbytes
+    return own
+
+
 def stage_static_bytes_t(tables: CostTables, start: int, stop: int) -> int:
-    """Weights + gradients + optimizer state of blocks ``[start, stop)``."""
-    return (tables.param_prefix[stop] - tables.param_prefix[start]) * tables.static_per_param_byte
+    """Weights + gradients + optimizer state of blocks ``[start, stop)`` (a tied copy's too)."""
+    return stage_param_bytes_t(tables, start, stop) * tables.static_per_param_byte
 
 
 def stage_stash_bytes_t(tables: CostTables, schedule: str, start: int, stop: int, stages_to_end: int,
@@ -91,7 +102,7 @@ def stage_stash_bytes_t(tables: CostTables, schedule: str, start: int, stop: int
     """Weight versions an asynchronous schedule keeps for blocks ``[start, stop)`` (``version_copies``; 0 for the
     flushing schedules), for a stage with ``stages_to_end`` stages from it to the last."""
     copies = version_copies(schedule, stages_to_end, microbatches)
-    return (tables.param_prefix[stop] - tables.param_prefix[start]) * copies if copies else 0
+    return stage_param_bytes_t(tables, start, stop) * copies if copies else 0
 
 
 def stage_activation_bytes_t(tables: CostTables, start: int, stop: int, recompute: bool | None = None) -> int:
@@ -364,7 +375,7 @@ def stage_update_s(problem: Problem, device: str, start: int, stop: int) -> floa
     if problem.schedule in ASYNC_SCHEDULES:
         rate += tables.version_rate[device]
     tensors = tables.param_tensor_prefix[stop] - tables.param_tensor_prefix[start]
-    return rate * (tables.param_prefix[stop] - tables.param_prefix[start]) + tables.update_tensor_rate[device] * tensors
+    return rate * stage_param_bytes_t(tables, start, stop) + tables.update_tensor_rate[device] * tensors
 
 
 def evaluate(problem: Problem, partition: Partition, *, record_events: bool = True) -> SimResult:

@@ -49,8 +49,9 @@ from planner.partition.model.cost import (
     stage_sync_s,
 )
 from planner.partition.model.problem import Partition, Problem, StageSpec
+from planner.partition.model.tables import CostTables
 
-__all__ = ["DeviceClass", "device_classes", "stage_latencies_s", "step_time_formula_s", "sync_tail_s", "backward_floor",
+__all__ = ["DeviceClass", "device_classes", "param_bytes_matrix", "stage_latencies_s", "step_time_formula_s", "sync_tail_s", "backward_floor",
            "stage_fits",
            "class_link", "assign_devices", "slot_inflight", "ClassTables", "class_tables",
            "StageLatencies", "stage_latencies", "stages_room"]
@@ -283,11 +284,24 @@ def _sync_tails(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray 
     return out
 
 
+def param_bytes_matrix(tables: CostTables) -> np.ndarray:
+    """``stage_param_bytes_t`` for every ``[start, stop)`` at once: ``out[start, stop]`` (int64, ``stop > start``)."""
+    params = np.asarray(tables.param_prefix, dtype=np.int64)
+    out = params[None, :] - params[:, None]
+    n = len(params)
+    for nbytes, readers in tables.tied:
+        for start in range(readers[0] + 1, n):
+            later = [r for r in readers if r >= start]
+            if later:  # a stage from ``start`` holds a copy once it reaches the next reader
+                out[start, later[0] + 1:] += nbytes
+    return out
+
+
 def _max_stages_to_end(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray:
     tables = problem.tables
     params = np.asarray(tables.param_prefix, dtype=np.int64)
     saved = np.asarray(tables.saved_prefix, dtype=np.int64)
-    static = (params[None, :] - params[:, None]) * tables.static_per_param_byte
+    static = param_bytes_matrix(tables) * tables.static_per_param_byte
     act = saved[None, :] - saved[:, None]
     if tables.recompute:  # cost.stage_activation_terms_t: the input per micro-batch, the saved bytes once
         static = static + act

@@ -113,6 +113,11 @@ class Problem:
     """Asynchronous schedules: the steps between pipeline drains, i.e. the run's round length (``plan run`` drains at
     every round end); each round then pays the pipeline's fill and drain (``simulate(drain_every=...)``). ``None``:
     never, the steady state. Flushing schedules drain every step whatever it says."""
+    tied: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """Parameters several blocks read (a GPT's embedding and the LM head tied to it; the profile's
+    ``tied_parameters``): ``(bytes, the blocks that read them, in order)``. Their bytes count once, at the first
+    block (``Block.param_bytes``); a stage that reads them without holding that block keeps a copy of its own, with
+    its gradient and optimizer state, which ``cost.stage_param_bytes_t`` adds. Empty: none."""
 
     def time_on(self, block: int, device_id: str) -> tuple[float, float]:
         fwd, bwd = self.blocks[block].time_s[self.cluster.device(device_id).type]
@@ -437,7 +442,22 @@ def build_problem(
         split_backward_excess=MappingProxyType(split_backward_excess(profile, types, estimated)),
         recompute=recompute,
         drain_every=check_drain_every(drain_every),
+        tied=tied_blocks(profile, names),
     )
+
+
+def tied_blocks(profile: Profile, groups: Sequence[Sequence[str]]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """``Problem.tied`` from the profile's ``tied_parameters`` and the blocks' node groups: each shared parameter set
+    read by at least two blocks, as ``(bytes, reading blocks)``; entries naming no node of the profile are left out."""
+    block_of = {name: b for b, group in enumerate(groups) for name in group}
+    out = []
+    for entry in profile.extra.get("tied_parameters") or ():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("bytes"), int) or entry["bytes"] <= 0:
+            continue
+        readers = tuple(sorted({block_of[n] for n in entry.get("nodes") or () if n in block_of}))
+        if len(readers) > 1:
+            out.append((int(entry["bytes"]), readers))
+    return tuple(out)
 
 
 def check_drain_every(drain_every: int | None) -> int | None:

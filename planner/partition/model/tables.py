@@ -60,6 +60,8 @@ class CostTables:
     split_excess: Mapping[str, tuple[float, float]]
     """Per device id: ``(a, k)``, a split backward's excess over the fused one, ``a * saved_bytes ** k`` seconds
     (``Problem.split_backward_excess``; ``(0, 1)`` when absent)."""
+    tied: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """``Problem.tied``: ``(bytes, reading blocks)`` of each parameter set several blocks read."""
 
     @classmethod
     def build(cls, problem: "Problem") -> "CostTables":
@@ -86,6 +88,7 @@ class CostTables:
                                                  for d in devices}),
             version_rate=MappingProxyType({d.id: problem.version_s_per_param_byte.get(d.type, 0.0) for d in devices}),
             split_excess=MappingProxyType({d.id: problem.split_backward_excess.get(d.type, (0.0, 1.0)) for d in devices}),
+            tied=problem.tied,
         )
 
 

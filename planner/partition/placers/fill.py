@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from planner.formats.cluster import Link
-from planner.partition.model.cost import inflight_microbatches, stage_activation_need_t, transfer_s
+from planner.partition.model.cost import (inflight_microbatches, stage_activation_need_t, stage_param_bytes_t,
+                                          transfer_s)
 from planner.partition.sim.schedules import version_copies
 from planner.partition.model.problem import Partition, Problem, StageSpec
 
@@ -262,7 +263,7 @@ def _memory_bytes(ctx: FillContext, start: int, stop: int, terms: tuple[int, int
     """Static bytes + saved activations x micro-batches in flight + weight versions of blocks ``[start, stop)``
     (``terms`` from ``_memory_terms``)."""
     inflight, copies = terms
-    params = ctx.param_prefix[stop] - ctx.param_prefix[start]
+    params = stage_param_bytes_t(ctx.problem.tables, start, stop)
     return params * (ctx.static_per_param_byte + copies) + stage_activation_need_t(ctx.problem.tables, start, stop,
                                                                                    inflight)
 

@@ -23,7 +23,7 @@ import logging
 import numpy as np
 
 from planner.errors import InfeasibleError, PlannerError
-from planner.partition.model.cost import stage_activation_terms_t
+from planner.partition.model.cost import stage_activation_terms_t, stage_static_bytes_t
 from planner.partition.model.feasibility import check_fits
 from planner.partition.model.objective import (
     ClassTables,
@@ -100,12 +100,11 @@ def _stage_tables(problem: Problem, partition: Partition) -> ClassTables:
             if link is not None:
                 boundary[c, d] = [boundary_s(link, problem.cut_fwd_bytes[j], problem.cut_bwd_bytes[j],
                                              problem.cluster.pass_byte_overhead_s) for j in cuts]
-    params = tables.param_prefix
     static = np.zeros((count + 1, count + 1), dtype=np.int64)
     act = np.zeros((count + 1, count + 1), dtype=np.int64)
     for k, st in enumerate(partition):
         kept, once = stage_activation_terms_t(tables, st.start, st.stop)
-        static[k, k + 1] = (params[st.stop] - params[st.start]) * tables.static_per_param_byte + once
+        static[k, k + 1] = stage_static_bytes_t(tables, st.start, st.stop) + once
         act[k, k + 1] = kept
     room = np.stack([stages_room(problem, cls, static, act) for cls in classes])
     return ClassTables(classes, compute, boundary, room, pass_pair_s(problem))
