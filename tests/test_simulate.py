@@ -341,3 +341,51 @@ def test_single_stage_orders_match_torch_pipelining(schedule: str, cls: str, p: 
         compute = [(FWD if a.computation_type.name == "FORWARD" else BWD, a.stage_index, a.microbatch_index)
                    for a in theirs[rank] if a is not None and a.computation_type.name in ("FORWARD", "FULL_BACKWARD")]
         assert ours[rank] == tuple(compute)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_tied_weight_is_all_reduced_after_the_last_pass_and_before_the_updates(schedule: str) -> None:
+    """The runtime sums a tied weight's gradient over the ranks holding it (``sync_tied_grads``) once the schedule
+    is done, then steps the optimizers: the step grows by that all-reduce, which starts when the later device is
+    done, and each update starts after it."""
+    from planner.partition.model.allreduce import allreduce_s
+
+    net = cluster(3, bandwidth_Bps=1e9, latency_s=1e-4)
+    stages = [SimStage(f"d{i}", 1.0, 2.0, 10**6, 10**6 if i else 0, 0, 0, update_s=0.5) for i in range(3)]
+    plain = simulate(stages, net, schedule, 4)
+    tied = simulate(stages, net, schedule, 4, tied=[((0, 2), 4 * 10**6)])
+    took = allreduce_s(["d0", "d2"], 4 * 10**6, net.link, {d.id: d.host for d in net.devices})
+    assert took > 0 and tied.step_time_s == pytest.approx(plain.step_time_s + took)
+    syncs = [e for e in tied.events if e.kind == "sync"]
+    assert {e.resource for e in syncs} == {"d0", "d2"}
+    done = max(e.end_s for e in plain.events if e.resource in ("d0", "d2") and e.kind != "update")
+    assert all(e.start_s == pytest.approx(done) and e.end_s == pytest.approx(done + took) for e in syncs)
+    updates = {e.resource: e for e in tied.events if e.kind == "update"}
+    assert updates["d0"].start_s == updates["d2"].start_s == pytest.approx(done + took)
+    assert simulate(stages, net, schedule, 4, tied=[((1,), 4 * 10**6)]).step_time_s == plain.step_time_s  # one holder
+
+
+def test_a_plan_whose_stages_share_a_tied_weight_records_it_and_replays_its_step() -> None:
+    """gpt_tiny's embedding and LM head split over two devices: the plan records the all-reduce (``tied_sync``) and
+    ``plan show``'s replay of the saved plan gives its predicted step."""
+    from pathlib import Path
+
+    from planner.formats.cluster import load_cluster
+    from planner.formats.plan import plan_from_dict
+    from planner.formats.profile import load_profile
+    from planner.partition.model.convert import build_plan
+    from planner.partition.model.problem import StageSpec, build_problem
+    from planner.report.replay import simulate_plan
+
+    root = Path(__file__).resolve().parents[1]
+    problem = build_problem(load_profile(root / "tests" / "golden" / "profiles" / "gpt_tiny.json"),
+                            load_cluster(root / "profiles" / "clusters" / "cpu-2.json"), microbatches=4,
+                            schedule="1f1b", optimizer="adam")
+    n = len(problem.blocks)
+    plan = build_plan(problem, (StageSpec(0, n // 2, "cpu0"), StageSpec(n // 2, n, "cpu1")), method="manual")
+    ((nbytes, _),) = problem.tied
+    assert plan.extra["tied_sync"] == [{"stages": [0, 1], "bytes": nbytes}]
+    saved = plan_from_dict(plan.to_dict())
+    assert simulate_plan(saved).step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
+    whole = build_plan(problem, (StageSpec(0, n, "cpu0"),), method="manual")
+    assert "tied_sync" not in whole.extra

@@ -44,9 +44,10 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
     replica pipeline with its share, from each stage's ``replica_times``, then the stages' ``sync_s``)."""
     stages = [sim_stage(stage, what) for stage in plan.stages]
     shape = plan.shape()
+    tied = _tied(plan, what)
     if not shape.replicated:
         return simulate_step([stages], [plan.microbatches], [], embedded_cluster(plan, what), plan.schedule,
-                             drain_every=plan.drain_every)
+                             drain_every=plan.drain_every, tied=tied)
     pipelines = []
     for r in range(shape.degree):
         pipelines.append([dataclasses.replace(sim, device=devices[r], **_replica_figures(stage, r, what))
@@ -54,7 +55,21 @@ def simulate_plan(plan: Plan, what: str = "plan") -> SimResult:
     shares = shape.shares
     sync = [float(stage.extra.get("sync_s") or 0.0) for stage in plan.stages]
     return simulate_step(pipelines, shares, sync, embedded_cluster(plan, what), plan.schedule, period=shape.period,
-                         overlap=shape.sync == "adaptive")
+                         overlap=shape.sync == "adaptive", tied=tied)
+
+
+def _tied(plan: Plan, what: str) -> list[tuple[list[int], int]]:
+    """The plan's ``tied_sync`` (absent: none, as plans written before it) as ``simulate``'s ``tied``."""
+    out = []
+    for entry in plan.extra.get("tied_sync") or ():
+        stages = entry.get("stages") if isinstance(entry, dict) else None
+        nbytes = entry.get("bytes") if isinstance(entry, dict) else None
+        if (not isinstance(stages, list) or not all(isinstance(s, int) and 0 <= s < len(plan.stages) for s in stages)
+                or not isinstance(nbytes, int) or nbytes < 0):
+            raise InputFileError(f"{what}: its tied_sync entry {entry!r} is not {{'stages': [stage indices], "
+                                 f"'bytes': int}}; the plan cannot be re-simulated. Re-create it with `plan partition`")
+        out.append((stages, nbytes))
+    return out
 
 
 def _replica_figures(stage: Stage, r: int, what: str) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_backward_halves, stage_fwd_bwd_s,
                                           stage_memory_bytes, stage_sims, stage_split_excess_s, stage_sync_s,
-                                          stage_update_s, transfer_s)
+                                          stage_update_s, tied_stages, transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
@@ -55,6 +55,8 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
         top["schedule_order"] = schedule_order(problem, partition)
     if degree_of(partition) > 1:
         top["data_parallel"] = shape_of(problem, partition).data_parallel()
+    if tied := tied_stages(problem, partition):  # what plan show's replay all-reduces
+        top["tied_sync"] = [{"stages": list(stages), "bytes": nbytes} for stages, nbytes in tied]
     return Plan(
         method=method,
         schedule=problem.schedule,

@@ -383,15 +383,27 @@ def evaluate(problem: Problem, partition: Partition, *, record_events: bool = Tr
     each replica pipeline runs its share (``shares_of``) and the stages then sync, one aggregation every
     ``sync_period`` steps; ranks sharing a host's cores are stretched to fit them (``planner.partition.sim.step``)."""
     degree = degree_of(partition)
+    tied = tied_stages(problem, partition)
     if degree == 1:  # one replica pipeline of a hybrid plan also runs its stages' syncs
         syncs = [stage_sync_s(problem, st) for st in partition] if problem.replica_sync else []
         return simulate_step([stage_sims(problem, partition)], [problem.microbatches], syncs, problem.cluster,
-                             problem.schedule, record_events=record_events, drain_every=problem.drain_every)
+                             problem.schedule, record_events=record_events, drain_every=problem.drain_every, tied=tied)
     pipelines = [stage_sims(problem, replica_of(partition, r)) for r in range(degree)]
     shares = shares_of(partition, problem.microbatches)
     syncs, period = _charged_syncs(problem, partition, pipelines, shares)
     return simulate_step(pipelines, shares, syncs, problem.cluster, problem.schedule, period=period,
-                         record_events=record_events, drain_every=problem.drain_every)
+                         record_events=record_events, drain_every=problem.drain_every, tied=tied)
+
+
+def tied_stages(problem: Problem, partition: Partition) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """``(stages, bytes)`` of each tied parameter set (``Problem.tied``) that several stages read: what the runtime
+    all-reduces every step (``simulate``'s ``tied``)."""
+    out = []
+    for nbytes, readers in problem.tied:
+        stages = tuple(i for i, st in enumerate(partition) if any(st.start <= r < st.stop for r in readers))
+        if len(stages) > 1:
+            out.append((stages, nbytes))
+    return tuple(out)
 
 
 def sync_period(problem: Problem, partition: Partition) -> int:

@@ -25,14 +25,16 @@ __all__ = ["simulate_hybrid", "simulate_async_replicas"]
 
 
 def simulate_hybrid(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
-                    cluster: Cluster, schedule: str, *, record_events: bool = True) -> SimResult:
+                    cluster: Cluster, schedule: str, *, record_events: bool = True,
+                    tied: Sequence[tuple[Sequence[int], int]] = ()) -> SimResult:
     """Simulate one step of replica pipelines ``pipelines[r]`` (stages in order) with ``shares[r]`` micro-batches
-    each, and ``sync_s[s]`` seconds to all-reduce stage ``s``'s gradients over its replicas."""
+    each, and ``sync_s[s]`` seconds to all-reduce stage ``s``'s gradients over its replicas; each pipeline first
+    all-reduces its ``tied`` parameter sets within itself (``simulate``)."""
     if len(pipelines) != len(shares) or not pipelines:
         raise PlannerError(f"{len(pipelines)} replica pipelines but {len(shares)} shares; give one share per replica")
     if any(len(p) != len(pipelines[0]) for p in pipelines) or len(sync_s) != len(pipelines[0]):
         raise PlannerError("every replica pipeline needs the same stages, and every stage one sync time")
-    runs = [simulate(p, cluster, schedule, m, record_events=record_events, updates=False)
+    runs = [simulate(p, cluster, schedule, m, record_events=record_events, updates=False, tied=tied)
             for p, m in zip(pipelines, shares)]
     free = {dev: stats.end_s for run in runs for dev, stats in run.devices.items()}
     busy = {dev: stats.busy_s for run in runs for dev, stats in run.devices.items()}

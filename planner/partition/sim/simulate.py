@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES
+from planner.partition.model.allreduce import allreduce_s
 from planner.partition.sim.schedules import (BWD, BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
                                              inflight_counts, pipeline_layout, planned_patterns, stage_ranks)
 
@@ -159,11 +160,15 @@ class _State:
 
 
 def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microbatches: int,
-             *, record_events: bool = True, updates: bool = True, drain_every: int | None = None) -> SimResult:
+             *, record_events: bool = True, updates: bool = True, drain_every: int | None = None,
+             tied: Sequence[tuple[Sequence[int], int]] = ()) -> SimResult:
     """Simulate one training step of ``stages`` (in pipeline order) under ``schedule``; ``updates=False`` leaves
     out the optimizer steps (``planner.partition.sim.hybrid`` adds them after the replicas' sync).
     ``drain_every``: an asynchronous schedule's steps between pipeline drains (the run's round length: the
-    runtime drains at every round end); ``None``, never: the steady state. Flushing schedules ignore it."""
+    runtime drains at every round end); ``None``, never: the steady state. Flushing schedules ignore it.
+    ``tied``: ``(stages, bytes)`` of each tied parameter set read by several stages; under a flushing schedule the
+    devices holding them all-reduce its gradient once they are all done, before their updates (``_tied_syncs``, as
+    the runtime's ``sync_tied_grads`` does); the asynchronous schedules' engine syncs them otherwise."""
     if microbatches < 1:
         raise PlannerError(f"microbatches must be at least 1, found {microbatches}")
     ranks, chunks = pipeline_layout([st.device for st in stages], schedule)
@@ -179,7 +184,26 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     if fixed is not None:
         state.orders = fixed
     _run(state, stages, cluster, ranks, schedule)
+    _tied_syncs(state, cluster, ranks, tied)
     return _result(state, stages, ranks, updates)
+
+
+def _tied_syncs(state: _State, cluster: Cluster, ranks: tuple[str, ...], tied: Sequence[tuple[Sequence[int], int]]) -> None:
+    """Each tied set's gradient all-reduced over the devices whose stages read it, once the last of them is done
+    (``allreduce_s`` on the cluster's links); one set after another, in the given order. The devices wait meanwhile:
+    their rows count it as idle, as they count a send."""
+    hosts = {d.id: d.host for d in cluster.devices}
+    for stage_ids, nbytes in tied:
+        group = sorted({state.rank_of_stage[s] for s in stage_ids})
+        if len(group) < 2 or nbytes <= 0:
+            continue
+        devices = [ranks[r] for r in group]
+        took = allreduce_s(devices, nbytes, cluster.link, hosts, cluster.nics_per_host, cluster.pass_byte_overhead_s)
+        start = max(state.free_at[r] for r in group)
+        for r in group:  # a transfer, as a send is: the device waits (idle in its row), it does not compute
+            state.free_at[r] = start + took
+            if state.events is not None:
+                state.events.append(Event(ranks[r], "sync", min(stage_ids), -1, start, start + took))
 
 
 PLANNED_VARIANTS = ((True, "zb-h1"), (False, "zb-h1"), (True, "1f1b"), (False, "1f1b"))

@@ -144,20 +144,22 @@ def shared_stretch(result: SimResult, cluster: Cluster) -> dict[str, float]:
 
 def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int], sync_s: Sequence[float],
                   cluster: Cluster, schedule: str, *, period: int = 1, overlap: bool = False,
-                  record_events: bool = True, drain_every: int | None = None) -> SimResult:
+                  record_events: bool = True, drain_every: int | None = None,
+                  tied: Sequence[tuple[Sequence[int], int]] = ()) -> SimResult:
     """One step of replica pipelines ``pipelines[r]`` with ``shares[r]`` micro-batches each (one pipeline without
     syncs: the plain pipeline simulation), then ``sync_s[s]`` to all-reduce stage ``s``; settled on
     shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
     mean step: each aggregation's time is spread over the ``period`` steps it serves. With ``overlap``
     (``adaptive``: the aggregation travels during the next step), only what outlasts a step's compute is
     charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``);
-    asynchronous replicas: ``simulate_async_replicas``."""
+    asynchronous replicas: ``simulate_async_replicas``. ``tied``: each replica pipeline's tied parameter sets
+    (``simulate``), all-reduced within the pipeline before its replicas sync."""
     if overlap and len(pipelines) > 1:
         sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule))
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1 and not any(sync_s):
         return settle(lambda stretch, events: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
-                                                       record_events=events, drain_every=drain_every),
+                                                       record_events=events, drain_every=drain_every, tied=tied),
                       cluster, [st.device for st in pipelines[0]], record_events)
 
     def run(stretch: Mapping[str, float], events: bool) -> SimResult:
@@ -166,7 +168,7 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
             return simulate_async_replicas([_stretched(p, stretch) for p in pipelines], shares, synced, cluster,
                                            schedule, drain_every=drain_every, record_events=events)
         return simulate_hybrid([_stretched(p, stretch) for p in pipelines], shares, synced, cluster, schedule,
-                               record_events=events)
+                               record_events=events, tied=tied)
 
     return settle(run, cluster, [st.device for p in pipelines for st in p], record_events)
 
