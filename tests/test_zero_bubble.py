@@ -32,7 +32,8 @@ from _partition_cases import FREE, cluster
 from planner.errors import PlannerError, UsageError
 from planner.formats.profile import Node, OpTime
 from planner.partition.model.cost import inflight_microbatches
-from planner.partition.sim.schedules import BWD, BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts, order_violations
+from planner.partition.sim.schedules import (BWD, BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts,
+                                             order_violations)
 from planner.partition.sim.simulate import SimStage, planned_orders, simulate
 from planner.roofline import weight_share
 
@@ -137,9 +138,10 @@ def test_a_whole_backward_does_not_pay_the_split_excess() -> None:
     twice): a whole backward ``B`` costs the rest; I and W share all of it."""
     pipe = stages([(1.0, 3.0, 1.0)] * 2)
     pipe[1] = dataclasses.replace(pipe[1], split_excess_s=1.0)
-    took = {(e.kind, e.stage): e.end_s - e.start_s for e in simulate(pipe, cluster(2, bandwidth_Bps=FREE), "1f1b", 2).events}
+    net = cluster(2, bandwidth_Bps=FREE)
+    took = {(e.kind, e.stage): e.end_s - e.start_s for e in simulate(pipe, net, "1f1b", 2).events}
     assert took[("bwd", 1)] == pytest.approx(2.0) and took[("bwd", 0)] == pytest.approx(3.0)
-    took = {(e.kind, e.stage): e.end_s - e.start_s for e in simulate(pipe, cluster(2, bandwidth_Bps=FREE), "zb-h1", 2).events}
+    took = {(e.kind, e.stage): e.end_s - e.start_s for e in simulate(pipe, net, "zb-h1", 2).events}
     assert took[("bwd_input", 1)] + took[("bwd_weight", 1)] == pytest.approx(3.0)
     with pytest.raises(PlannerError, match="split_excess_s"):
         simulate([pipe[0], dataclasses.replace(pipe[1], split_excess_s=4.0)], cluster(2), "zb-h1", 2)

@@ -51,8 +51,8 @@ from planner.partition.model.cost import (
 from planner.partition.model.problem import Partition, Problem, StageSpec
 from planner.partition.model.tables import CostTables
 
-__all__ = ["DeviceClass", "device_classes", "param_bytes_matrix", "stage_latencies_s", "step_time_formula_s", "sync_tail_s", "backward_floor",
-           "stage_fits",
+__all__ = ["DeviceClass", "device_classes", "param_bytes_matrix", "stage_latencies_s", "step_time_formula_s",
+           "sync_tail_s", "backward_floor", "stage_fits",
            "class_link", "assign_devices", "slot_inflight", "ClassTables", "class_tables",
            "StageLatencies", "stage_latencies", "stages_room"]
 

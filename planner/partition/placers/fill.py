@@ -50,7 +50,6 @@ class FillContext:
 
     problem: Problem
     devices: tuple[FillDevice, ...]
-    param_prefix: Sequence[int]
     static_per_param_byte: int
     assumed_stages: int
     """Stage count used for the 1F1B in-flight count (an upper bound on the stages the fill makes)."""

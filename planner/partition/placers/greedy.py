@@ -98,8 +98,7 @@ def _context(problem: Problem, weights: Mapping[str, float]) -> FillContext:
         kind = (device.id,) if problem.cluster.pairs else (device.type, speed, share, device.memory_bytes)
         devices.append(FillDevice(device.id, prefix, speed, share, device.memory_bytes, unsupported, order, kind,
                                device.host))
-    return FillContext(problem, tuple(devices), tables.param_prefix,
-                    tables.static_per_param_byte, len(ids))
+    return FillContext(problem, tuple(devices), tables.static_per_param_byte, len(ids))
 
 
 def _work_prefix(works: Sequence[float]) -> tuple[list[float], list[int]]:
@@ -119,8 +118,7 @@ def _fewer_assumed_stages(ctx: FillContext) -> FillContext | None:
     if ctx.problem.schedule == "gpipe":
         return None
     for assumed in range(ctx.assumed_stages - 1, 0, -1):
-        trial = FillContext(ctx.problem, ctx.devices, ctx.param_prefix, ctx.static_per_param_byte,
-                         assumed)
+        trial = FillContext(ctx.problem, ctx.devices, ctx.static_per_param_byte, assumed)
         if fill(trial, math.inf) is not None:
             return trial
     return None

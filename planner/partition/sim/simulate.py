@@ -29,8 +29,9 @@ from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES
 from planner.partition.model.allreduce import allreduce_s
-from planner.partition.sim.schedules import (BWD, BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders, device_orders,
-                                             inflight_counts, pipeline_layout, planned_patterns, stage_ranks)
+from planner.partition.sim.schedules import (BWD, BWD_INPUT, BWD_WEIGHT, FREES, FWD, UPD, Op, async_orders,
+                                             device_orders, inflight_counts, pipeline_layout, planned_patterns,
+                                             stage_ranks)
 
 EVENT_KINDS = {FWD: "fwd", "B": "bwd", BWD_INPUT: "bwd_input", BWD_WEIGHT: "bwd_weight"}
 
@@ -188,7 +189,8 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
     return _result(state, stages, ranks, updates)
 
 
-def _tied_syncs(state: _State, cluster: Cluster, ranks: tuple[str, ...], tied: Sequence[tuple[Sequence[int], int]]) -> None:
+def _tied_syncs(state: _State, cluster: Cluster, ranks: tuple[str, ...],
+                tied: Sequence[tuple[Sequence[int], int]]) -> None:
     """Each tied set's gradient all-reduced over the devices whose stages read it, once the last of them is done
     (``allreduce_s`` on the cluster's links); one set after another, in the given order. The devices wait meanwhile:
     their rows count it as idle, as they count a send."""

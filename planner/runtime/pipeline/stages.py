@@ -19,6 +19,7 @@ gradients, ``planner.runtime.data_parallel``). Each replica runs its share of th
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -34,7 +35,8 @@ from planner.partition.sim.schedules import device_orders, stage_ranks
 from planner.profile.capture import Captured
 from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canonical_param_names, split_graph
 
-__all__ = ["ContiguousStage", "OwnOutputs", "kept_outputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages", "build_rank_stages",
+__all__ = ["ContiguousStage", "OwnOutputs", "kept_outputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages",
+           "build_rank_stages",
            "build_schedule", "check_zero_bubble", "stage_graphs", "zero_bubble_actions",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
@@ -138,16 +140,30 @@ def kept_outputs(module: nn.Module) -> tuple[bool, ...] | None:
             return True
         if any(user is not reader for user in value.users):
             return True
-        if value.op == "call_method" and value.target in _MAY_RETURN_SELF:  # the stage's own .contiguous() on a cut
-            return kept(value.args[0], value)
+        if _may_return_its_input(module, value):  # the split's own .contiguous() on a cut; an in-place op
+            return not value.args or kept(value.args[0], value)
         return False
 
     return tuple(kept(v, output) for v in (values if isinstance(values, (tuple, list)) else (values,)))
 
 
 _MAY_RETURN_SELF = frozenset({"contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu",
-                              "cuda", "requires_grad_"})
-"""Tensor methods that may return the tensor itself, so that what reads their result reads their input."""
+                              "cuda", "iadd", "isub", "imul", "itruediv"})
+"""Tensor methods (and ``operator``'s in-place functions) that may return the tensor itself."""
+
+
+def _may_return_its_input(module: nn.Module, node: Any) -> bool:
+    """Whether ``node``'s result may be its first argument itself, so that what saved the argument saved the result:
+    a method or function of ``_MAY_RETURN_SELF``, an in-place one (``add_``, ``aten.relu_.default``), or a submodule
+    built with ``inplace=True``."""
+    if node.op == "call_module":
+        with contextlib.suppress(AttributeError):
+            return bool(getattr(module.get_submodule(node.target), "inplace", False))
+        return True
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    base = str(name).split(".")[0]  # "add_.Tensor" (an aten overload's name) -> "add_"
+    in_place = base.endswith("_") and not base.startswith("_") or base.startswith("__i") and base.endswith("__")
+    return base in _MAY_RETURN_SELF or in_place
 
 
 def _keeps_its_result(t: torch.Tensor) -> bool:
