@@ -232,3 +232,29 @@ def test_the_exact_placers_matrix_of_parameter_bytes_is_the_per_stage_rule(seed:
         for stop in range(start + 1, n + 1):
             assert matrix[start, stop] == stage_param_bytes_t(problem.tables, start, stop), (start, stop, tied)
     assert isinstance(matrix, np.ndarray)
+
+
+def test_replicas_of_a_stage_holding_a_tied_copy_all_reduce_the_copy_too() -> None:
+    """Each replica of the stage with the LM head keeps the tied embedding's copy among its parameters, so the
+    replicas' all-reduce carries its gradient as well: ``stage_sync_s`` prices the stage's held bytes."""
+    from pathlib import Path
+
+    from planner.clusters import resolve_cluster
+    from planner.formats.catalog import load_catalog
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.partition.model.allreduce import allreduce_s
+    from planner.partition.model.cost import stage_param_bytes_t, stage_sync_s
+
+    root = Path(__file__).resolve().parents[1]
+    net = load_cluster(resolve_cluster("a100-4"))
+    problem = build_problem(load_profile(root / "tests" / "golden" / "profiles" / "gpt_tiny.json"), net,
+                            microbatches=4, schedule="1f1b", optimizer="adam", catalog=load_catalog())
+    n = len(problem.blocks)
+    ids = list(net.device_ids)
+    head = StageSpec(n // 2, n, ids[1], replicas=(ids[1], ids[3]))
+    held = stage_param_bytes_t(problem.tables, n // 2, n)
+    assert held > problem.tables.param_prefix[n] - problem.tables.param_prefix[n // 2]  # the copy is held
+    hosts = {d.id: d.host for d in net.devices}
+    assert stage_sync_s(problem, head) == pytest.approx(
+        allreduce_s([ids[1], ids[3]], held, net.link, hosts, net.nics_per_host, net.pass_byte_overhead_s))

@@ -240,7 +240,7 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
     replica pipeline of a hybrid plan (``Problem.replica_sync``), the charge per step of the all-reduce with the
     stage's replicas on the other pipelines."""
     tables = problem.tables
-    nbytes = tables.param_prefix[stage.stop] - tables.param_prefix[stage.start]
+    nbytes = stage_param_bytes_t(tables, stage.start, stage.stop)  # a tied weight's copy is all-reduced too
     if len(stage.devices) < 2:
         a, b = problem.replica_sync.get(stage.device, (0.0, 0.0))
         return a + b * nbytes if nbytes > 0 else 0.0

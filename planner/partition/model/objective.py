@@ -274,10 +274,9 @@ def _sync_tails(problem: Problem, classes: Sequence[DeviceClass]) -> np.ndarray 
     ``cost.stage_sync_s``, on arrays); ``None`` off a replica pipeline."""
     if not problem.replica_sync:
         return None
-    params = np.asarray(problem.tables.param_prefix, dtype=float)
-    nbytes = params[None, :] - params[:, None]
+    nbytes = param_bytes_matrix(problem.tables).astype(float)
     floor = backward_floor(problem)[:, None]
-    out = np.empty((len(classes), len(params), len(params)))
+    out = np.empty((len(classes), *nbytes.shape))
     for c, cls in enumerate(classes):
         a, b = problem.replica_sync.get(cls.devices[0], (0.0, 0.0))
         out[c] = np.maximum(0.0, np.where(nbytes > 0, a + b * nbytes, 0.0) - floor)
