@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_backward_halves, stage_fwd_bwd_s,
-                                          stage_memory_bytes, stage_sims, stage_split_excess_s, stage_sync_s,
-                                          stage_update_s, tied_stages, transfer_s)
+                                          stage_memory_bytes, stage_sims, stage_sync_s, stage_update_s, tied_stages,
+                                          transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
@@ -162,8 +162,9 @@ def _replica_times(problem: Problem, spec: StageSpec, device: str, first: bool) 
     fwd, bwd = stage_fwd_bwd_s(problem.tables, device, spec.start, spec.stop, spec.recompute)
     weight = excess = None
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-        excess = stage_split_excess_s(problem.tables, device, spec.start, spec.stop, bwd, first=first)
-        bwd, weight = stage_backward_halves(problem.tables, device, spec.start, spec.stop, bwd, first=first)
+        fused = bwd
+        bwd, weight = stage_backward_halves(problem.tables, device, spec.start, spec.stop, fused, first=first)
+        excess = bwd - fused
     out = {"device": device, "fwd_s": fwd, "bwd_s": bwd, "update_s": stage_update_s(problem, device, spec.start, spec.stop)}
     if weight is not None:
         out["bwd_weight_s"] = weight

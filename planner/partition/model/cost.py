@@ -57,18 +57,18 @@ def stage_backward_halves(tables: CostTables, device: str, start: int, stop: int
     if first:
         return bwd, bwd
     weight = min(bwd, (tables.weight_prefix[device][stop] - tables.weight_prefix[device][start]) * tables.speed[device])
-    excess = stage_split_excess_s(tables, device, start, stop, bwd, first=first)
+    excess = _split_excess_s(tables, device, start, stop, bwd, first=first)
     if excess <= 0:
         return bwd, weight
     total = bwd + excess
     return total, min(total, weight * total / bwd)  # the min: rounding can put an all-W share a last bit above
 
 
-def stage_split_excess_s(tables: CostTables, device: str, start: int, stop: int, bwd: float, *, first: bool) -> float:
+def _split_excess_s(tables: CostTables, device: str, start: int, stop: int, bwd: float, *, first: bool) -> float:
     """What running a zero-bubble stage's backward as ``I`` and ``W`` apart costs above ``bwd``, the fused one
     (``stage_backward_halves`` adds it): ``a * saved ** k`` for the bytes blocks ``[start, stop)`` save; nothing on a
     pipeline's first stage, whose backward torch's runtime runs fused, nor for a stage without a backward. A whole
-    backward (``B``) in a zero-bubble order does not pay it."""
+    backward (``B``) in a zero-bubble order does not pay it: callers read it as the halves' sum less ``bwd``."""
     if first or bwd <= 0:
         return 0.0
     a, k = tables.split_excess[device]
@@ -346,8 +346,9 @@ def stage_sims(problem: Problem, partition: Partition) -> tuple[SimStage, ...]:
         fwd, bwd = stage_fwd_bwd_s(tables, st.device, st.start, st.stop, st.recompute)
         weight = excess = 0.0
         if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-            excess = stage_split_excess_s(tables, st.device, st.start, st.stop, bwd, first=i == 0)
-            bwd, weight = stage_backward_halves(tables, st.device, st.start, st.stop, bwd, first=i == 0)
+            fused = bwd
+            bwd, weight = stage_backward_halves(tables, st.device, st.start, st.stop, fused, first=i == 0)
+            excess = bwd - fused
         sims.append(SimStage(
             device=st.device, fwd_s=fwd, bwd_s=bwd,
             send_fwd_bytes=problem.cut_fwd_bytes[st.stop - 1] if i < last else 0,

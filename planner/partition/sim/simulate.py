@@ -57,7 +57,7 @@ class SimStage:
     """The weight-gradient part of ``bwd_s`` (zero-bubble schedules run it apart, as ``W``; the rest is ``I``)."""
     split_excess_s: float = 0.0
     """What ``bwd_s`` holds above the backward run whole, fused: a zero-bubble stage's ``I`` and ``W`` run apart pay
-    it (``cost.stage_split_excess_s``, shared in proportion); a whole backward ``B`` in its order does not."""
+    it (``cost.stage_backward_halves`` adds it, shared in proportion); a whole backward ``B`` in its order does not."""
     recompute_bytes: int = 0
     """A recomputing stage: the saved bytes of the one micro-batch whose forward runs again inside a backward (its
     ``activation_bytes`` are then its input only). A device runs one backward at a time, so it holds the largest of

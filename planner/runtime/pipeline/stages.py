@@ -20,6 +20,7 @@ gradients, ``planner.runtime.data_parallel``). Each replica runs its share of th
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -169,8 +170,14 @@ def _may_return_its_input(module: nn.Module, node: Any) -> bool:
 def _keeps_its_result(t: torch.Tensor) -> bool:
     """Whether the op that made ``t`` saved its own result for its backward (``tanh``, ``sigmoid``, ``exp``,
     ``relu``, ``softmax``, ...: autograd names those saved variables ``result``), or no op made it."""
-    node = t.grad_fn
-    return node is None or any(name.startswith("_saved_result") for name in dir(node))
+    return t.grad_fn is None or _saves_result(type(t.grad_fn))
+
+
+@functools.lru_cache(maxsize=None)
+def _saves_result(node_type: type) -> bool:
+    """Whether autograd nodes of ``node_type`` save their op's result (their saved variables are properties of the
+    node's class: read once per class, not per pass)."""
+    return any(name.startswith("_saved_result") for name in dir(node_type))
 
 
 @dataclass(frozen=True)
