@@ -7,9 +7,16 @@ in bursts: ``EVERY`` steps slow, ``EVERY`` steps at full speed, and so on from `
 A testing aid, off by default. Identical CPUs (or GPUs) cannot show heterogeneity, so the chosen
 rank waits ``(FACTOR - 1)`` times each compute interval it has just measured, right after it: its
 forward and backward passes take FACTOR times as long, and everything downstream waits for it as it
-would for a slower device. It sleeps, so the emulation does not take the cores of the other ranks sharing
-the machine (a busy-loop would), in slices of ``WARM_EVERY_S``, between which ``keep_warm`` touches the
+would for a slower device. It waits in slices of ``WARM_EVERY_S``, between which ``keep_warm`` touches the
 rank's training state, so that its memory stays in use as a slower device's would (``Slowdown``).
+
+How it waits (``Slowdown.busy``): where the host has a core for every rank it runs, busy, holding its core
+as a slower device computing would; otherwise asleep, so that it does not take the cores of the ranks it
+shares them with. A sleeping rank frees its core for the stretch, and on a host whose cores are shared with
+other jobs the fast rank then computes faster whenever the slow one sleeps: on 2 cores the slow rank's
+own passes measured 3-11% slower per predicted second than at no slowdown (the static plans of
+``bench/run.py --only rebalance``), so the slowdown the rebalancer saw was that much more than FACTOR. Busy, it
+measured as at no slowdown (docs/rebalancing.md).
 """
 
 from __future__ import annotations
@@ -108,13 +115,16 @@ class Slowdown:
     (docs/bench-machine.md measures it), which made the emulated rank slower than ``factor``."""
 
     def __init__(self, factor: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                 keep_warm: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 keep_warm: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 busy: bool = False) -> None:
         if not (factor >= 1.0 and math.isfinite(factor)):
             raise UsageError(f"a slowdown factor must be a finite number >= 1, found {factor!r}")
         self.factor = factor
         self._sleep = sleep
         self.keep_warm = keep_warm
         self._clock = clock
+        self.busy = busy
+        """Wait the stretch out holding the core (a slower device computing) instead of asleep (module docstring)."""
 
     @classmethod
     def for_rank(cls, slowdowns: Mapping[int, float], rank: int) -> "Slowdown":
@@ -129,16 +139,22 @@ class Slowdown:
         extra = self.extra_s(compute_s)
         if extra <= 0:
             return extra
-        if self.keep_warm is None:
+        if self.keep_warm is None and not self.busy:
             self._sleep(extra)
             return extra
         end = self._clock() + extra
         while True:
-            self.keep_warm()
+            if self.keep_warm is not None:
+                self.keep_warm()
             left = end - self._clock()
             if left <= 0:
                 return extra
-            self._sleep(min(WARM_EVERY_S, left))
+            if self.busy:
+                until = self._clock() + min(WARM_EVERY_S, left)
+                while self._clock() < until:
+                    pass
+            else:
+                self._sleep(min(WARM_EVERY_S, left))
 
 
 def touch_pages(tensors: Iterable["torch.Tensor"]) -> None:

@@ -20,6 +20,7 @@ Installed on every rank by ``planner.runtime.launch.main.rank_main``; options co
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Mapping
@@ -38,6 +39,7 @@ from planner.partition.search.rebalance import RebalanceState, decide, initial_s
 from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method, stage_keys
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
+from planner.runtime.links import usable_cores
 from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
 from planner.runtime.timing import (RankTimer, instrument_schedule, instrument_stage, round_row, stats_from_rows,
@@ -83,6 +85,7 @@ class DynamicHooks(RunHooks):
         slowdown = Slowdown.for_rank(slow, run.rank)
         if slowdown.factor > 1.0:
             slowdown.keep_warm = lambda: touch_pages(_training_state(run))
+            slowdown.busy = int(os.environ.get("LOCAL_WORLD_SIZE", world)) <= usable_cores()
         self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown)
         self._p2p = timed_p2p(self.timer)
         self._p2p.__enter__()
