@@ -347,7 +347,8 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                   "(`speed_factors {cpu1: F}`) with rebalancing off, and the static plan with rebalancing on. *Speed "
                   "ratio* is the slow rank's fitted speed factor over the other's in the last round (true: F); "
                   "targets: within 10% of F, S6 declared within 6 rounds, >= 90% of the oracle's throughput, and "
-                  ">= 1.25x the static plan's at F = 2.", "",
+                  ">= 1.25x the static plan's at F = 2. The slowed rank waits out its stretch busy on its core, as a "
+                  "slower device would hold it (docs/rebalancing.md), so the load average counts it.", "",
                   "| model | F | run | speed ratio (error) | plan changed in rounds | S6 in round | vs static | "
                   "of oracle | load (static, oracle, rebalanced) |", "|---|---:|---:|---|---|---:|---:|---:|---|"]
         for r in rows:
@@ -394,7 +395,9 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
               "- **Rebalancing** compares runs made minutes apart on a shared machine; the oracle and the "
               "rebalanced plan can differ by a few blocks and a few percent either way. The round log shows the "
               "mechanism: one unbalanced round, one re-plan with the measured speed factors, then balanced rounds "
-              "until S6 freezes the plan.", ""]
+              "until S6 freezes the plan. A run whose first re-plan moved a cut far enough to show more of the "
+              "ops' error re-plans once more, two rounds later, and S6 then comes in round 7 (the round after a "
+              "switch is measured, not judged, and S6 wants 3 judged rounds without a change).", ""]
     return "\n".join(lines) + "\n"
 
 

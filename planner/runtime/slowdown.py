@@ -14,9 +14,9 @@ How it waits (``Slowdown.busy``): where the host has a core for every rank it ru
 as a slower device computing would; otherwise asleep, so that it does not take the cores of the ranks it
 shares them with. A sleeping rank frees its core for the stretch, and on a host whose cores are shared with
 other jobs the fast rank then computes faster whenever the slow one sleeps: on 2 cores the slow rank's
-own passes measured 3-11% slower per predicted second than at no slowdown (the static plans of
-``bench/run.py --only rebalance``), so the slowdown the rebalancer saw was that much more than FACTOR. Busy, it
-measured as at no slowdown (docs/rebalancing.md).
+compute over the other's, the stretch taken out, came out up to 11% above the same plan's at no slowdown (the
+static plans of ``bench/run.py --only rebalance``), so the slowdown the rebalancer saw was more than FACTOR.
+Busy, it came out as at no slowdown (docs/rebalancing.md).
 """
 
 from __future__ import annotations
