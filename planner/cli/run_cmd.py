@@ -94,7 +94,7 @@ def run_cmd(
     patience: Annotated[int, typer.Option("--patience", help="Stop rebalancing after this many rounds without "
                         "a plan change (S6).")] = 3,
     emulate_slowdown: Annotated[Optional[list[str]], typer.Option("--emulate-slowdown", help="RANK=FACTOR: that "
-                                "rank sleeps (FACTOR-1)x its compute (testing aid; repeatable).",
+                                "rank waits (FACTOR-1)x its compute after each pass (testing aid; repeatable).",
                                 show_default=False)] = None,
     log: Annotated[Optional[str], typer.Option("--log", help="Append one JSON line per round to this file "
                    "('-': stdout).", show_default=False)] = None,

@@ -70,7 +70,7 @@ def train_cmd(
     emulate_link: Annotated[Optional[str], typer.Option("--emulate-link", help="BANDWIDTH[,LATENCY]: slow every "
                             "transfer between ranks (testing aid).", show_default=False)] = None,
     emulate_slowdown: Annotated[Optional[list[str]], typer.Option("--emulate-slowdown", help="RANK=FACTOR: that "
-                                "rank sleeps (FACTOR-1)x its compute (testing aid; repeatable).",
+                                "rank waits (FACTOR-1)x its compute after each pass (testing aid; repeatable).",
                                 show_default=False)] = None,
     rebalance: Annotated[bool, typer.Option("--rebalance/--no-rebalance", help="Rebalance between rounds from "
                          "measured waits.")] = True,
