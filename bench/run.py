@@ -252,6 +252,7 @@ def rebalance_one(args: argparse.Namespace, name: str, factor: float, run: int) 
     last_change = changes[-1] if changes else -1
     converged = next((r["round"] for r in rounds if r["converged"]), None)
     t_static, t_oracle = steady_step_s(r_static["rounds"]), steady_step_s(r_oracle["rounds"])
+    static = per_step(r_static["rounds"])
     first_change = changes[0] if changes else len(rounds) - 1
     t_before = steady_step_s([r for r in rounds if r["round"] <= max(first_change, 1)])  # the static plan's rounds
     t_after = steady_step_s(rounds, after=last_change + 1) if last_change >= 0 else steady_step_s(rounds)
@@ -266,6 +267,7 @@ def rebalance_one(args: argparse.Namespace, name: str, factor: float, run: int) 
                                     for r in rounds],
         "final_max_over_mean_wait": final["max_wait_s"] / final["mean_wait_s"] if final["mean_wait_s"] else 1.0,
         "speedup_vs_static": t_static / t_after, "fraction_of_oracle": t_oracle / t_after,
+        "static_compute_ratio": static["cpu1"] / factor / static["cpu0"],
         "stages": {"static": [len(s.nodes) for s in load_plan(static).stages],
                    "oracle": [len(s.nodes) for s in load_plan(oracle).stages],
                    "rebalanced": [s["nodes"] for s in final["stages"]]},
@@ -348,14 +350,17 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                   "ratio* is the slow rank's fitted speed factor over the other's in the last round (true: F); "
                   "targets: within 10% of F, S6 declared within 6 rounds, >= 90% of the oracle's throughput, and "
                   ">= 1.25x the static plan's at F = 2. The slowed rank waits out its stretch busy on its core, as a "
-                  "slower device would hold it (docs/rebalancing.md), so the load average counts it.", "",
+                  "slower device would hold it (docs/rebalancing.md), so the load average counts it. *Static "
+                  "compute ratio*: on the static plan, the slowed rank's compute per step over F, over the other "
+                  "rank's: the same at every F when the emulation slows the rank by F and nothing else.", "",
                   "| model | F | run | speed ratio (error) | plan changed in rounds | S6 in round | vs static | "
-                  "of oracle | load (static, oracle, rebalanced) |", "|---|---:|---:|---|---|---:|---:|---:|---|"]
+                  "of oracle | static compute ratio | load (static, oracle, rebalanced) |",
+                  "|---|---:|---:|---|---|---:|---:|---:|---:|---|"]
         for r in rows:
             lines.append(f"| {r['model']} | {r['factor']:g} | {r['run']} | {r.get('relative_speed', float('nan')):.2f} "
                          f"({r.get('relative_speed', float('nan')) / r['factor'] - 1:+.0%}) | {r['plan_changes']} | "
                          f"{r['converged_round']} | {r['speedup_vs_static']:.2f}x | {r['fraction_of_oracle']:.0%} | "
-                         f"{_load(r['load'])} |")
+                         f"{_ratio(r.get('static_compute_ratio'))} | {_load(r['load'])} |")
         lines += ["", rebalance_summary(rows)]
         first = rows[0]
         lines += ["", f"Round log of the first run ({first['model']}, F = {first['factor']:g}):", "",
@@ -468,6 +473,10 @@ def _loads(part: Any) -> list[float]:
     if isinstance(part, list):
         return [v for item in part for v in _loads(item)]
     return list(part.get("load", [])) if isinstance(part, dict) else []
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
 
 
 def _load(values: list[float]) -> str:

@@ -13,10 +13,9 @@ rank's training state, so that its memory stays in use as a slower device's woul
 How it waits (``Slowdown.busy``): where the host has a core for every rank it runs, busy, holding its core
 as a slower device computing would; otherwise asleep, so that it does not take the cores of the ranks it
 shares them with. A sleeping rank frees its core for the stretch, and on a host whose cores are shared with
-other jobs the fast rank then computes faster whenever the slow one sleeps: on 2 cores the slow rank's
-compute over the other's, the stretch taken out, came out up to 11% above the same plan's at no slowdown (the
-static plans of ``bench/run.py --only rebalance``), so the slowdown the rebalancer saw was more than FACTOR.
-Busy, it came out as at no slowdown (docs/rebalancing.md).
+other jobs the fast rank then computes faster whenever the slow one sleeps, so the slowdown the rebalancer saw
+was more than FACTOR. Busy, the slowed rank's compute over the other's, the stretch taken out, stays level across
+factors (docs/rebalancing.md; *static compute ratio* in docs/bench-run.md).
 """
 
 from __future__ import annotations
