@@ -550,7 +550,7 @@ def test_the_run_time_model_predicts_a_plan_made_for_other_rows_as_the_planner_d
     assert model.step_time_s(plan, {}) == pytest.approx(plan.step_time_s, rel=1e-6)
 
 
-@pytest.mark.parametrize("cluster", ["cpu-2", "a100-4"])
+@pytest.mark.parametrize("cluster", ["cpu-2", pytest.param("a100-4", marks=pytest.mark.slow)])  # a100-4: about 8 s
 def test_refining_the_finalists_finds_the_plan_refining_every_candidate_finds(cluster: str) -> None:
     """--refine with --schedule/--microbatches auto plans every candidate quickly and refines the fastest few
     (settings.FINALISTS); on these cases that is the plan refining all of them gives, at a fraction of the time."""

@@ -48,7 +48,8 @@ def seed_cache(cache: Path, model: str, cluster: str, golden: str) -> None:
 @pytest.mark.parametrize("model, golden, cluster", [
     ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "cpu-2"),
     ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "a100-4"),
-    ("planner.examples.resnet:resnet_small", "resnet_small", "t4-4-pcie"),
+    pytest.param("planner.examples.resnet:resnet_small", "resnet_small", "t4-4-pcie",
+                 marks=pytest.mark.slow),  # about 30 s: the whole strategy search on 4 T4s
     ("planner.examples.unet:unet_small", "unet_small", "cpu-2"),
 ])
 def test_dry_run_picks_the_fastest_recorded_candidate_and_the_plan_passes_check(
