@@ -209,7 +209,8 @@ def _lower_bound_s(problem: Problem, bounds: list[int], devices: list[str]) -> f
     + max(U_s, sum_{k<s} B_k)``. Transfers and per-pass overheads only add to it, so a move whose bound
     is not below the current step time needs no simulation. Zero-bubble schedules: the first input gradient waits
     for ``sum_{k>s} (F_k + I_k)`` only, and the stages before may overlap their input gradients with this stage's
-    held-back weight gradients, so the tail is ``U_s`` alone.
+    held-back weight gradients, so the tail is ``U_s`` alone. ``zb-planned``'s order may run a backward whole, which
+    costs the fused backward, less than its halves apart (``simulate._fused``): its bound prices every backward so.
     """
     p, m = len(devices), problem.microbatches
     if len(set(devices)) < p:
@@ -221,6 +222,9 @@ def _lower_bound_s(problem: Problem, bounds: list[int], devices: list[str]) -> f
     if split:  # the halves as the simulator charges them
         halves = [stage_backward_halves(tables, d, a, b, bwd, first=s == 0)
                   for s, ((_, bwd), d, a, b) in enumerate(zip(times, devices, bounds, bounds[1:]))]
+        if problem.schedule in GENERATED_ORDER_SCHEDULES:  # its order may run a backward whole, at the fused price
+            halves = [(fused, weight * fused / whole if whole > 0 else 0.0)
+                      for (_, fused), (whole, weight) in zip(times, halves)]
         times = [(fwd, bwd) for (fwd, _), (bwd, _) in zip(times, halves)]
         inputs = [bwd - weight for bwd, weight in halves]
     after = [0.0] * (p + 1)
@@ -239,10 +243,11 @@ def _lower_bound_s(problem: Problem, bounds: list[int], devices: list[str]) -> f
 @lru_cache(maxsize=256)
 def _forwards_first(schedule: str, stages: int, microbatches: int, stage: int) -> int:
     """Forwards that ``stage`` runs before its first backward (one stage per device); for ``zb-planned``, whose order
-    depends on the times, the most it may run (its in-flight cap, ``zb-h1``'s count)."""
-    order = device_orders(schedule, stages, 1, microbatches)[stage]
+    depends on the times, the most it may run: the largest in-flight cap it may use, ``zb-h2``'s where that fits
+    (``simulate.planned_orders``)."""
     if schedule in GENERATED_ORDER_SCHEDULES:
-        return min(microbatches, inflight_counts(order)[stage])
+        return min(microbatches, inflight_counts(device_orders("zb-h2", stages, 1, microbatches)[stage])[stage])
+    order = device_orders(schedule, stages, 1, microbatches)[stage]
     return next(i for i, (kind, _, _) in enumerate(order) if kind in (BWD, BWD_INPUT))
 
 
