@@ -67,4 +67,3 @@ def elastic_main(config: dict[str, Any], environment: dict[str, str] | None = No
     except Exception as exc:  # one that ``run_rank`` did not note (it notes before tearing its group down)
         note_failure(exc)
         raise
-
