@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 import random
 
 import pytest
@@ -104,3 +106,17 @@ def test_min_max_split_matches_brute_force(seed: int) -> None:
     assert all(a < b for a, b in zip(bounds, bounds[1:]))
     largest = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
     assert largest == pytest.approx(brute_force(costs, parts), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("costs", [[0.1, 0.2, 0.3], [0.7, 0.1, 0.2, 0.3, 1e-9]])
+def test_min_max_split_keeps_one_part_under_a_compensated_sum(costs, monkeypatch) -> None:
+    """Python 3.12's ``sum`` is compensated (as ``math.fsum`` here), so the whole sum can fall below the running
+    total ``_fill`` compares with: one part came back as two, and a 2-replica plan failed on the GPU machine."""
+    import math
+
+    from planner.partition.placers import baselines
+
+    assert math.fsum(costs) < functools.reduce(operator.add, costs, 0.0)  # the case this test is about
+    monkeypatch.setattr(baselines, "sum", math.fsum, raising=False)
+    assert min_max_split(costs, 1) == [0, len(costs)]
+    assert len(min_max_split(costs, 2)) == 3

@@ -88,6 +88,33 @@ def world_from_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), world
 
 
+def rank_device() -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU. ``DistributedError`` where
+    the host runs more ranks than it has GPUs (see :func:`check_gpus_per_host`)."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    check_gpus_per_host(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def check_gpus_per_host(local_ranks: int) -> None:
+    """Refuse, in one line, more ranks on this host than it has GPUs. Each rank owns one GPU: NCCL refuses two
+    ranks on one device (``invalid usage`` at the first collective, seen with NCCL 2.28.9 on one H200)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and local_ranks > gpus:
+        raise DistributedError(
+            f"{local_ranks} ranks would share this host's {gpus} GPU(s), but each rank needs a GPU of its own "
+            f"(NCCL refuses two ranks on one device); plan for a cluster with at most {gpus} device(s) on this "
+            f"host, or run on a host with {local_ranks} GPUs")
+
+
+def process_group_backend(device: torch.device) -> str:
+    """The process group's backend for ranks on ``device``: on GPUs nccl moves CUDA tensors and gloo the CPU ones
+    (the runtime's small control messages: rebalancing decisions, summaries, the parameter server's clocks); a
+    bare "nccl" group fails those with "No backend type associated with device type cpu" (seen on an H200)."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: str = "probed",
                 timeout_s: float = 300.0) -> Cluster:
     """Probe every pair of ranks and return the cluster (the same object on every rank)."""
@@ -97,13 +124,12 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
 
     rank, world = world_from_env()
     started = not dist.is_initialized()
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    device = rank_device()
     if started:
-        if cuda:
+        if device.type == "cuda":
             torch.cuda.set_device(device)
         try:
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(seconds=timeout_s))
         except Exception as exc:
             raise DistributedError(f"cannot start the process group for link probing: {exc}; check the torchrun "
                                    f"rendezvous settings (MASTER_ADDR, MASTER_PORT)") from None

@@ -23,6 +23,8 @@ has one unit per block). Repeated layers are the units whose label ends in an in
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 from typing import Any, Mapping, Sequence
 
@@ -104,7 +106,9 @@ def min_max_split(costs: Sequence[float], parts: int) -> list[int]:
     until there are ``parts`` of them, which never raises the largest sum.
     """
     assert 1 <= parts <= len(costs)
-    lo, hi = max(costs), sum(costs)
+    # hi must be a bottleneck that ``_fill`` itself accepts: its running total, not ``sum`` (compensated since
+    # Python 3.12, so it can fall below the running total, and one part came back as two on the GPU machine)
+    lo, hi = max(costs), functools.reduce(operator.add, costs, 0.0)
     for _ in range(200):
         if hi - lo <= 1e-12 * max(hi, 1e-300):
             break

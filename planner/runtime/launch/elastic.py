@@ -41,6 +41,7 @@ from planner.runtime.checkpoint import latest_checkpoint
 from planner.runtime.launch.config import RunConfig
 from planner.runtime.launch.main import INTERRUPTED_EXIT, elastic_main
 from planner.runtime.launch.worker import FAILURES_ENV
+from planner.runtime.links import check_gpus_per_host
 
 __all__ = ["LaunchOptions", "launch", "parse_nnodes", "START_METHOD", "preload_fork_server"]
 
@@ -113,6 +114,7 @@ def launch(config: RunConfig, options: LaunchOptions) -> dict[int, dict[str, Any
     if options.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, found {options.nproc_per_node}")
     min_nodes, max_nodes = parse_nnodes(options.nnodes)
+    check_gpus_per_host(options.nproc_per_node)  # before any rank starts, rather than in each of them
     endpoint = options.rdzv_endpoint
     if endpoint is None and max_nodes > 1:
         raise UsageError("--nnodes above 1 needs --rdzv-endpoint HOST:PORT shared by every node")

@@ -42,6 +42,7 @@ from planner.errors import DistributedError, PlannerError
 from planner.formats.plan import ASYNC_SCHEDULES, Plan
 from planner.data import factory as data_mod
 from planner.runtime import netem
+from planner.runtime.links import process_group_backend, rank_device
 from planner.runtime.data_parallel import sync_of, whole_run_report
 from planner.runtime.options import parse_link, parse_target
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
@@ -250,8 +251,8 @@ def note_failure(exc: BaseException) -> None:
 
 def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any]:
     """Train on this rank (environment from torchrun / the elastic launcher) calling ``hooks``; return its summary."""
-    rank, world, local_rank = _env()
-    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    rank, world = _env()
+    device = rank_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
@@ -260,8 +261,7 @@ def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any
         # models' steps 40-80% slower than their profiles predicted.
         steady_cpu_allocator()
     prepared = prepare(config, world, device)  # everything that can be refused, before any collective
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
+    dist.init_process_group(process_group_backend(device), rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
     link = parse_link(config.emulate_link)
     try:
         with netem.instrument(netem.Traffic(), link) as traffic:
@@ -371,9 +371,9 @@ def steady_step_time_s(rounds: Sequence[RoundEnd], warmup: int = 0) -> float | N
     return sum(r.wall_s for r in later) / steps if steps else None
 
 
-def _env() -> tuple[int, int, int]:
+def _env() -> tuple[int, int]:
     try:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError):
         raise DistributedError("RANK and WORLD_SIZE are not set; start ranks with `plan run` or "
                                "`torchrun --nproc-per-node K -m planner.run PLAN MODEL`") from None
