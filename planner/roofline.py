@@ -172,6 +172,17 @@ def weight_share(node: Node) -> float:
     return 1.0 if node.op in WEIGHT_ONLY_OPS else 0.5
 
 
+def growing_time_s(nodes: Sequence[Node], device_type: str, catalog: Mapping[str, DeviceSpec]) -> float:
+    """The roofline's seconds of ``nodes``, forward and backward, without its launch overheads: the part of a
+    micro-batch that grows with its rows (``partition.search.settings.rescaled`` bounds the fixed part by it)."""
+    spec = device_spec(device_type, catalog)
+    total = 0.0
+    for node in nodes:
+        times = estimate_node_time(node, device_type, catalog)
+        total += sum(max(t - spec.launch_overhead_s, 0.0) for t in (times.fwd, times.bwd) if t > 0)
+    return total
+
+
 def has_measured_split(nodes: Sequence[Node]) -> bool:
     """Whether any node's backward split was measured (else ``weight_share`` falls back to its rule everywhere)."""
     return any(t.source == "measured" and t.bwd_weight is not None for n in nodes for t in n.time_s.values())

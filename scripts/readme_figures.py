@@ -2,7 +2,7 @@
 """Write the README's measured figures from the committed benchmark reports, or check that they match.
 
 The README cites, it does not copy: the block between the two markers below is generated from
-docs/bench-profile.md, docs/benchmarks.md, docs/bench-run.md and docs/bench-hybrid.md (which the benchmarks under bench/
+docs/bench-profile.md, docs/benchmarks.md, docs/bench-run.md, docs/bench-hybrid.md and docs/bench-gpu.md (which the benchmarks under bench/
 write). Every figure is found by a pattern; a report whose format changed fails here with the pattern
 that no longer matches, instead of leaving a stale number behind.
 
@@ -136,8 +136,23 @@ def hybrid(docs: Path) -> str:
             f"for `gpt_small` (load {measured.group(4).strip()}) ([bench-hybrid.md](docs/bench-hybrid.md)).")
 
 
+def gpu(docs: Path) -> str:
+    source = "docs/bench-gpu.md"
+    text = (docs / "bench-gpu.md").read_text(encoding="utf-8")
+    machine = _find(text, r"on a lent machine \(([^;]+);", source).group(1)
+    rows = _rows(text, "gpt_small", source) + [r for m in ("llama_small", "resnet_small", "unet_small")
+                                               for r in _rows(text, m, source)]
+    trained = [r for r in rows if " x " in r[1]]
+    now = ", ".join(f"{r[0]} {_find(r[4], r'[(]([^)]+)[)]', source).group(1)}" for r in trained)
+    before = [float(_find(r[3], r"[(]([+-][0-9]+)%[)]", source).group(1)) for r in trained]
+    return (f"- One GPU ({machine}; `bash scripts/gpu_check.sh` on a lent machine, replayed by `python3 bench/gpu.py`): "
+            f"`plan train` of {len(trained)} example models on one nccl rank; the planner's step against the "
+            f"measured one: {now}; rescaled in proportion to the rows, as before the profile timed twice the rows, "
+            f"+{min(before):.0f}% to +{max(before):.0f}% ([bench-gpu.md](docs/bench-gpu.md)).")
+
+
 def block(docs: Path) -> str:
-    return "\n".join([BEGIN, "", profiling(docs), placers(docs), training(docs), hybrid(docs), "", END])
+    return "\n".join([BEGIN, "", profiling(docs), placers(docs), training(docs), hybrid(docs), gpu(docs), "", END])
 
 
 def main(argv: list[str] | None = None) -> int:

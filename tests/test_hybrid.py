@@ -510,6 +510,61 @@ def test_a_rescaled_profile_scales_times_and_activations_but_not_parameters() ->
             assert b.time_s[t].fwd == pytest.approx(2 * a.time_s[t].fwd)
 
 
+def test_rescaling_keeps_the_fixed_part_the_profile_measured() -> None:
+    """A profile whose doubled micro-batch took 1.5x (``fixed_fraction`` 0.5) rescales measured times by
+    0.5 + 0.5 k, composes (8 rows then 16 = 16 directly), and keeps each estimated op's launch overhead. On an
+    H200 gpt_small's 32-row micro-batch trained in little more than its 8-row one: in proportion, plan train
+    predicted 5x the measured step."""
+    from dataclasses import replace
+
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import OpTime
+    from planner.partition.search.settings import rescaled
+
+    profile = replace_model(chain(3, fwd=1e-3, bwd=2e-3, types=("cpu", "h100-sxm")), microbatch_size=4)
+    profile = replace(profile, nodes=tuple(
+        replace(n, time_s={**n.time_s, "h100-sxm": OpTime(n.time_s["h100-sxm"].fwd, n.time_s["h100-sxm"].bwd,
+                                                          "estimated")}) for n in profile.nodes),
+        extra={**profile.extra, "whole_model": {"train_s": 9e-3, "rows_scaling": {
+            "rows": [4, 8], "train_s": [9e-3, 13.5e-3], "fixed_fraction": 0.5}}})
+    launch = load_catalog()["h100-sxm"].launch_overhead_s
+    for rows in (2, 8, 16):
+        k = rows / 4
+        again = rescaled(profile, rows)
+        assert again.extra["whole_model"]["train_s"] == pytest.approx(9e-3 * (0.5 + 0.5 * k))
+        for a, b in zip(profile.nodes[1:], again.nodes[1:]):
+            assert b.time_s["cpu"].fwd == pytest.approx(a.time_s["cpu"].fwd * (0.5 + 0.5 * k))
+            assert b.time_s["h100-sxm"].bwd == pytest.approx(launch + (a.time_s["h100-sxm"].bwd - launch) * k)
+    twice = rescaled(rescaled(profile, 8), 16)
+    direct = rescaled(profile, 16)
+    assert [n.time_s["cpu"].bwd for n in twice.nodes] == pytest.approx([n.time_s["cpu"].bwd for n in direct.nodes])
+    assert twice.extra["whole_model"]["rows_scaling"]["fixed_fraction"] == pytest.approx(0.5 / 2.5)
+
+
+def test_a_gpu_micro_batch_takes_the_longer_of_its_launches_and_the_roofline_work() -> None:
+    """On a GPU the host issues kernels while earlier ones run: gpt_small's 8-row micro-batch on an H200 took no
+    longer than its 4-row one (f = 1), so rows cost nothing until the roofline's work for them is the longer.
+    A CPU profile with the same numbers adds the parts."""
+    from dataclasses import replace
+
+    from planner.formats.catalog import load_catalog
+    from planner.formats.profile import load_profile
+    from planner.partition.search.settings import time_growth
+    from planner.roofline import growing_time_s
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "gpt_small.json")
+    whole = profile.extra["whole_model"]
+    f = whole["rows_scaling"]["fixed_fraction"]
+    share = growing_time_s(profile.nodes, "h200", load_catalog()) / whole["train_s"]
+    assert f == 1.0 and 0 < share < 0.5
+    for k in (0.5, 2, 8, 64):
+        assert time_growth(profile, k) == pytest.approx(max(f + (1 - f) * k, share * k))
+    assert share * 64 > 1 and time_growth(profile, 64) == pytest.approx(share * 64)  # the device's work took over
+    on_cpu = replace(profile, extra={**profile.extra, "measurement": {**profile.extra["measurement"],
+                                                                      "clock": "thread_cpu"}})
+    assert time_growth(on_cpu, 64) == pytest.approx(f + (1 - f) * 64)
+
+
 def test_rescaling_keeps_the_calibration_and_colocation_factors_of_the_measurement() -> None:
     """The whole-model measurement scales with the rows too: the calibration factor (training over the sum of the
     ops) stays what was measured. Before, only the ops scaled, so a plan for twice the rows predicted its compute

@@ -91,8 +91,12 @@ def test_whole_model_is_recorded_next_to_the_sum_of_ops(tiny):
     whole = tiny.extra["whole_model"]
     assert set(whole) == {"fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s", "update_s",
                           "update_param_bytes", "update_tensor_s", "update_param_tensors", "version_s",
-                          "split_backward", "loss"}
+                          "split_backward", "loss", "rows_scaling"}
     assert whole["version_s"] > 0
+    scaling = whole["rows_scaling"]  # a micro-batch of twice the rows, timed beside train_s
+    rows = tiny.model["microbatch_size"]
+    assert scaling["rows"] == [rows, 2 * rows] and scaling["train_s"][0] == whole["train_s"]
+    assert scaling["train_s"][1] > 0 and 0 <= scaling["fixed_fraction"] <= 0.95
     points = whole["split_backward"]  # token ids in: from the embedding on, then the later half
     assert len(points) == 2 and all(set(p) == {"saved_bytes", "fused_s", "input_s", "weight_s"} for p in points)
     assert all(t > 0 for p in points for t in p.values())

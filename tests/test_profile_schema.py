@@ -49,6 +49,17 @@ def test_bundled_clusters_validate(path):
     validator("cluster.schema.json").validate(json.loads(path.read_text()))
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "profiles" / "h200").glob("*.json")), ids=lambda p: p.name)
+def test_profiles_measured_on_a_gpu_validate_and_load(path):
+    """The profiles scripts/gpu_check.sh measured on an H200: contract-valid, and loaded as measured h200 times."""
+    from planner.formats.profile import load_profile
+
+    validator("profile.schema.json").validate(json.loads(path.read_text()))
+    profile = load_profile(path)
+    assert profile.extra["device_type"] == "h200" and profile.extra["measurement"]["clock"] == "cuda_events"
+    assert all(n.time_s["h200"].source == "measured" for n in profile.nodes)
+
+
 def test_cluster_without_links_is_rejected():
     doc = {"schema_version": 1, "name": "x", "devices": [{"id": "a", "type": "cpu", "host": "h", "memory_bytes": 1}]}
     assert not validator("cluster.schema.json").is_valid(doc)

@@ -20,6 +20,14 @@ def test_the_committed_readme_cites_the_committed_reports() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_the_gpu_page_is_what_this_cost_model_predicts_for_the_gpu_runs() -> None:
+    """docs/bench-gpu.md replays the committed H200 runs with the cost model: a change to it that moves a GPU
+    prediction must regenerate the page (python3 bench/gpu.py), as golden plans are."""
+    done = subprocess.run([sys.executable, "bench/gpu.py", "--check"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_new_figure_in_a_report_changes_the_block(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)

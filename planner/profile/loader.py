@@ -119,12 +119,14 @@ def batch_size(inputs: Sequence[Any]) -> int:
 
 
 def rescale_batch(inputs: Sequence[Any], size: int) -> tuple[Any, ...]:
-    """Repeat or truncate dim 0 of every tensor whose leading size is the batch size, to ``size`` rows."""
+    """Repeat or truncate dim 0 of every tensor whose leading size is the batch size, to ``size`` rows (new leaf
+    tensors, each requiring grad as its original did: every training pass through them builds its own graph)."""
     if size < 1:
         raise UsageError(f"--microbatch-size must be a positive integer, found {size}")
     old = batch_size(inputs)
     rows = torch.arange(size) % old
-    return tuple(x[rows] if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == old else x for x in inputs)
+    return tuple(x[rows].detach().requires_grad_(x.requires_grad)
+                 if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == old else x for x in inputs)
 
 
 def _resolve(spec: str) -> Any:

@@ -20,7 +20,9 @@ co-location (``--colocate``) is ``colocate``.
    micro-batches of a step add into existing gradients). The cost model scales the per-op times so
    that they sum to it (docs/cost-model.md, "Calibration"): isolated ops run with warm caches and
    without the gradient accumulation, the Python dispatch between ops and the allocator traffic of a
-   real step, so their sum falls 2-20 % short of a real micro-batch on CPU.
+   real step, so their sum falls 2-20 % short of a real micro-batch on CPU. A second training micro-batch of
+   twice the rows gives the share of that time that does not grow with the rows (``rows_scaling``), with which
+   the planner rescales times to another micro-batch size.
 5. One optimizer step over all parameters (the gradients divided by the micro-batch count, then
    ``step()``), for each optimizer ``plan run`` offers, with a learning rate of 0 so that the
    parameters stay as they were. The cost model charges each stage its share by parameter bytes.
@@ -44,9 +46,9 @@ from planner.profile.capture import Captured
 from planner.profile.memory import nbytes, record
 from planner.profile.op_timing import OpMeasurement, grad_call_overhead, measure_op
 from planner.profile.timer import Timer, steady_cpu_allocator
-from planner.profile.whole_model import (WholeModel, measure_loss, measure_split_points, measure_training, measure_update,
-                                         measure_update_per_tensor, measure_versions, measure_whole, num_threads, probe,
-                                         time_training, warm_whole)
+from planner.profile.whole_model import (WholeModel, measure_loss, measure_rows_scaling, measure_split_points,
+                                         measure_training, measure_update, measure_update_per_tensor, measure_versions,
+                                         measure_whole, num_threads, probe, time_training, warm_whole)
 
 __all__ = ["Measurement", "OpMeasurement", "WholeModel", "Progress", "measure", "time_training"]
 
@@ -94,6 +96,7 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
         output, grads_out = probe(module, inputs)
         whole = measure_whole(module, inputs, grads_out, timer)
         train_s = measure_training(module, inputs, grads_out, timer)
+        rows_scaling = measure_rows_scaling(module, inputs, train_s, timer)
         update_s = measure_update(module, timer)
         trainable = [p for p in module.parameters() if p.requires_grad]
         update_tensor_s = measure_update_per_tensor(len(trainable), timer)
@@ -105,5 +108,5 @@ def measure(captured: Captured, module: nn.Module, inputs: Sequence[Any], *, dev
     summed = WholeModel(whole[0], whole[1], sum(r.fwd_s for r in results), sum(r.bwd_s for r in results), train_s,
                         update_s, sum(nbytes(p) for p in trainable), version_s=version_s,
                         split_backward=split_backward, loss=loss, update_tensor_s=update_tensor_s,
-                        update_param_tensors=len(trainable))
+                        update_param_tensors=len(trainable), rows_scaling=rows_scaling)
     return Measurement(tuple(results), summed, timer.overhead_s, grad_overhead_s, used, timer.clock, allocator)

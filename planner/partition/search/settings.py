@@ -4,14 +4,16 @@
   that fits wins, ties to the earlier in that order.
 - **Micro-batch count** (needs ``--global-batch``, in samples): every count ``m`` that splits the global batch
   into equal micro-batches (``B / m`` rows each, up to ``MAX_MICROBATCHES``) is planned on the profile rescaled
-  to ``B / m`` rows (``rescaled``: per-op times, activation bytes and the whole-model measurement in proportion to the rows,
-  parameters and the optimizer step unchanged -- the same linear model ``plan run`` uses for a ``--microbatch-size`` other than the profile's);
+  to ``B / m`` rows (``rescaled``: activation bytes in proportion to the rows, times with the fixed part the profile
+  measured by doubling the rows, parameters and the optimizer step unchanged -- the same model ``plan run`` uses
+  for a ``--microbatch-size`` other than the profile's);
   the fastest wins, ties to fewer micro-batches. The plan records ``microbatch_size`` for ``plan run``.
 
 Every candidate's simulated step time (``null``: nothing fit, with ``why``), its shape (``stages``, ``degree``) and
 its peak memory (``peak_memory_bytes``, ``memory_fraction``: of the fullest device) are recorded under ``choices``; all candidates
-process the same global batch per step, so their step times compare directly. What the linear model leaves
-out: fixed per-kernel costs, which make small micro-batches relatively slower on GPUs (docs/placers.md).
+process the same global batch per step, so their step times compare directly. The fixed part is one share for
+the whole model (docs/placers.md): a model that mixes large matmuls with many small kernels has more fixed cost
+in the small ones than that share says.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from planner.errors import InfeasibleError, PlannerError, UsageError
 from planner.formats.plan import SCHEDULES, Plan
 from planner.formats.profile import OpTime, Profile
 
-__all__ = ["MAX_MICROBATCHES", "FINALISTS", "parse_microbatches", "microbatch_counts", "rescaled", "candidate_facts", "choose"]
+__all__ = ["MAX_MICROBATCHES", "FINALISTS", "parse_microbatches", "microbatch_counts", "rescaled", "time_growth",
+           "candidate_facts", "choose"]
 
 MAX_MICROBATCHES = 64
 
@@ -52,7 +55,12 @@ def microbatch_counts(global_batch: int) -> list[int]:
 
 
 def rescaled(profile: Profile, microbatch_size: int) -> Profile:
-    """``profile`` as if profiled with ``microbatch_size`` rows: times and activation bytes scale with the rows."""
+    """``profile`` as if profiled with ``microbatch_size`` rows (``k`` times the profiled rows).
+
+    Activation bytes and FLOPs scale with the rows. Measured times (the profile's own device type) scale by
+    ``time_growth``: a fixed part, measured by doubling the rows, and a part in proportion, or the roofline's
+    work if that is more. Roofline estimates keep their launch overhead per op and scale the rest, as
+    ``roofline.estimate_node_time`` would."""
     base = int(profile.model.get("microbatch_size") or 0)
     if base < 1:
         raise PlannerError("the profile records no microbatch_size; --microbatches auto cannot rescale it: profile "
@@ -60,32 +68,89 @@ def rescaled(profile: Profile, microbatch_size: int) -> Profile:
     if microbatch_size == base:
         return profile
     k = microbatch_size / base
+    measured = time_growth(profile, k)
+    launch = _launch_overheads(profile)
+
+    def time(t: str, v: OpTime) -> OpTime:
+        if v.source == "measured" or t not in launch:
+            return OpTime(v.fwd * measured, v.bwd * measured, v.source,
+                          None if v.bwd_weight is None else v.bwd_weight * measured)
+        def part(x: float) -> float:  # launch + (x - launch) k, where the estimate charged a launch
+            return x if x <= 0 else min(x, launch[t]) + max(x - launch[t], 0.0) * k
+        bwd = part(v.bwd)
+        return OpTime(part(v.fwd), bwd, v.source, None if v.bwd_weight is None else v.bwd_weight * bwd / v.bwd)
+
     nodes = tuple(replace(n, output_bytes=round(n.output_bytes * k), saved_bytes=round(n.saved_bytes * k),
                           flops=round(n.flops * k), bwd_flops=round(n.bwd_flops * k),
-                          time_s={t: OpTime(v.fwd * k, v.bwd * k, v.source, None if v.bwd_weight is None else v.bwd_weight * k)
-                                  for t, v in n.time_s.items()})
+                          time_s={t: time(t, v) for t, v in n.time_s.items()})
                   for n in profile.nodes)
     return replace(profile, nodes=nodes, model={**profile.model, "microbatch_size": microbatch_size},
-                   extra={**profile.extra, "whole_model": _rescaled_whole(profile.extra.get("whole_model"), k)})
+                   extra={**profile.extra, "whole_model": _rescaled_whole(profile.extra.get("whole_model"), k,
+                                                                          measured)})
 
 
-def _rescaled_whole(whole: Any, k: float) -> Any:
-    """The whole-model measurement at ``k`` times the rows: its training, forward, backward and loss times and the
-    loss's output bytes scale as the ops do, so the calibration factor (training over the sum of the ops) and the
-    co-location factor are those measured; the optimizer step does not depend on the rows."""
+def time_growth(profile: Profile, k: float) -> float:
+    """How many times longer a training micro-batch of ``k`` times the profiled rows takes on the profiled type.
+
+    ``f + (1 - f) k``, where ``f`` is the share of the micro-batch that did not grow when its rows doubled
+    (``whole_model.rows_scaling.fixed_fraction``; 0 in older profiles, which scale in proportion): on a CPU the
+    fixed part and the rest run one after the other (``f`` was 0.09 for gpt_small). A profile timed with CUDA
+    events takes ``max(f + (1 - f) k, s k)``, with ``s`` the share the roofline gives the work that grows with
+    the rows (``roofline.growing_time_s``, at most 1; 0 where the catalog lacks the type): the host issues
+    kernels while earlier ones run, so a micro-batch takes the longer of the two, and two sizes that both ran at
+    the host's launch rate (``f`` 1) say nothing of where the device's work takes over."""
+    whole = profile.extra.get("whole_model") or {}
+    fixed = min(max(float((whole.get("rows_scaling") or {}).get("fixed_fraction") or 0.0), 0.0), 1.0)
+    affine = fixed + (1.0 - fixed) * k
+    train_s = float(whole.get("train_s") or 0.0)
+    device_type = str(profile.extra.get("device_type", ""))
+    timed_on_gpu = (profile.extra.get("measurement") or {}).get("clock") == "cuda_events"
+    if not timed_on_gpu or fixed <= 0 or train_s <= 0:
+        return affine
+    from planner.formats.catalog import load_catalog
+    from planner.roofline import growing_time_s
+
+    catalog = load_catalog()
+    if device_type not in catalog:
+        return affine
+    share = min(growing_time_s(profile.nodes, device_type, catalog) / train_s, 1.0)
+    return max(affine, share * k)
+
+
+def _launch_overheads(profile: Profile) -> dict[str, float]:
+    """Per estimated device type, the launch overhead the roofline charged each op (``profiles/devices.json``)."""
+    from planner.formats.catalog import load_catalog
+
+    types = {t for n in profile.nodes for t, v in n.time_s.items() if v.source != "measured"}
+    if not types:
+        return {}
+    catalog = load_catalog()
+    return {t: catalog[t].launch_overhead_s for t in types if t in catalog}
+
+
+def _rescaled_whole(whole: Any, k: float, time_k: float) -> Any:
+    """The whole-model measurement at ``k`` times the rows: its training, forward, backward and loss times scale
+    by ``time_k`` as the measured ops do, so the calibration factor (training over the sum of the ops) and the
+    co-location factor are those measured; the loss's output bytes scale by ``k``; the optimizer step does not
+    depend on the rows. ``rows_scaling`` is restated at the new rows: the fixed part is the same seconds, a
+    different share of the new time."""
     if not whole:
         return whole
     scaled = dict(whole)
     for key in ("fwd_s", "bwd_s", "sum_ops_fwd_s", "sum_ops_bwd_s", "train_s"):
         if isinstance(whole.get(key), (int, float)):
-            scaled[key] = whole[key] * k
+            scaled[key] = whole[key] * time_k
     loss = whole.get("loss")
     if loss:
-        scaled["loss"] = {**loss, **{key: loss[key] * k for key in ("fwd_s", "bwd_s") if key in loss},
+        scaled["loss"] = {**loss, **{key: loss[key] * time_k for key in ("fwd_s", "bwd_s") if key in loss},
                           **({"output_bytes": round(loss["output_bytes"] * k)} if "output_bytes" in loss else {})}
     colocation = whole.get("colocation")
     if colocation and isinstance(colocation.get("train_s"), (int, float)):
-        scaled["colocation"] = {**colocation, "train_s": colocation["train_s"] * k}
+        scaled["colocation"] = {**colocation, "train_s": colocation["train_s"] * time_k}
+    scaling = whole.get("rows_scaling")
+    if scaling and scaling.get("fixed_fraction") is not None:
+        scaled["rows_scaling"] = {**scaling, "fixed_fraction": min(max(float(scaling["fixed_fraction"]), 0.0), 1.0)
+                                  / time_k}
     return scaled
 
 
