@@ -174,7 +174,8 @@ def weight_share(node: Node) -> float:
 
 def growing_time_s(nodes: Sequence[Node], device_type: str, catalog: Mapping[str, DeviceSpec]) -> float:
     """The roofline's seconds of ``nodes``, forward and backward, without its launch overheads: the part of a
-    micro-batch that grows with its rows (``partition.search.settings.rescaled`` bounds the fixed part by it)."""
+    micro-batch that grows with its rows (``partition.search.settings.time_growth``: on a GPU, a micro-batch of
+    more rows takes at least this much more)."""
     spec = device_spec(device_type, catalog)
     total = 0.0
     for node in nodes:

@@ -2,9 +2,9 @@
 """Write the README's measured figures from the committed benchmark reports, or check that they match.
 
 The README cites, it does not copy: the block between the two markers below is generated from
-docs/bench-profile.md, docs/benchmarks.md, docs/bench-run.md, docs/bench-hybrid.md and docs/bench-gpu.md (which the benchmarks under bench/
-write). Every figure is found by a pattern; a report whose format changed fails here with the pattern
-that no longer matches, instead of leaving a stale number behind.
+docs/bench-profile.md, docs/benchmarks.md, docs/bench-run.md, docs/bench-hybrid.md and docs/bench-gpu.md (which
+the benchmarks under bench/ write). Every figure is found by a pattern; a report whose format changed fails here
+with the pattern that no longer matches, instead of leaving a stale number behind.
 
     python3 scripts/readme_figures.py          # rewrite the block
     python3 scripts/readme_figures.py --check  # exit 1 when the README's block differs (CI runs this)
@@ -145,7 +145,8 @@ def gpu(docs: Path) -> str:
     trained = [r for r in rows if " x " in r[1]]
     now = ", ".join(f"{r[0]} {_find(r[4], r'[(]([^)]+)[)]', source).group(1)}" for r in trained)
     before = [float(_find(r[3], r"[(]([+-][0-9]+)%[)]", source).group(1)) for r in trained]
-    return (f"- One GPU ({machine}; `bash scripts/gpu_check.sh` on a lent machine, replayed by `python3 bench/gpu.py`): "
+    return (f"- One GPU ({machine}; `bash scripts/gpu_check.sh` on a lent machine, replayed by "
+            f"`python3 bench/gpu.py`): "
             f"`plan train` of {len(trained)} example models on one nccl rank; the planner's step against the "
             f"measured one: {now}; rescaled in proportion to the rows, as before the profile timed twice the rows, "
             f"+{min(before):.0f}% to +{max(before):.0f}% ([bench-gpu.md](docs/bench-gpu.md)).")

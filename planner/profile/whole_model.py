@@ -33,8 +33,8 @@ from planner.profile.timer import Timer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WholeModel", "warm_whole", "probe", "measure_whole", "time_training", "measure_training", "measure_rows_scaling",
-           "UPDATE_OPTIMIZERS", "measure_update", "measure_update_per_tensor", "measure_split_backward",
+__all__ = ["WholeModel", "warm_whole", "probe", "measure_whole", "time_training", "measure_training",
+           "measure_rows_scaling", "UPDATE_OPTIMIZERS", "measure_update", "measure_update_per_tensor", "measure_split_backward",
            "measure_split_points", "measure_loss", "num_threads"]
 
 
@@ -153,7 +153,7 @@ def measure_rows_scaling(module: nn.Module, inputs: Sequence[Any], train_s: floa
     """Time a training micro-batch of twice the rows, beside ``train_s`` at the profiled rows: the share of the
     time that stays fixed as rows grow (per-kernel launches and the framework's dispatch) is
     ``f = (2 t_b - t_2b) / t_b``, clamped to [0, 1]; the planner rescales times to other micro-batch sizes
-    as ``t_b (f + (1 - f) k)`` (``partition.search.settings.rescaled``). On a GPU small micro-batches are mostly
+    as ``t_b (f + (1 - f) k)``, on a GPU at least the roofline's work (``partition.search.settings.time_growth``). On a GPU small micro-batches are mostly
     fixed cost (on an H200 gpt_small's 8-row micro-batch trained no slower than its 4-row one), where a purely
     linear rescale predicted 4.5x the measured step. Empty where the model has no trainable parameter or the
     doubled micro-batch does not fit in memory."""

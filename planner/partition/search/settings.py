@@ -12,8 +12,8 @@
 Every candidate's simulated step time (``null``: nothing fit, with ``why``), its shape (``stages``, ``degree``) and
 its peak memory (``peak_memory_bytes``, ``memory_fraction``: of the fullest device) are recorded under ``choices``; all candidates
 process the same global batch per step, so their step times compare directly. The fixed part is one share for
-the whole model (docs/placers.md): a model that mixes large matmuls with many small kernels has more fixed cost
-in the small ones than that share says.
+the whole model (docs/cost-model.md): a model that mixes large matmuls with many small kernels has more fixed
+cost in the small ones than that share says.
 """
 
 from __future__ import annotations

@@ -261,7 +261,8 @@ def run_rank(config: RunConfig, hooks: Sequence[RunHooks] = ()) -> dict[str, Any
         # models' steps 40-80% slower than their profiles predicted.
         steady_cpu_allocator()
     prepared = prepare(config, world, device)  # everything that can be refused, before any collective
-    dist.init_process_group(process_group_backend(device), rank=rank, world_size=world, timeout=timedelta(seconds=config.timeout_s))
+    dist.init_process_group(process_group_backend(device), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=config.timeout_s))
     link = parse_link(config.emulate_link)
     try:
         with netem.instrument(netem.Traffic(), link) as traffic:
