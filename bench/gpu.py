@@ -64,8 +64,17 @@ def trained_rows(run: Path) -> list[dict]:
             "at_run": plan["predicted"]["step_time_s"],
             "calibrated": (summary.get("calibration") or {}).get("calibrated_step_time_s"),
             "growth": time_growth(profile, plan["microbatch_size"] / profile.model["microbatch_size"]),
+            "wait": wait_share(model / "rounds.jsonl"),
         })
     return rows
+
+
+def wait_share(rounds: Path) -> float:
+    """The share of the rounds after the first that the one rank logged as wait, less its optimizer step (which the
+    log counts in the wait): with nothing to wait for, the device's time that the host clock missed."""
+    later = [json.loads(line) for line in rounds.read_text().splitlines()[1:] if line.strip()]
+    ranks = [next(iter(r["devices"].values())) for r in later]
+    return sum(d["wait_s"] - d["update_s"] for d in ranks) / sum(r["wall_s"] for r in later)
 
 
 def profile_rows() -> list[dict]:
@@ -125,15 +134,18 @@ def render(run: Path) -> str:
         "re-predicted by this checkout (`partition.search.settings.time_growth`: the fixed share measured by "
         "doubling the rows, or the roofline's work if that is more). *At the run*: what the plan said when it "
         "ran (a rule since replaced: a fixed share capped at 0.95, no GPU calibration range). *Calibrated*: the "
-        "run's own prediction calibrated on its measured compute (docs/run.md).",
+        "run's own prediction calibrated on its measured compute (docs/run.md). *Wait*: the share of the step the "
+        "one rank logged as waiting, less its optimizer step, with nothing to wait for: the device's time that the host clock missed in the "
+        "passes, which also made the calibration read the compute short (the run's clock now waits for the "
+        "device, `runtime.timing.device_clock`; not yet run on a GPU).",
         "",
-        "| model | rows x m | measured | in proportion | now | growth | at the run | calibrated |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | rows x m | measured | in proportion | now | growth | at the run | calibrated | wait |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in trained:
         lines.append(f"| {r['model']} | {r['rows']} x {r['m']} | {ms(r['measured'])} | "
                      f"{vs(r['proportion'], r['measured'])} | {vs(r['now'], r['measured'])} | {r['growth']:.2f}x | "
-                     f"{vs(r['at_run'], r['measured'])} | {vs(r['calibrated'], r['measured'])} |")
+                     f"{vs(r['at_run'], r['measured'])} | {vs(r['calibrated'], r['measured'])} | {r['wait']:.0%} |")
     lines += [
         "",
         "*growth*: how many times the profiled micro-batch's time the planner charges at the plan's rows. These",

@@ -45,3 +45,22 @@ def test_cpu_hosts_run_any_number_of_ranks(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     check_gpus_per_host(8)
     assert rank_device() == torch.device("cpu")
+
+
+def test_a_gpu_ranks_clock_waits_for_its_device_before_reading(monkeypatch) -> None:
+    """On the H200 a 1-rank run logged up to a third of its step as wait: the host clock timed the kernels' issuing
+    and the device's time landed in the next wait. The rank's clock now synchronises first."""
+    import time
+
+    from planner.runtime.timing import RankTimer, device_clock
+
+    assert device_clock(torch.device("cpu")) is time.perf_counter
+    calls: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    gpu = torch.device("cuda", 0)
+    clock = device_clock(gpu)
+    timer = RankTimer(0, "gpu0", clock=clock)
+    with timer.compute():
+        pass
+    timer.end_round()
+    assert calls == [gpu] * 4  # the round's start, the compute interval's two ends, the round's end

@@ -45,6 +45,7 @@ from planner.runtime import netem
 from planner.runtime.links import process_group_backend, rank_device
 from planner.runtime.data_parallel import sync_of, whole_run_report
 from planner.runtime.options import parse_link, parse_target
+from planner.runtime.timing import device_clock
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
 from planner.runtime.pipeline.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
@@ -65,6 +66,8 @@ class RankRun:
         self.prepared = prepared
         self.rank = rank
         self.device = device
+        self.clock = device_clock(device)
+        """The host clock, after the device's queued work (``runtime.timing.device_clock``)."""
         self.step = 0
         self.update_s = 0.0
         """Seconds spent in optimizer steps (with gradient averaging) so far; hooks read differences."""
@@ -139,14 +142,14 @@ class RankRun:
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if self.stages.has_last else {}
         self.schedule.step(*(inputs if self.stages.has_first else ()), **kwargs)
-        start = time.perf_counter()
+        start = self.clock()
         if not self.sync.reduces_in_backward:
             average_grads(self.stages.params, self.plan.microbatches)
         sync_tied_grads(self.stages)
         self.sync.after_backward(self.stages.params)
         self.optimizer.step()
         self.sync.after_step(self.stages.params)
-        self.update_s += time.perf_counter() - start
+        self.update_s += self.clock() - start
         self.step += 1
         return float(torch.stack([x.detach().float() for x in losses]).sum()) / self.plan.microbatches if losses else None
 
