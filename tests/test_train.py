@@ -114,6 +114,36 @@ def build():
 
 
 @pytest.mark.slow  # measures for real: outside the fast tier (docs/ci.md)
+def test_under_torchrun_the_plan_uses_every_rank_though_one_device_is_fastest(tmp_path: Path) -> None:
+    """digits_mlp profiled under load in a CI run: twice the rows took no longer (fixed_fraction 1), so one device
+    with one micro-batch of 128 rows is the fastest plan on cpu-2, and plan train alone starts one rank. torchrun
+    has started two already: the plan must use both, as replicas of that plan, and its weights cover the devices
+    it runs on (the runtime refused weights for a device without a rank)."""
+    from planner.app.train import ProfileUse, TrainRequest, _every_rank_degree, choose_strategy
+    from planner.errors import PlannerError
+    from planner.formats.profile import load_profile
+    from planner.partition.search.rebalance import initial_state
+    from planner.runtime.launch.prepare import world_size_of
+    from planner.runtime.rebalancing.replan import device_order, start_weights
+
+    path = GOLDEN / "digits_mlp-launch-bound.json"
+    profile = ProfileUse(path, load_profile(path), True, path, 0.0)
+    request = TrainRequest(model="planner.examples.digits:digits_mlp", cluster="cpu-2", dry_run=True)
+    alone = choose_strategy(profile, request)
+    assert world_size_of(alone.plan) == 1 and alone.every_rank is None
+    assert set(alone.plan.extra["weights"]) == {"cpu0", "cpu1"}  # the placer's, for the whole cluster
+    assert start_weights(alone.plan) == {"cpu0": 1.0}
+    initial_state(device_order(alone.plan), start_weights(alone.plan))
+    with pytest.raises(PlannerError, match="cpu1"):
+        initial_state(device_order(alone.plan), alone.plan.extra["weights"])
+    both = choose_strategy(profile, request, ranks=2)
+    assert world_size_of(both.plan) == 2 and both.plan.shape().degree == 2
+    assert both.every_rank == {"fastest_uses": 1, "ranks": 2, "data_parallel": 2}
+    assert [_every_rank_degree(used, ranks, "auto") for used, ranks in ((1, 2), (2, 4), (3, 4))] == [2, 2, 4]
+    with pytest.raises(PlannerError, match="start 1 ranks"):
+        _every_rank_degree(1, 2, "1")
+
+
 def test_the_profile_cache_is_used_on_the_second_call_and_refreshed_when_the_model_changes(tmp_path: Path) -> None:
     cache, source = tmp_path / "cache", tmp_path / "tiny_model.py"
     source.write_text(MODEL_SOURCE.replace("WIDTH", "32"))
@@ -177,12 +207,15 @@ def test_a_model_that_fails_leaves_no_output_directory(tmp_path: Path) -> None:
 @pytest.mark.timeout(420)
 def test_train_end_to_end_on_two_ranks_reaches_the_digits_target(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    # -d 2: two ranks whatever the profile says. The model is so small that one device can be the fastest plan
+    # (twice the rows cost little more; see the every-rank test above), and a noisy profile decides which.
     done = plan_in_process("train", "planner.examples.digits:digits_mlp", "--cluster", "cpu-2", "--data",
                            "planner.data.digits:batches", "--target", "accuracy=0.95", "--repeats", "2", "--timeout-s",
-                           "60", "-o", str(out), "--json", env={"PLANNER_CACHE_DIR": str(tmp_path / "cache")})
+                           "60", "-d", "2", "-o", str(out), "--json", env={"PLANNER_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     run = summary["run"]
+    assert run["world_size"] == 2
     assert summary["time_to_target_s"] is not None and run["eval"][-1]["accuracy"] >= 0.95
     assert run["steps"] < 1000  # stopped at the target, not at the step cap
     assert run["schedule"] == summary["strategy"]["chosen"]["schedule"]

@@ -249,10 +249,13 @@ class Strategy:
     sync: Mapping[str, Any] | None = None
     global_batch: int | None = None
     search_s: float = 0.0
+    every_rank: Mapping[str, Any] | None = None
+    """Under torchrun, when the fastest plan used fewer devices than the ranks started: what it used, and the
+    replica degree re-planned with so that every rank trains (``_use_every_rank``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": describe(self.plan), "candidates": list(self.candidates), "sync": self.sync,
-                "global_batch": self.global_batch, "search_s": self.search_s}
+                "global_batch": self.global_batch, "search_s": self.search_s, "every_rank": self.every_rank}
 
 
 def describe(plan: Plan) -> dict[str, Any]:
@@ -266,9 +269,10 @@ def describe(plan: Plan) -> dict[str, Any]:
             "sync": shape.sync if shape.replicated else None, "step_time_s": plan.step_time_s}
 
 
-def choose_strategy(profile: ProfileUse, request: TrainRequest) -> Strategy:
+def choose_strategy(profile: ProfileUse, request: TrainRequest, ranks: int | None = None) -> Strategy:
     """Plan the whole strategy (``plan partition`` with everything left to choose on ``auto``), then the sync mode
-    by ``SYNC_RULE``; every candidate weighed is returned, best first, with why it lost."""
+    by ``SYNC_RULE``; every candidate weighed is returned, best first, with why it lost. ``ranks``: the ranks
+    torchrun started, which the plan must use (``_use_every_rank``)."""
     from planner.app.partition import partition_file
 
     started = time.perf_counter()
@@ -282,20 +286,46 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest) -> Strategy:
     warmup = DEFAULT_ASYNC_WARMUP if request.async_warmup is None else request.async_warmup
     drains = run_drain_every(request.step_count, request.round_steps, warmup)
 
+    degree = request.data_parallel
+
     def plan_with(sync: str, period: int | None) -> Plan:
         return partition_file(profile_path, request.cluster, None, method=request.method,
                               microbatches=request.microbatches, schedule=request.schedule, refine=True,
-                              data_parallel=request.data_parallel, global_batch=global_batch, sync=sync,
+                              data_parallel=degree, global_batch=global_batch, sync=sync,
                               sync_period=period, recompute=request.recompute, round_steps=drains,
                               async_warmup=warmup)
 
-    chosen = plan_with("ssgd" if request.sync == "auto" else request.sync, request.sync_period)
+    first_sync = "ssgd" if request.sync == "auto" else request.sync
+    chosen = plan_with(first_sync, request.sync_period)
+    every_rank = None
+    if ranks is not None:
+        from planner.runtime.launch.prepare import world_size_of
+
+        used = world_size_of(chosen)
+        if used != ranks:
+            degree = str(_every_rank_degree(used, ranks, request.data_parallel))
+            chosen = plan_with(first_sync, request.sync_period)
+            if world_size_of(chosen) != ranks:
+                raise PlannerError(f"the fastest plan uses {used} of the {ranks} ranks torchrun started, and with "
+                                   f"--data-parallel {degree} it uses {world_size_of(chosen)}; start {used} ranks "
+                                   f"(--nproc-per-node), or pass a --data-parallel degree whose plan uses all {ranks}")
+            every_rank = {"fastest_uses": used, "ranks": ranks, "data_parallel": int(degree)}
     sync = None
     if request.sync == "auto" and chosen.shape().replicated:
         chosen, sync = _choose_sync(chosen, lambda: plan_with("adaptive", None))
-    rows = candidate_rows(chosen, sync, "ssgd" if request.sync == "auto" else request.sync)
+    rows = candidate_rows(chosen, sync, first_sync)
     return Strategy(chosen, rows, sync, global_batch if request.microbatches == "auto" else None,
-                    time.perf_counter() - started)
+                    time.perf_counter() - started, every_rank)
+
+
+def _every_rank_degree(used: int, ranks: int, asked: str) -> int:
+    """The replica degree to plan again with when the fastest plan used ``used`` of the ``ranks`` torchrun
+    started: as many copies of that plan as fill the ranks, else one replica of the whole model per rank. The
+    runtime cannot leave a rank idle, and torchrun cannot start fewer once it has started them."""
+    if asked != "auto":
+        raise PlannerError(f"the plan for --data-parallel {asked} uses {used} of the {ranks} ranks torchrun started; "
+                           f"start {used} ranks (--nproc-per-node), or pass a degree whose plan uses all {ranks}")
+    return ranks // used if ranks % used == 0 else ranks
 
 
 def sync_share(plan: Plan) -> float:
@@ -383,7 +413,7 @@ def train_command(request: TrainRequest, announce: Announce | None = None,
     try:
         request.output_dir.mkdir(parents=True, exist_ok=True)
         profile = cached_profile(request, checked, paths["profile"], announce)
-        strategy = choose_strategy(profile, request)
+        strategy = choose_strategy(profile, request, None if shared is None else shared.world)
         summary, written = _write_plan(request, paths, profile, strategy, show_strategy)
         if shared is not None and not request.dry_run:
             shared.publish(paths)
@@ -469,6 +499,8 @@ class _Shared:
 
     store: Any
     rank: int
+    world: int = 1
+    """The ranks torchrun started (``WORLD_SIZE``): the plan must use every one."""
     timeout_s: float = 3600.0
     keys: tuple[str, ...] = field(default=("profile", "plan"))
 
@@ -490,7 +522,8 @@ class _Shared:
                                   multi_tenant=True)
             _SERVED.append(store)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return cls(dist.PrefixStore(f"/planner-train/attempt_{attempt}", store), rank)
+        return cls(dist.PrefixStore(f"/planner-train/attempt_{attempt}", store), rank,
+                   int(os.environ.get("WORLD_SIZE", "1")))
 
     def publish(self, paths: Mapping[str, Path]) -> None:
         for key in self.keys:

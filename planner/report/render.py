@@ -221,6 +221,11 @@ def render_strategy(console: Console, strategy: Mapping[str, Any], show: int) ->
     if sync:
         console.print(Text(f"rule: {sync['chosen']} (ssgd's all-reduce is {sync['ssgd_sync_share']:.1%} of the step); "
                            f"{sync['rule']}"), soft_wrap=True)
+    every = strategy.get("every_rank")
+    if every:
+        console.print(Text(f"every rank: the fastest plan uses {every['fastest_uses']} of the {every['ranks']} ranks "
+                           f"torchrun started; planned again with --data-parallel {every['data_parallel']} so that "
+                           f"each trains"), soft_wrap=True)
 
 
 def render_train(console: Console, summary: Mapping[str, Any]) -> None:

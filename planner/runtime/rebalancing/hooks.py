@@ -36,7 +36,8 @@ from planner.runtime import checkpoint as ckpt
 from planner.runtime.pipeline.graph_split import canonical_param_names
 from planner.runtime.migrate import load_optimizer_state, migrate, optimizer_state_by_name
 from planner.partition.search.rebalance import RebalanceState, decide, initial_state, is_spike, observe, settle
-from planner.runtime.rebalancing.replan import DEVICE_RANKS, RoundModel, device_order, propose, replan_method, stage_keys
+from planner.runtime.rebalancing.replan import (DEVICE_RANKS, RoundModel, device_order, propose, replan_method,
+                                                stage_keys, start_weights)
 from planner.runtime.rebalancing.roundlog import RoundLog, round_record
 from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.links import usable_cores
@@ -89,7 +90,7 @@ class DynamicHooks(RunHooks):
         self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown, clock=device_clock(run.device))
         self._p2p = timed_p2p(self.timer)
         self._p2p.__enter__()
-        self.state = initial_state(self.ranks, run.plan.extra.get("weights"))
+        self.state = initial_state(self.ranks, start_weights(run.plan))
         self.model, self.no_model = self._round_model(run)
         self.method = replan_method(run.plan, self.opt["replan_method"])
         self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \

@@ -27,7 +27,8 @@ from planner.partition.search.rebalance import RebalanceState, placer_weights, p
 from planner.partition.search.settings import rescaled
 from planner.partition.search.speed import Held
 
-__all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "stage_keys", "DEVICE_RANKS"]
+__all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "start_weights", "stage_keys",
+           "DEVICE_RANKS"]
 
 DEVICE_RANKS = "device_ranks"
 """Plan field: device ids in rank order. A re-planned plan carries the job's, so ranks keep their devices."""
@@ -39,6 +40,14 @@ def device_order(plan: Plan) -> tuple[str, ...]:
     from planner.runtime.pipeline.stages import rank_devices
 
     return rank_devices(plan)
+
+
+def start_weights(plan: Plan) -> dict[str, float]:
+    """The plan's device weights (S3) for the devices it runs on: a placer records one for every device of the
+    cluster, and a plan that leaves some idle (one device of two was fastest for a small model) would otherwise
+    start the runtime's loop with weights for devices that have no rank."""
+    ranks = set(device_order(plan))
+    return {d: w for d, w in (plan.extra.get("weights") or {}).items() if d in ranks}
 
 
 def stage_keys(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
