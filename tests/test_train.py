@@ -140,6 +140,8 @@ def test_under_torchrun_the_plan_uses_every_rank_though_one_device_is_fastest(tm
     assert world_size_of(both.plan) == 2 and both.plan.shape().degree == 2
     assert both.every_rank == {"fastest_uses": 1, "ranks": 2, "data_parallel": 2}
     assert [_every_rank_degree(used, ranks, "auto") for used, ranks in ((1, 2), (2, 4), (3, 4))] == [2, 2, 4]
+    with pytest.raises(PlannerError, match="describe 2 devices"):
+        _every_rank_degree(4, 2, "auto")
     with pytest.raises(PlannerError, match="start 1 ranks"):
         _every_rank_degree(1, 2, "1")
 

@@ -251,7 +251,7 @@ class Strategy:
     search_s: float = 0.0
     every_rank: Mapping[str, Any] | None = None
     """Under torchrun, when the fastest plan used fewer devices than the ranks started: what it used, and the
-    replica degree re-planned with so that every rank trains (``_use_every_rank``)."""
+    replica degree re-planned with so that every rank trains (``_every_rank_degree``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": describe(self.plan), "candidates": list(self.candidates), "sync": self.sync,
@@ -272,7 +272,7 @@ def describe(plan: Plan) -> dict[str, Any]:
 def choose_strategy(profile: ProfileUse, request: TrainRequest, ranks: int | None = None) -> Strategy:
     """Plan the whole strategy (``plan partition`` with everything left to choose on ``auto``), then the sync mode
     by ``SYNC_RULE``; every candidate weighed is returned, best first, with why it lost. ``ranks``: the ranks
-    torchrun started, which the plan must use (``_use_every_rank``)."""
+    torchrun started, which the plan must use (``_every_rank_degree``)."""
     from planner.app.partition import partition_file
 
     started = time.perf_counter()
@@ -322,6 +322,9 @@ def _every_rank_degree(used: int, ranks: int, asked: str) -> int:
     """The replica degree to plan again with when the fastest plan used ``used`` of the ``ranks`` torchrun
     started: as many copies of that plan as fill the ranks, else one replica of the whole model per rank. The
     runtime cannot leave a rank idle, and torchrun cannot start fewer once it has started them."""
+    if used > ranks:
+        raise PlannerError(f"the plan uses {used} devices but torchrun started {ranks} ranks; describe {ranks} devices "
+                           f"in the cluster file, or start {used} ranks (--nproc-per-node x --nnodes)")
     if asked != "auto":
         raise PlannerError(f"the plan for --data-parallel {asked} uses {used} of the {ranks} ranks torchrun started; "
                            f"start {used} ranks (--nproc-per-node), or pass a degree whose plan uses all {ranks}")
