@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The device check: run on a lent GPU machine (not in CI, which has no GPU). It profiles the example models on
-# the GPU (the profiles land under profiles/gpu/ once committed), trains the default model end to end on one
-# GPU over nccl with `plan train`, and records what happens when a plan puts two ranks on one GPU.
+# The device check: run on a lent GPU machine (not in CI, which has no GPU). It profiles six example models on
+# the GPU (committed under profiles/<type>/), trains four of them end to end on one GPU over nccl with
+# `plan train` (committed under bench/gpu-runs/<type>-<date>/, which bench/gpu.py replays into docs/bench-gpu.md),
+# and records what happens when a plan puts two ranks on one GPU.
 # Everything goes to $OUT (default /tmp/gpu-check): log.txt and gpu.tgz (profiles, plans, round logs).
 # Uses the machine's own torch; pulp and highspy travel as wheels in .whl/ when the machine lacks them.
 set -uo pipefail
