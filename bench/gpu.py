@@ -128,7 +128,8 @@ def render(run: Path) -> str:
         "## `plan train` on one GPU (nccl, world size 1, 40 steps)",
         "",
         "Each model was profiled and planned by `plan train MODEL --cluster cluster-1.json --steps 40 "
-        "--no-rebalance` (one H200; *rows x m*: the micro-batch size and count the strategy search chose). *Measured*: the "
+        "--no-rebalance` (one H200; *rows x m*: the micro-batch size and count the strategy search chose). "
+        "*Measured*: the "
         "mean step of the rounds after the first. *In proportion*: the plan's step re-predicted with times "
         "rescaled in proportion to the rows, as before the profile timed a micro-batch of twice the rows. *Now*: "
         "re-predicted by this checkout (`partition.search.settings.time_growth`: the fixed share measured by "
