@@ -15,7 +15,8 @@ On a GPU the host issues kernels ahead of the device, so a host clock around a p
 the device's time lands in whatever waits next (a 1-rank run on an H200 logged up to a third of its step as
 wait, its optimizer step aside).
 ``device_clock`` makes every reading of a CUDA rank's clock wait for its device first, so that compute, the
-optimizer step and the wait are the device's.
+optimizer step, the wait and the round's wall are the device's (``RankTimer``, ``RankRun`` and the asynchronous
+engine read it; the parameter server's and the data-parallel syncs' own diagnostics still read the host clock).
 """
 
 from __future__ import annotations

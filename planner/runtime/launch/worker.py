@@ -117,7 +117,7 @@ class RankRun:
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
             self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan), before=before,
-                                      sync=self.sync)
+                                      sync=self.sync, clock=self.clock)
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's
@@ -188,7 +188,7 @@ class RankRun:
         replicas' last stages), its sync's ``round_figures`` and each hook's. Returns the round and, per hook, the
         round with that hook's figures from every rank."""
         first, local = self.step, []
-        start, exposed = time.perf_counter(), self.sync.report().get("exposed_s", 0.0)
+        start, exposed = self.clock(), self.sync.report().get("exposed_s", 0.0)
         if self.engine is not None:
             before = self.engine.update_s
             local = self.engine.run_round(self.step, steps, self.batch)
@@ -197,7 +197,7 @@ class RankRun:
         else:
             for _ in range(steps):
                 local.append(self.train_step())
-        wall_s = time.perf_counter() - start
+        wall_s = self.clock() - start
         waited = self.sync.report().get("exposed_s", 0.0) - exposed
         parts = [tuple(x if x is not None else 0.0 for x in local), self.sync.round_figures((wall_s - waited) / steps),
                  *(hook.round_figures(self) for hook in hooks)]

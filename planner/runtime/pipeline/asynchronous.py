@@ -96,13 +96,16 @@ class AsyncEngine:
 
     def __init__(self, stages: RankStages, optimizer: torch.optim.Optimizer, criterion: Callable[..., torch.Tensor],
                  correction: str = "predict", inflight: int | None = None, record_versions: bool = False,
-                 before: "AsyncEngine | None" = None, sync: UpdateSync | None = None) -> None:
+                 before: "AsyncEngine | None" = None, sync: UpdateSync | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         plan = stages.plan
         check_async(plan)
         if correction not in ASYNC_CORRECTIONS:
             raise UsageError(f"the plan's async.correction must be one of {', '.join(ASYNC_CORRECTIONS)}, found "
                              f"{correction!r}; re-partition with --async-correction")
         self.stages = stages
+        self.clock = clock
+        """Times its passes and updates (``runtime.timing.device_clock``: after the device's queued work on a GPU)."""
         self.schedule = plan.schedule
         self.optimizer = optimizer
         self.criterion = criterion
@@ -245,12 +248,12 @@ class AsyncEngine:
         weights = predict_weights(version, tau) if self.correction == "predict" else version.weights
         version.users += 1
         self.stash_peak = max(self.stash_peak, len(self.versions))
-        start = time.perf_counter()
+        start = self.clock()
         with self._computing(), torch.enable_grad():
             out = functional_call(self.module, {name: weights[c] for name, c in self.names}, inputs)
             outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
             loss = self.criterion(outputs[0], target) if self.next is None else None
-        self.compute_s += time.perf_counter() - start
+        self.compute_s += self.clock() - start
         self.pending[k] = _InFlight(version, weights, inputs, outputs, loss)
         if self.next is not None:
             self._send(outputs, self.next)
@@ -268,10 +271,10 @@ class AsyncEngine:
             pairs = [(o, g) for o, g in zip(item.outputs, received) if o.requires_grad]
             roots, grads = [o for o, _ in pairs], [g for _, g in pairs]
         wanted = [item.weights[c] for c in self.params] + [x for x in item.inputs if x.requires_grad]
-        start = time.perf_counter()
+        start = self.clock()
         with self._computing():
             found = torch.autograd.grad(roots, wanted, grads, allow_unused=True) if roots else [None] * len(wanted)
-        self.compute_s += time.perf_counter() - start
+        self.compute_s += self.clock() - start
         for (c, acc), g in zip(self.acc.items(), found):
             if g is not None:
                 acc.add_(g)
@@ -348,7 +351,7 @@ class AsyncEngine:
         ``local-sgd`` and ``adaptive`` step on this replica's own mean gradient and average the models every few
         updates. The new version's delta is the optimizer's step alone, so weight prediction extrapolates the
         optimizer's progress, not an averaging's jump."""
-        start = time.perf_counter()
+        start = self.clock()
         self._apply_tied_sums()  # a step with fewer forwards than the grace: the last sums land before this one
         for c, p in self.params.items():
             p.grad = self.acc[c]
@@ -368,7 +371,7 @@ class AsyncEngine:
         self.newest = self._snapshot(self.updates, self.newest if predicts else None, delta)
         self._fresh_accumulators()
         self._drop_unused()
-        self.update_s += time.perf_counter() - start
+        self.update_s += self.clock() - start
 
     def _step_alone(self, sums: Mapping[str, tuple[Any, torch.Tensor]]) -> None:
         """Step only the weights named in ``sums`` (name -> (all-reduce in flight, its tensor)), each with its sum
