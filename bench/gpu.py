@@ -38,7 +38,8 @@ PAGE = REPO / "docs" / "bench-gpu.md"
 def replay(profile: Profile, plan: dict, cluster_path: Path) -> float:
     """The step time this checkout's planner predicts for ``plan``'s settings, from ``profile``."""
     cluster = load_cluster(cluster_path)
-    source = rescaled(profile, int(plan["microbatch_size"])) if plan.get("microbatch_size") else profile
+    catalog = load_catalog()
+    source = rescaled(profile, int(plan["microbatch_size"]), catalog) if plan.get("microbatch_size") else profile
     again = partition(source, cluster, method=plan["method"], microbatches=plan["microbatches"],
                       schedule=plan["schedule"], optimizer=plan.get("optimizer", "adam"))
     return again.step_time_s
@@ -63,7 +64,7 @@ def trained_rows(run: Path) -> list[dict]:
             "now": replay(profile, plan, run / "cluster-1.json"),
             "at_run": plan["predicted"]["step_time_s"],
             "calibrated": (summary.get("calibration") or {}).get("calibrated_step_time_s"),
-            "growth": time_growth(profile, plan["microbatch_size"] / profile.model["microbatch_size"]),
+            "growth": time_growth(profile, plan["microbatch_size"] / profile.model["microbatch_size"], load_catalog()),
             "wait": wait_share(model / "rounds.jsonl"),
         })
     return rows
@@ -122,7 +123,8 @@ def render(run: Path) -> str:
         "",
         f"Measured by `bash scripts/gpu_check.sh` on a lent machine ({re.sub(r'^GPU 0: | [(]UUID.*', '', gpu)}; "
         f"{versions}; 16 host cores, lent to this session alone; load not recorded) on {run.name.split('-', 1)[1]}; "
-        "replayed here by `python3 bench/gpu.py` with this checkout's cost model (no GPU needed). The run's files are under "
+        "replayed here by `python3 bench/gpu.py` with this checkout's cost model (no GPU needed). The run's files are "
+        "under "
         f"`bench/gpu-runs/{run.name}/`, the example models' profiles under `profiles/h200/`.",
         "",
         "## `plan train` on one GPU (nccl, world size 1, 40 steps)",
@@ -136,7 +138,8 @@ def render(run: Path) -> str:
         "doubling the rows, or the roofline's work if that is more). *At the run*: what the plan said when it "
         "ran (a rule since replaced: a fixed share capped at 0.95, no GPU calibration range). *Calibrated*: the "
         "run's own prediction calibrated on its measured compute (docs/run.md). *Wait*: the share of the step the "
-        "one rank logged as waiting, less its optimizer step, with nothing to wait for: the device's time that the host clock missed in the "
+        "one rank logged as waiting, less its optimizer step, with nothing to wait for: the device's time that the "
+        "host clock missed in the "
         "passes, which also made the calibration read the compute short (the run's clock now waits for the "
         "device, `runtime.timing.device_clock`; not yet run on a GPU).",
         "",

@@ -530,13 +530,13 @@ def test_rescaling_keeps_the_fixed_part_the_profile_measured() -> None:
     launch = load_catalog()["h100-sxm"].launch_overhead_s
     for rows in (2, 8, 16):
         k = rows / 4
-        again = rescaled(profile, rows)
+        again = rescaled(profile, rows, load_catalog())
         assert again.extra["whole_model"]["train_s"] == pytest.approx(9e-3 * (0.5 + 0.5 * k))
         for a, b in zip(profile.nodes[1:], again.nodes[1:]):
             assert b.time_s["cpu"].fwd == pytest.approx(a.time_s["cpu"].fwd * (0.5 + 0.5 * k))
             assert b.time_s["h100-sxm"].bwd == pytest.approx(launch + (a.time_s["h100-sxm"].bwd - launch) * k)
-    twice = rescaled(rescaled(profile, 8), 16)
-    direct = rescaled(profile, 16)
+    twice = rescaled(rescaled(profile, 8, load_catalog()), 16, load_catalog())
+    direct = rescaled(profile, 16, load_catalog())
     assert [n.time_s["cpu"].bwd for n in twice.nodes] == pytest.approx([n.time_s["cpu"].bwd for n in direct.nodes])
     assert twice.extra["whole_model"]["rows_scaling"]["fixed_fraction"] == pytest.approx(0.5 / 2.5)
 
@@ -558,11 +558,12 @@ def test_a_gpu_micro_batch_takes_the_longer_of_its_launches_and_the_roofline_wor
     share = growing_time_s(profile.nodes, "h200", load_catalog()) / whole["train_s"]
     assert f == 1.0 and 0 < share < 0.5
     for k in (0.5, 2, 8, 64):
-        assert time_growth(profile, k) == pytest.approx(max(f + (1 - f) * k, share * k))
-    assert share * 64 > 1 and time_growth(profile, 64) == pytest.approx(share * 64)  # the device's work took over
+        assert time_growth(profile, k, load_catalog()) == pytest.approx(max(f + (1 - f) * k, share * k))
+    assert share * 64 > 1  # the device's work takes over
+    assert time_growth(profile, 64, load_catalog()) == pytest.approx(share * 64)
     on_cpu = replace(profile, extra={**profile.extra, "measurement": {**profile.extra["measurement"],
                                                                       "clock": "thread_cpu"}})
-    assert time_growth(on_cpu, 64) == pytest.approx(f + (1 - f) * 64)
+    assert time_growth(on_cpu, 64, load_catalog()) == pytest.approx(f + (1 - f) * 64)
 
 
 def test_rescaling_keeps_the_calibration_and_colocation_factors_of_the_measurement() -> None:

@@ -157,7 +157,7 @@ def partition_file(profile_path: str | Path, cluster_spec: str, output: str | Pa
         # the first pass over every candidate: no refine, no class-count groupings (about 1 s each); the finalists
         # get both
         quick = functools.partial(plan_with, refine=False, full=False) if refine else plan_with
-        plan = choose(profile, schedule, count, global_batch, quick, plan_with if refine else None)
+        plan = choose(profile, schedule, count, global_batch, quick, plan_with if refine else None, catalog)
     else:
         plan = plan_with(profile, count, schedule)
     if plan.schedule in ASYNC_SCHEDULES:

@@ -185,7 +185,7 @@ def _memory(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str
     if isinstance(rows, int) and rows != profile.model.get("microbatch_size"):
         from planner.partition.search.settings import rescaled
 
-        profile = rescaled(profile, rows)
+        profile = rescaled(profile, rows, catalog)
     index = profile.node_index()
     groups = [sorted(s.nodes, key=index.__getitem__) for s in plan.stages]
     try:

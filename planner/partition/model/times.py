@@ -19,7 +19,8 @@ from planner.roofline import (estimate_loss_s, estimate_node_time, estimate_upda
                               estimate_version_s_per_param_byte)
 
 __all__ = ["node_times", "loss_times", "update_rates", "update_tensor_rates", "version_rates", "split_backward_excess",
-           "SPLIT_EXCESS_EXPONENTS", "calibration_factors", "CALIBRATION_RANGE", "GPU_CALIBRATION_RANGE"]
+           "SPLIT_EXCESS_EXPONENTS", "calibration_factors", "timed_on_gpu", "CALIBRATION_RANGE",
+           "GPU_CALIBRATION_RANGE"]
 
 
 def loss_times(profile: Profile, types: Sequence[str], estimated: Collection[str],
@@ -171,6 +172,12 @@ a training step overlaps with the kernels before it, so the ops' sum can be seve
 on an H200: factors 0.46 and 0.59 in two profiles, and its plan predicted 2.7x the measured step with none)."""
 
 
+def timed_on_gpu(profile: Profile) -> bool:
+    """Whether ``profile`` was timed with CUDA events (``measurement.clock``): its ops alone pay a launch and a
+    synchronisation each, and its micro-batch's host and device overlap."""
+    return (profile.extra.get("measurement") or {}).get("clock") == "cuda_events"
+
+
 def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dict[str, float]:
     """Device type -> (one training micro-batch of the whole model) / (sum of its per-op times).
 
@@ -197,8 +204,7 @@ def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dic
     if total <= 0:
         return {}
     factor = train_s / total
-    timed_on_gpu = (profile.extra.get("measurement") or {}).get("clock") == "cuda_events"
-    low, high = GPU_CALIBRATION_RANGE if timed_on_gpu else CALIBRATION_RANGE
+    low, high = GPU_CALIBRATION_RANGE if timed_on_gpu(profile) else CALIBRATION_RANGE
     if not low <= factor <= high:
         return {}
     colocation = whole.get("colocation") or {}

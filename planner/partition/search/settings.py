@@ -22,8 +22,11 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from planner.errors import InfeasibleError, PlannerError, UsageError
+from planner.formats.catalog import DeviceSpec
 from planner.formats.plan import SCHEDULES, Plan
 from planner.formats.profile import OpTime, Profile
+from planner.partition.model.times import timed_on_gpu
+from planner.roofline import growing_time_s
 
 __all__ = ["MAX_MICROBATCHES", "FINALISTS", "parse_microbatches", "microbatch_counts", "rescaled", "time_growth",
            "candidate_facts", "choose"]
@@ -54,13 +57,14 @@ def microbatch_counts(global_batch: int) -> list[int]:
     return [m for m in range(1, min(global_batch, MAX_MICROBATCHES) + 1) if global_batch % m == 0]
 
 
-def rescaled(profile: Profile, microbatch_size: int) -> Profile:
+def rescaled(profile: Profile, microbatch_size: int, catalog: Mapping[str, DeviceSpec] | None = None) -> Profile:
     """``profile`` as if profiled with ``microbatch_size`` rows (``k`` times the profiled rows).
 
     Activation bytes and FLOPs scale with the rows. Measured times (the profile's own device type) scale by
     ``time_growth``: a fixed part, measured by doubling the rows, and a part in proportion, or the roofline's
     work if that is more. Roofline estimates keep their launch overhead per op and scale the rest, as
-    ``roofline.estimate_node_time`` would."""
+    ``roofline.estimate_node_time`` would. Both need ``catalog`` (``formats.catalog.load_catalog``; the callers
+    load it, the core reads no file); without it the GPU bound is left out and estimates scale in proportion."""
     base = int(profile.model.get("microbatch_size") or 0)
     if base < 1:
         raise PlannerError("the profile records no microbatch_size; --microbatches auto cannot rescale it: profile "
@@ -68,8 +72,9 @@ def rescaled(profile: Profile, microbatch_size: int) -> Profile:
     if microbatch_size == base:
         return profile
     k = microbatch_size / base
-    measured = time_growth(profile, k)
-    launch = _launch_overheads(profile)
+    measured = time_growth(profile, k, catalog)
+    launch = {t: catalog[t].launch_overhead_s for n in profile.nodes for t, v in n.time_s.items()
+              if v.source != "measured" and catalog is not None and t in catalog}
 
     def time(t: str, v: OpTime) -> OpTime:
         if v.source == "measured" or t not in launch:
@@ -89,43 +94,30 @@ def rescaled(profile: Profile, microbatch_size: int) -> Profile:
                                                                           measured)})
 
 
-def time_growth(profile: Profile, k: float) -> float:
+def time_growth(profile: Profile, k: float, catalog: Mapping[str, DeviceSpec] | None = None) -> float:
     """How many times longer a training micro-batch of ``k`` times the profiled rows takes on the profiled type.
 
     ``f + (1 - f) k``, where ``f`` is the share of the micro-batch that did not grow when its rows doubled
     (``whole_model.rows_scaling.fixed_fraction``; 0 in older profiles, which scale in proportion): on a CPU the
     fixed part and the rest run one after the other (``f`` was 0.09 for gpt_small). A profile timed with CUDA
     events takes ``max(f + (1 - f) k, s k)``, with ``s`` the share the roofline gives the work that grows with
-    the rows (``roofline.growing_time_s``, at most 1; 0 where the catalog lacks the type): the host issues
+    the rows (``roofline.growing_time_s``, at most 1; 0 without ``catalog`` or where it lacks the type): the host issues
     kernels while earlier ones run, so a micro-batch takes the longer of the two, and two sizes that both ran at
     the host's launch rate (``f`` 1) say nothing of where the device's work takes over."""
     whole = profile.extra.get("whole_model") or {}
-    fixed = min(max(float((whole.get("rows_scaling") or {}).get("fixed_fraction") or 0.0), 0.0), 1.0)
+    fixed = _fixed_fraction(whole)
     affine = fixed + (1.0 - fixed) * k
     train_s = float(whole.get("train_s") or 0.0)
     device_type = str(profile.extra.get("device_type", ""))
-    timed_on_gpu = (profile.extra.get("measurement") or {}).get("clock") == "cuda_events"
-    if not timed_on_gpu or fixed <= 0 or train_s <= 0:
-        return affine
-    from planner.formats.catalog import load_catalog
-    from planner.roofline import growing_time_s
-
-    catalog = load_catalog()
-    if device_type not in catalog:
+    if not timed_on_gpu(profile) or fixed <= 0 or train_s <= 0 or catalog is None or device_type not in catalog:
         return affine
     share = min(growing_time_s(profile.nodes, device_type, catalog) / train_s, 1.0)
     return max(affine, share * k)
 
 
-def _launch_overheads(profile: Profile) -> dict[str, float]:
-    """Per estimated device type, the launch overhead the roofline charged each op (``profiles/devices.json``)."""
-    from planner.formats.catalog import load_catalog
-
-    types = {t for n in profile.nodes for t, v in n.time_s.items() if v.source != "measured"}
-    if not types:
-        return {}
-    catalog = load_catalog()
-    return {t: catalog[t].launch_overhead_s for t in types if t in catalog}
+def _fixed_fraction(whole: Mapping[str, Any]) -> float:
+    """``whole_model.rows_scaling.fixed_fraction`` in [0, 1] (0 where the profile measured none)."""
+    return min(max(float((whole.get("rows_scaling") or {}).get("fixed_fraction") or 0.0), 0.0), 1.0)
 
 
 def _rescaled_whole(whole: Any, k: float, time_k: float) -> Any:
@@ -147,10 +139,8 @@ def _rescaled_whole(whole: Any, k: float, time_k: float) -> Any:
     colocation = whole.get("colocation")
     if colocation and isinstance(colocation.get("train_s"), (int, float)):
         scaled["colocation"] = {**colocation, "train_s": colocation["train_s"] * time_k}
-    scaling = whole.get("rows_scaling")
-    if scaling and scaling.get("fixed_fraction") is not None:
-        scaled["rows_scaling"] = {**scaling, "fixed_fraction": min(max(float(scaling["fixed_fraction"]), 0.0), 1.0)
-                                  / time_k}
+    if whole.get("rows_scaling"):
+        scaled["rows_scaling"] = {**whole["rows_scaling"], "fixed_fraction": _fixed_fraction(whole) / time_k}
     return scaled
 
 
@@ -194,7 +184,7 @@ def _ranked(plans: Mapping[int, tuple[Profile, Plan]]) -> list[int]:
 
 
 def choose(profile: Profile, schedule: str, microbatches: int | None, global_batch: int | None, plan: PlanFn,
-           finish: PlanFn | None = None) -> Plan:
+           finish: PlanFn | None = None, catalog: Mapping[str, DeviceSpec] | None = None) -> Plan:
     """The fastest plan over the schedules (``schedule == "auto"``) and micro-batch counts (``microbatches is
     None``) asked to be chosen; raises the last ``InfeasibleError`` when no candidate fits. With ``finish`` (the
     same planner with ``--refine``), every candidate is planned by ``plan`` and the ``FINALISTS`` fastest distinct ones
@@ -210,17 +200,18 @@ def choose(profile: Profile, schedule: str, microbatches: int | None, global_bat
     plans: dict[int, tuple[Profile, Plan]] = {}
     error: PlannerError | None = None
     for m in counts:
-        source = profile if microbatches is not None else rescaled(profile, global_batch // m)  # type: ignore[operator]
-        rows = {} if microbatches is not None else {"microbatch_size": global_batch // m}  # type: ignore[operator]
+        rows = global_batch // m if microbatches is None else None  # type: ignore[operator]
+        source = profile if rows is None else rescaled(profile, rows, catalog)
+        facts = {} if rows is None else {"microbatch_size": rows}
         for name in schedules:
             try:
                 candidate = plan(source, m, name)
             except (InfeasibleError, UsageError) as exc:
                 error = exc
-                tried.append({"schedule": name, "microbatches": m, **rows, "step_time_s": None,
+                tried.append({"schedule": name, "microbatches": m, **facts, "step_time_s": None,
                               "why": str(exc)[:200]})
                 continue
-            tried.append({"schedule": name, "microbatches": m, **rows, "step_time_s": candidate.step_time_s,
+            tried.append({"schedule": name, "microbatches": m, **facts, "step_time_s": candidate.step_time_s,
                           **candidate_facts(candidate)})
             plans[len(tried) - 1] = (source, candidate)
     if not plans:

@@ -43,8 +43,8 @@ from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.links import usable_cores
 from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
-from planner.runtime.timing import (RankTimer, device_clock, instrument_schedule, instrument_stage, round_row,
-                                    stats_from_rows, timed_p2p)
+from planner.runtime.timing import (RankTimer, instrument_schedule, instrument_stage, round_row, stats_from_rows,
+                                    timed_p2p)
 from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.resume import IDENTITY_KEY
@@ -87,7 +87,7 @@ class DynamicHooks(RunHooks):
         if slowdown.factor > 1.0:
             slowdown.keep_warm = lambda: touch_pages(_training_state(run))
             slowdown.busy = int(os.environ.get("LOCAL_WORLD_SIZE", world)) <= usable_cores()
-        self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown, clock=device_clock(run.device))
+        self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown, clock=run.clock)
         self._p2p = timed_p2p(self.timer)
         self._p2p.__enter__()
         self.state = initial_state(self.ranks, start_weights(run.plan))

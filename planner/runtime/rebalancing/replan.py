@@ -82,7 +82,7 @@ class RoundModel:
         """The model of ``plan``'s rounds; ``drain_every``: the run's round length, where an asynchronous pipeline
         drains (``Problem.drain_every``), so predictions, calibration and re-plans price the rounds the run runs."""
         if microbatch_size and microbatch_size != int(profile.model.get("microbatch_size", 0) or 0):
-            profile = rescaled(profile, microbatch_size)  # the run's rows, as --microbatches auto planned them
+            profile = rescaled(profile, microbatch_size, catalog)  # the run's rows, as --microbatches auto planned them
         problem = _synced(build_problem(profile, cluster, microbatches=plan.microbatches, schedule=plan.schedule,
                                         optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog,
                                         recompute=any(plan.recomputed()), drain_every=drain_every), plan)
