@@ -217,3 +217,7 @@ def test_colocation_scales_measured_times_only_where_a_host_shares_its_devices()
     assert calibration_factors(colocated)[local] == pytest.approx(plain)  # no cluster: the profile alone
     alone = replace(shared, devices=(shared.devices[0],))
     assert calibration_factors(colocated, alone)[local] == pytest.approx(plain)
+    # a loaded time under the lone one is noise: other ranks cannot make a rank faster
+    faster = dict(measured, colocation={"ranks": 2, "train_s": 0.97 * 1.1 * ops_s, "factor": 0.97})
+    noisy = replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=faster)))
+    assert calibration_factors(noisy, shared)[local] == pytest.approx(plain)

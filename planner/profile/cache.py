@@ -26,12 +26,13 @@ from typing import Any, Sequence
 
 __all__ = ["cache_dir", "profile_key", "cached_profile_path", "MEASUREMENT_VERSION"]
 
-MEASUREMENT_VERSION = 5
+MEASUREMENT_VERSION = 6
 """What ``plan profile`` measures, in the key: a profile cached before a change of it is measured again (2: the
 backward split into its input and weight gradients, docs/zero-bubble.md; 3: the whole model's weight-version
 bookkeeping and its split backward's excess, ``whole_model.version_s`` and ``split_backward``; 4: the optimizer
 step's cost per parameter tensor, ``whole_model.update_tensor_s``; 5: a micro-batch of twice the rows,
-``whole_model.rows_scaling``)."""
+``whole_model.rows_scaling``; 6: the co-location factor against lone times on either side,
+``whole_model.colocation.alone_s``)."""
 
 
 def cache_dir(override: str | Path | None = None) -> Path:

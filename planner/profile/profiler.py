@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from types import MappingProxyType
 from typing import Any, Iterable, Sequence
@@ -62,10 +63,17 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
         from planner.profile.colocate import measure_colocated
         from planner.profile.whole_model import time_training
 
-        alone = measurement.whole.train_s
-        loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1,
-                                   lambda: time_training(module, inputs, dev, repeats, warmup, threads))
-        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": loaded, "factor": loaded / alone})
+        def train() -> float:
+            return time_training(module, inputs, dev, repeats, warmup, threads)
+
+        # Timed alone just before and just after the loaded one: this shared machine's speed drifts by a few
+        # percent over tens of seconds, which one lone time taken earlier would read as co-location.
+        before = train()
+        loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1, train)
+        alone = [before, train()]
+        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": loaded,
+                                                       "factor": loaded / statistics.fmean(alone),
+                                                       "alone_s": alone})
         extra["whole_model"] = whole
     estimated = tuple(d for d in estimate if d != device_type)
     if estimated:
