@@ -40,8 +40,9 @@ def _helper(spec: str, input_spec: str | None, microbatch_size: int | None, thre
 
 
 def measure_colocated(ranks: int, spec: str, input_spec: str | None, microbatch_size: int | None, threads: int,
-                      time_training: Callable[[], float]) -> float:
-    """``time_training()`` while ``ranks - 1`` helper processes train the same model; returns its seconds."""
+                      time_training: Callable[[], float], windows: int = 1) -> list[float]:
+    """``time_training()``, ``windows`` times, while ``ranks - 1`` helper processes train the same model; returns the
+    seconds of each."""
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     helpers = []
@@ -55,7 +56,7 @@ def measure_colocated(ranks: int, spec: str, input_spec: str | None, microbatch_
         for proc, ready in helpers:
             if not ready.wait(READY_TIMEOUT_S):
                 raise RuntimeError(f"a co-location helper did not start within {READY_TIMEOUT_S:.0f} s")
-        return time_training()
+        return [time_training() for _ in range(windows)]
     finally:
         stop.set()
         for proc, _ in helpers:

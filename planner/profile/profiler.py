@@ -21,6 +21,10 @@ from planner.profile.measure import Measurement, Progress, measure
 from planner.profile.memory import nbytes
 
 
+COLOCATION_WINDOWS = 3
+"""Loaded timings per ``--colocate`` profile, each of ``repeats`` micro-batches; their median is the loaded time."""
+
+
 def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: int | None = None,
                   tracer: str = "auto", repeats: int = 5, warmup: int = 2, estimate: Sequence[str] = (),
                   progress: Progress | None = None, device: str | None = None, threads: int | None = 1,
@@ -66,14 +70,16 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
         def train() -> float:
             return time_training(module, inputs, dev, repeats, warmup, threads)
 
-        # Timed alone just before and just after the loaded one: this shared machine's speed drifts by a few
-        # percent over tens of seconds, which one lone time taken earlier would read as co-location.
+        # Timed alone just before and just after the loaded windows: this shared machine's speed drifts by a few
+        # percent over tens of seconds, which one lone time taken earlier would read as co-location. The loaded
+        # time is the median of COLOCATION_WINDOWS windows: one window beside a helper ranged over 0.99-1.21x the
+        # lone time on resnet_small in three profiles a minute apart, and the plan's prediction with it.
         before = train()
-        loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1, train)
+        loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1, train, COLOCATION_WINDOWS)
         alone = [before, train()]
-        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": loaded,
-                                                       "factor": loaded / statistics.fmean(alone),
-                                                       "alone_s": alone})
+        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": statistics.median(loaded),
+                                                       "factor": statistics.median(loaded) / statistics.fmean(alone),
+                                                       "alone_s": alone, "loaded_s": loaded})
         extra["whole_model"] = whole
     estimated = tuple(d for d in estimate if d != device_type)
     if estimated:
