@@ -252,7 +252,7 @@ def rebalance_one(args: argparse.Namespace, name: str, factor: float, run: int) 
     last_change = changes[-1] if changes else -1
     converged = next((r["round"] for r in rounds if r["converged"]), None)
     t_static, t_oracle = steady_step_s(r_static["rounds"]), steady_step_s(r_oracle["rounds"])
-    static = per_step(r_static["rounds"])
+    static_compute = per_step(r_static["rounds"])
     first_change = changes[0] if changes else len(rounds) - 1
     t_before = steady_step_s([r for r in rounds if r["round"] <= max(first_change, 1)])  # the static plan's rounds
     t_after = steady_step_s(rounds, after=last_change + 1) if last_change >= 0 else steady_step_s(rounds)
@@ -267,7 +267,7 @@ def rebalance_one(args: argparse.Namespace, name: str, factor: float, run: int) 
                                     for r in rounds],
         "final_max_over_mean_wait": final["max_wait_s"] / final["mean_wait_s"] if final["mean_wait_s"] else 1.0,
         "speedup_vs_static": t_static / t_after, "fraction_of_oracle": t_oracle / t_after,
-        "static_compute_ratio": static["cpu1"] / factor / static["cpu0"],
+        "static_compute_ratio": static_compute["cpu1"] / factor / static_compute["cpu0"],
         "stages": {"static": [len(s.nodes) for s in load_plan(static).stages],
                    "oracle": [len(s.nodes) for s in load_plan(oracle).stages],
                    "rebalanced": [s["nodes"] for s in final["stages"]]},

@@ -192,9 +192,9 @@ def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dic
     With ``cluster``, a profile measured under co-location (``plan profile --colocate N``:
     ``whole_model.colocation``) also scales by the co-location factor when some host of the cluster holds
     ``N`` or more devices of the profiled type (they will share that host's cores and memory as measured).
-    A factor below 1 counts as 1: other ranks cannot make a rank faster, so a loaded time under the lone one
-    is the noise of the measurements (on the 2-core machine, where the helper and the timed process each have
-    a core, factors came out 0.97-1.02; one of 0.974 took 2.6% off a README main job's prediction).
+    A factor below 1 counts as 1: ranks that share a host slow each other or leave each other alone, so a
+    loaded time under the lone one is read as the measurements' noise (a factor of 0.974 took 2.6% off a README
+    main job's prediction).
     """
     whole = profile.extra.get("whole_model") or {}
     device_type = str(profile.extra.get("device_type", ""))
