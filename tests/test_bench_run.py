@@ -1,0 +1,63 @@
+"""bench/run.py's bookkeeping on recorded-shape round logs, without running ranks: the benchmark takes half an hour,
+so a slip in its code (one crashed every rebalancing run for a day unseen) must show here first."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = ROOT / "tests" / "golden" / "plans" / "gpt_tiny-mixed-a100-v100-greedy.json"
+
+
+@pytest.fixture(scope="module")
+def bench_run() -> Any:
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.append(str(ROOT / "bench"))  # for its ``_paths``; last, as bench/_paths.py keeps it
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rounds(compute: dict[str, float], changed: tuple[int, ...] = (), converged: int | None = None) -> list[dict[str, Any]]:
+    """Four round records in the runtime's shape (``--log``), 2 steps each."""
+    out = []
+    for r in range(4):
+        devices = {d: {"compute_s": 2 * c, "wait_s": 0.1, "recv_s": 0.05, "post_s": 0.01, "update_s": 0.02,
+                       "weight": 1.0, "speed_factor": 2.0 if d == "cpu1" else 1.0} for d, c in compute.items()}
+        out.append({"round": r, "steps": 2, "step_time_s": 1.0 - 0.1 * (r in changed or r > 1), "max_wait_s": 0.2,
+                    "mean_wait_s": 0.1, "imbalance": 0.02, "plan_changed": r in changed,
+                    "converged": converged is not None and r >= converged, "reason": "recorded shape",
+                    "devices": devices, "stages": [{"device": "cpu0", "nodes": 5}, {"device": "cpu1", "nodes": 4}]})
+    return out
+
+
+def test_a_rebalancing_run_is_summarised_and_rendered(bench_run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_job(plan: Path, model: str, steps: int, round_steps: int, options: dict[str, Any], **kwargs: Any) -> dict:
+        tag = kwargs["tag"]
+        rounds = _rounds({"cpu0": 0.4, "cpu1": 0.8}, (1,), 3) if tag.endswith("dynamic") else \
+            _rounds({"cpu0": 0.4, "cpu1": 0.84})
+        return {"rounds": rounds, "load_before": 1.0, "load_after": 1.2, "wall_s": 9.0}
+
+    monkeypatch.setattr(bench_run, "profile_path", lambda name, reprofile, colocate=2: PLAN)
+    monkeypatch.setattr(bench_run, "make_plan", lambda name, prof, tag, **kwargs: PLAN)
+    monkeypatch.setattr(bench_run, "run_job", run_job)
+    args = argparse.Namespace(reprofile=False, steps=8, rebalance_steps=16, round_steps=2)
+    result = bench_run.rebalance_one(args, "gpt_small", 2.0, 0)
+    assert result["plan_changes"] == [1] and result["converged_round"] == 3
+    assert result["relative_speed"] == pytest.approx(2.0)
+    assert result["static_compute_ratio"] == pytest.approx(0.84 / 2.0 / 0.4)
+    assert result["stages"]["rebalanced"] == [5, 4] and len(result["stages"]["static"]) >= 1
+
+    results = json.loads((ROOT / "docs" / "bench-run.json").read_text())
+    results["rebalance"] = [result]
+    page = bench_run.render(results, argparse.Namespace(factors=[2.0], runs=1, rebalance_models=["gpt_small"]))
+    assert "| gpt_small | 2 | 0 | 2.00 (+0%) |" in page
