@@ -1,5 +1,7 @@
-"""bench/run.py's bookkeeping on recorded-shape round logs, without running ranks: the benchmark takes half an hour,
-so a slip in its code (one crashed every rebalancing run for a day unseen) must show here first."""
+"""The benchmark scripts' own code, without running them: they take half an hour or more and run by hand, so a slip
+in them (one crashed every rebalancing run of bench/run.py for a day unseen) must show here first. Each committed
+page is its committed results rendered by the script as it is now, and bench/run.py's bookkeeping of a rebalancing
+run is replayed on round records of the runtime's shape."""
 
 from __future__ import annotations
 
@@ -16,15 +18,31 @@ ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "tests" / "golden" / "plans" / "gpt_tiny-mixed-a100-v100-greedy.json"
 
 
-@pytest.fixture(scope="module")
-def bench_run() -> Any:
+def _script(name: str) -> Any:
+    """``bench/<name>.py`` as a module (its ``main`` does not run)."""
     if str(ROOT / "bench") not in sys.path:
         sys.path.append(str(ROOT / "bench"))  # for its ``_paths``; last, as bench/_paths.py keeps it
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench_run() -> Any:
+    return _script("run")
+
+
+@pytest.mark.parametrize(("script", "page"), [("run", "bench-run"), ("async", "bench-async"), ("sync", "bench-sync"),
+                                              ("dasp", "bench-dasp"), ("schedules", "bench-schedules")])
+def test_each_page_is_its_results_rendered(script: str, page: str) -> None:
+    module = _script(script)
+    results = json.loads((ROOT / "docs" / f"{page}.json").read_text())
+    rendered = module.render(results, argparse.Namespace()) if script == "run" else module.render(results)
+    flag = {"run": "--render-only", "schedules": None}.get(script, "--render")
+    how = f"python3 bench/{script}.py {flag}" if flag else f"python3 bench/{script}.py"
+    assert rendered == (ROOT / "docs" / f"{page}.md").read_text(), f"docs/{page}.md is not its results rendered: {how}"
 
 
 def _rounds(compute: dict[str, float], changed: tuple[int, ...] = (), converged: int | None = None) -> list[dict[str, Any]]:
@@ -59,5 +77,5 @@ def test_a_rebalancing_run_is_summarised_and_rendered(bench_run: Any, monkeypatc
 
     results = json.loads((ROOT / "docs" / "bench-run.json").read_text())
     results["rebalance"] = [result]
-    page = bench_run.render(results, argparse.Namespace(factors=[2.0], runs=1, rebalance_models=["gpt_small"]))
+    page = bench_run.render(results, argparse.Namespace())
     assert "| gpt_small | 2 | 0 | 2.00 (+0%) |" in page
