@@ -19,11 +19,12 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
-from planner.formats.catalog import load_catalog  # noqa: E402
-from planner.formats.cluster import load_cluster  # noqa: E402
+from planner.formats.catalog import DeviceSpec, load_catalog  # noqa: E402
+from planner.formats.cluster import Cluster, load_cluster  # noqa: E402
 from planner.formats.profile import Profile, load_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
 from planner.partition.model.times import calibration_factors  # noqa: E402
@@ -35,10 +36,8 @@ PROFILES = REPO / "profiles" / "h200"
 PAGE = REPO / "docs" / "bench-gpu.md"
 
 
-def replay(profile: Profile, plan: dict, cluster_path: Path) -> float:
+def replay(profile: Profile, plan: dict, cluster: Cluster, catalog: Mapping[str, DeviceSpec]) -> float:
     """The step time this checkout's planner predicts for ``plan``'s settings, from ``profile``."""
-    cluster = load_cluster(cluster_path)
-    catalog = load_catalog()
     source = rescaled(profile, int(plan["microbatch_size"]), catalog) if plan.get("microbatch_size") else profile
     again = partition(source, cluster, method=plan["method"], microbatches=plan["microbatches"],
                       schedule=plan["schedule"], optimizer=plan.get("optimizer", "adam"))
@@ -51,7 +50,8 @@ def in_proportion(profile: Profile) -> Profile:
     return dataclasses.replace(profile, extra={**profile.extra, "whole_model": whole})
 
 
-def trained_rows(run: Path) -> list[dict]:
+def trained_rows(run: Path, catalog: Mapping[str, DeviceSpec]) -> list[dict]:
+    cluster = load_cluster(run / "cluster-1.json")
     rows = []
     for model in sorted(p for p in run.iterdir() if p.is_dir()):
         plan = json.loads((model / "plan.json").read_text())
@@ -60,11 +60,11 @@ def trained_rows(run: Path) -> list[dict]:
         measured = summary["step_time_s"]
         rows.append({
             "model": model.name, "rows": plan["microbatch_size"], "m": plan["microbatches"], "measured": measured,
-            "proportion": replay(in_proportion(profile), plan, run / "cluster-1.json"),
-            "now": replay(profile, plan, run / "cluster-1.json"),
+            "proportion": replay(in_proportion(profile), plan, cluster, catalog),
+            "now": replay(profile, plan, cluster, catalog),
             "at_run": plan["predicted"]["step_time_s"],
             "calibrated": (summary.get("calibration") or {}).get("calibrated_step_time_s"),
-            "growth": time_growth(profile, plan["microbatch_size"] / profile.model["microbatch_size"], load_catalog()),
+            "growth": time_growth(profile, plan["microbatch_size"] / profile.model["microbatch_size"], catalog),
             "wait": wait_share(model / "rounds.jsonl"),
         })
     return rows
@@ -78,8 +78,7 @@ def wait_share(rounds: Path) -> float:
     return sum(d["wait_s"] - d["update_s"] for d in ranks) / sum(r["wall_s"] for r in later)
 
 
-def profile_rows() -> list[dict]:
-    catalog = load_catalog()
+def profile_rows(catalog: Mapping[str, DeviceSpec]) -> list[dict]:
     rows = []
     for path in sorted(PROFILES.glob("*.json")):
         profile = load_profile(path)
@@ -108,8 +107,9 @@ def render(run: Path) -> str:
     log = (run / "log.txt").read_text()
     gpu = next((line for line in log.splitlines() if line.startswith("GPU 0:")), "GPU: unknown")
     versions = next((line for line in log.splitlines() if line.startswith("torch ")), "")
-    trained = trained_rows(run)
-    profiles = profile_rows()
+    catalog = load_catalog()
+    trained = trained_rows(run, catalog)
+    profiles = profile_rows(catalog)
     low = min(r["roofline"] / r["train"] for r in profiles)
     high = max(r["roofline"] / r["train"] for r in profiles)
     twice = [(r["model"], r["calibration"], calibration_factors(load_profile(path)).get("h200"))

@@ -140,8 +140,7 @@ def gpu(docs: Path) -> str:
     source = "docs/bench-gpu.md"
     text = (docs / "bench-gpu.md").read_text(encoding="utf-8")
     machine = _find(text, r"on a lent machine \(([^;]+);", source).group(1)
-    rows = _rows(text, "gpt_small", source) + [r for m in ("llama_small", "resnet_small", "unet_small")
-                                               for r in _rows(text, m, source)]
+    rows = [r for m in ("gpt_small", "llama_small", "resnet_small", "unet_small") for r in _rows(text, m, source)]
     trained = [r for r in rows if " x " in r[1]]
     now = ", ".join(f"{r[0]} {_find(r[4], r'[(]([^)]+)[)]', source).group(1)}" for r in trained)
     before = [float(_find(r[3], r"[(]([+-][0-9]+)%[)]", source).group(1)) for r in trained]

@@ -527,16 +527,17 @@ def test_rescaling_keeps_the_fixed_part_the_profile_measured() -> None:
                                                           "estimated")}) for n in profile.nodes),
         extra={**profile.extra, "whole_model": {"train_s": 9e-3, "rows_scaling": {
             "rows": [4, 8], "train_s": [9e-3, 13.5e-3], "fixed_fraction": 0.5}}})
-    launch = load_catalog()["h100-sxm"].launch_overhead_s
+    catalog = load_catalog()
+    launch = catalog["h100-sxm"].launch_overhead_s
     for rows in (2, 8, 16):
         k = rows / 4
-        again = rescaled(profile, rows, load_catalog())
+        again = rescaled(profile, rows, catalog)
         assert again.extra["whole_model"]["train_s"] == pytest.approx(9e-3 * (0.5 + 0.5 * k))
         for a, b in zip(profile.nodes[1:], again.nodes[1:]):
             assert b.time_s["cpu"].fwd == pytest.approx(a.time_s["cpu"].fwd * (0.5 + 0.5 * k))
             assert b.time_s["h100-sxm"].bwd == pytest.approx(launch + (a.time_s["h100-sxm"].bwd - launch) * k)
-    twice = rescaled(rescaled(profile, 8, load_catalog()), 16, load_catalog())
-    direct = rescaled(profile, 16, load_catalog())
+    twice = rescaled(rescaled(profile, 8, catalog), 16, catalog)
+    direct = rescaled(profile, 16, catalog)
     assert [n.time_s["cpu"].bwd for n in twice.nodes] == pytest.approx([n.time_s["cpu"].bwd for n in direct.nodes])
     assert twice.extra["whole_model"]["rows_scaling"]["fixed_fraction"] == pytest.approx(0.5 / 2.5)
 
@@ -555,15 +556,16 @@ def test_a_gpu_micro_batch_takes_the_longer_of_its_launches_and_the_roofline_wor
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "h200" / "gpt_small.json")
     whole = profile.extra["whole_model"]
     f = whole["rows_scaling"]["fixed_fraction"]
-    share = growing_time_s(profile.nodes, "h200", load_catalog()) / whole["train_s"]
+    catalog = load_catalog()
+    share = growing_time_s(profile.nodes, "h200", catalog) / whole["train_s"]
     assert f == 1.0 and 0 < share < 0.5
     for k in (0.5, 2, 8, 64):
-        assert time_growth(profile, k, load_catalog()) == pytest.approx(max(f + (1 - f) * k, share * k))
+        assert time_growth(profile, k, catalog) == pytest.approx(max(f + (1 - f) * k, share * k))
     assert share * 64 > 1  # the device's work takes over
-    assert time_growth(profile, 64, load_catalog()) == pytest.approx(share * 64)
+    assert time_growth(profile, 64, catalog) == pytest.approx(share * 64)
     on_cpu = replace(profile, extra={**profile.extra, "measurement": {**profile.extra["measurement"],
                                                                       "clock": "thread_cpu"}})
-    assert time_growth(on_cpu, 64, load_catalog()) == pytest.approx(f + (1 - f) * 64)
+    assert time_growth(on_cpu, 64, catalog) == pytest.approx(f + (1 - f) * 64)
 
 
 def test_rescaling_keeps_the_calibration_and_colocation_factors_of_the_measurement() -> None:

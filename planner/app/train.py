@@ -286,9 +286,7 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest, ranks: int | Non
     warmup = DEFAULT_ASYNC_WARMUP if request.async_warmup is None else request.async_warmup
     drains = run_drain_every(request.step_count, request.round_steps, warmup)
 
-    degree = request.data_parallel
-
-    def plan_with(sync: str, period: int | None) -> Plan:
+    def plan_with(sync: str, period: int | None, degree: str) -> Plan:
         return partition_file(profile_path, request.cluster, None, method=request.method,
                               microbatches=request.microbatches, schedule=request.schedule, refine=True,
                               data_parallel=degree, global_batch=global_batch, sync=sync,
@@ -296,7 +294,8 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest, ranks: int | Non
                               async_warmup=warmup)
 
     first_sync = "ssgd" if request.sync == "auto" else request.sync
-    chosen = plan_with(first_sync, request.sync_period)
+    degree = request.data_parallel
+    chosen = plan_with(first_sync, request.sync_period, degree)
     every_rank = None
     if ranks is not None:
         from planner.runtime.launch.prepare import world_size_of
@@ -304,7 +303,7 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest, ranks: int | Non
         used = world_size_of(chosen)
         if used != ranks:
             degree = str(_every_rank_degree(used, ranks, request.data_parallel))
-            chosen = plan_with(first_sync, request.sync_period)
+            chosen = plan_with(first_sync, request.sync_period, degree)
             if world_size_of(chosen) != ranks:
                 raise PlannerError(f"the fastest plan uses {used} of the {ranks} ranks torchrun started, and with "
                                    f"--data-parallel {degree} it uses {world_size_of(chosen)}; start {used} ranks "
@@ -312,7 +311,7 @@ def choose_strategy(profile: ProfileUse, request: TrainRequest, ranks: int | Non
             every_rank = {"fastest_uses": used, "ranks": ranks, "data_parallel": int(degree)}
     sync = None
     if request.sync == "auto" and chosen.shape().replicated:
-        chosen, sync = _choose_sync(chosen, lambda: plan_with("adaptive", None))
+        chosen, sync = _choose_sync(chosen, lambda: plan_with("adaptive", None, degree))
     rows = candidate_rows(chosen, sync, first_sync)
     return Strategy(chosen, rows, sync, global_batch if request.microbatches == "auto" else None,
                     time.perf_counter() - started, every_rank)
