@@ -224,6 +224,32 @@ def test_rank_timer_splits_compute_and_wait_with_a_fake_clock() -> None:
     assert stats.step_time_s == 1.375
 
 
+def test_the_speed_fit_reads_compute_on_the_profile_clock_and_the_stretch_alike() -> None:
+    """A pass whose core other threads took for part of it: the wall clock counts that part, the thread's CPU clock
+    (the profile's) does not; the emulated slowdown stretches both by its factor, and the fit reads the CPU one."""
+    from planner.runtime.slowdown import Slowdown
+    from planner.runtime.timing import RankTimer, compute_cpu_clock, round_row, stats_from_rows
+
+    now, cpu = [0.0], [0.0]
+    slow = Slowdown(2.0, sleep=lambda s: now.__setitem__(0, now[0] + s))
+    timer = RankTimer(1, "cpu1", slow, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    with timer.compute():
+        now[0] += 1.0
+        cpu[0] += 0.75  # a quarter of the pass ran other threads
+    mine = timer.end_round()
+    assert (mine.compute_s, mine.compute_cpu_s, mine.emulated_s) == (2.0, 1.5, 1.0)
+    assert mine.fitted_compute_s == 1.5
+    stats = stats_from_rows([round_row(mine)], ["cpu1"], round_index=0, first_step=0, steps=1)
+    assert stats.devices[0].compute_cpu_s == 1.5  # it travels in the round-end exchange
+    plain = RankTimer(0, "cpu0", clock=lambda: now[0])  # no CPU clock (a GPU, or several intra-op threads)
+    with plain.compute():
+        now[0] += 1.0
+    assert plain.end_round().fitted_compute_s == 1.0
+    import torch
+
+    assert compute_cpu_clock(torch.device("meta")) is None
+
+
 def test_posting_update_and_the_loss_are_timed_where_they_belong() -> None:
     from planner.runtime.timing import RankTimer, instrument_schedule
 
@@ -254,7 +280,8 @@ def test_round_records_and_the_live_table(tmp_path) -> None:
     stats = _round({"a": 4.0, "b": 8.0}, wall_s=9.0)
     rec = round_record(stats, initial_state(["a", "b"]), imbalance=0.2, balanced=False, plan_changed=True,
                        reason="unbalanced", loss=1.5, moved_tensors=3, moved_bytes=120)
-    assert rec["devices"]["a"] == {"compute_s": 4.0, "wait_s": 5.0, "recv_s": 0.0, "post_s": 0.0, "update_s": 0.0, "weight": 1.0, "speed_factor": 1.0}
+    assert rec["devices"]["a"] == {"compute_s": 4.0, "wait_s": 5.0, "recv_s": 0.0, "post_s": 0.0, "update_s": 0.0,
+                                     "emulated_s": 0.0, "compute_cpu_s": 0.0, "weight": 1.0, "speed_factor": 1.0}
     assert (rec["max_wait_s"], rec["mean_wait_s"], rec["step_time_s"]) == (5.0, 3.0, 2.25)
     path = tmp_path / "rounds.jsonl"
     with RoundLog(path) as log:

@@ -30,10 +30,23 @@ from typing import Any, Callable, Iterator, Sequence
 from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankTimer", "device_clock", "instrument_stage", "instrument_schedule", "timed_p2p", "ROUND_FIELDS", "round_row",
-           "stats_from", "stats_from_rows"]
+__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "instrument_stage", "instrument_schedule", "timed_p2p",
+           "ROUND_FIELDS", "round_row", "stats_from", "stats_from_rows"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+
+def compute_cpu_clock(device: Any) -> Callable[[], float] | None:
+    """The clock the profile timed its ops with, where it differs from the wall clock: ``time.thread_time`` on a CPU
+    rank that computes on one intra-op thread (``planner.profile.timer``: ``thread_cpu``), else None. Read beside the
+    wall clock around each pass, it leaves out the time the rank's core spent on other threads meanwhile: gloo's own
+    threads copying the bytes of the sends and receives the schedule posted, which land on whichever stage computes
+    while they run (``DeviceRound.compute_cpu_s``)."""
+    if getattr(device, "type", "cpu") != "cpu":
+        return None
+    import torch
+
+    return time.thread_time if torch.get_num_threads() == 1 else None
 
 
 def device_clock(device: Any) -> Callable[[], float]:
@@ -53,36 +66,42 @@ class RankTimer:
     """Accumulates compute and blocked time between ``begin_round`` and ``end_round``."""
 
     def __init__(self, rank: int, device: str, slowdown: Slowdown | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, cpu_clock: Callable[[], float] | None = None) -> None:
         self.rank, self.device = rank, device
         self.slowdown = slowdown or Slowdown()
         self._clock = clock
+        self._cpu_clock = cpu_clock
+        """``compute_cpu_clock``: also time each compute interval on the thread's CPU clock (``compute_cpu_s``)."""
         self._depth = 0
         self.begin_round()
 
     def begin_round(self) -> None:
         self._start = self._clock()
-        self.compute_s = self.recv_s = self.emulated_s = self.post_s = self.update_s = 0.0
+        self.compute_s = self.compute_cpu_s = self.recv_s = self.emulated_s = self.post_s = self.update_s = 0.0
 
     def end_round(self) -> DeviceRound:
         """This rank's round, its wait against its own wall time (``stats_from`` measures it against the slowest's)."""
         wall = self._clock() - self._start
         return DeviceRound(self.device, self.compute_s, max(wall - self.compute_s, 0.0), self.recv_s, self.post_s,
-                           self.update_s, rank=self.rank, wall_s=wall, emulated_s=self.emulated_s)
+                           self.update_s, rank=self.rank, wall_s=wall, emulated_s=self.emulated_s,
+                           compute_cpu_s=self.compute_cpu_s if self._cpu_clock is not None else 0.0)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
         """Time a compute interval (outermost only) and stretch it by the rank's slowdown."""
         self._depth += 1
         start = self._clock()
+        cpu_start = self._cpu_clock() if self._cpu_clock is not None else 0.0
         try:
             yield
         finally:
             self._depth -= 1
             if self._depth == 0:
                 real = self._clock() - start
+                cpu = self._cpu_clock() - cpu_start if self._cpu_clock is not None else 0.0
                 extra = self.slowdown.stretch(real)
                 self.compute_s += real + extra
+                self.compute_cpu_s += cpu * (real + extra) / real if real > 0 else cpu  # stretched alike
                 self.emulated_s += extra
 
     def blocked(self) -> contextlib.AbstractContextManager[None]:
@@ -171,7 +190,7 @@ def stats_from(rounds: list[DeviceRound], *, round_index: int, first_step: int, 
     return RoundStats(round=round_index, first_step=first_step, steps=steps, wall_s=wall, devices=devices)
 
 
-ROUND_FIELDS = ("compute_s", "wait_s", "recv_s", "post_s", "update_s", "wall_s", "emulated_s")
+ROUND_FIELDS = ("compute_s", "wait_s", "recv_s", "post_s", "update_s", "wall_s", "emulated_s", "compute_cpu_s")
 """A ``DeviceRound``'s numbers, in the order ``round_row`` packs them (its device and rank are known on every rank)."""
 
 

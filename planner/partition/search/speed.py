@@ -31,11 +31,12 @@ iterations, so it is deterministic):
   prior towards 1 would let a small atom absorb the noise of the round in which it appeared.
 - ``w_obs = decay ** age``: recent rounds count more, so a device that changes speed is followed.
 - ``lambda_g`` is measured (``drift_prior``): the rounds that ran the same plan show how far the host's speed
-  drifts between rounds, and the drift's variance sets how far the rounds' absolute times are trusted. On a
-  steady host a moved cut separates speed from op error exactly (the cut's atom was timed on both devices);
-  on a drifting one the factors are read from how the devices of one round differ. Without ``g_r`` a host
-  that ran 20% faster in the round after a cut moved took the slow rank's factor from 2.0 to 3.1 (a recorded
-  gpt_small run, ``tests/test_speed.py``).
+  drifts between rounds (their levels) and how far each device moves about its round's level (the noise the
+  drift does not explain); the ratio of the two variances sets how far the rounds' absolute times are trusted.
+  On a steady host a moved cut separates speed from op error exactly (the cut's atom was timed on both
+  devices); on a drifting one the factors are read from how the devices of one round differ. Without ``g_r`` a
+  host that ran 20% faster in the round after a cut moved took the slow rank's factor from 2.0 to 3.1 (a
+  recorded gpt_small run, ``tests/test_speed.py``).
 
 This is the alternating speed/work decomposition that heterogeneity-aware schedulers fit from throughput
 observations (Gavel, Narayanan et al., OSDI 2020, fits job x accelerator throughputs; Cannikin, Zhang et al.,
@@ -51,14 +52,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR", "DECAY",
-           "ITERATIONS"]
+__all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR", "MIN_NOISE",
+           "DECAY", "ITERATIONS"]
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
-CORRECTION_PRIOR = 0.03
+CORRECTION_PRIOR = 0.05
 """``lambda_c``: how strongly a correction is pulled to the corrections' common level (the profile's shape is
-trusted until the data insists: one op range is not made cheap to explain a few percent of noise)."""
+trusted until the data insists: one op range is not made cheap to explain a few percent of noise). Chosen on the
+81 recorded rebalancing runs of ``tests/golden/traces/`` whose straggler held its core (docs/rebalancing.md)."""
 DECAY = 0.85
 """Weight of a round relative to the next one (``RebalanceConfig.speed_decay``)."""
 ITERATIONS = 30
@@ -66,9 +68,9 @@ ITERATIONS = 30
 DRIFT_PRIOR = 0.1
 """``lambda_g`` until the window holds two rounds of one plan (nothing to measure the drift from yet): weak, so a
 first moved cut is not read from two rounds' absolute times alone."""
-MEASUREMENT_NOISE = 0.03
-"""The spread (in log units, ~3%) of one device's compute over a round that the host's drift does not explain:
-``lambda_g = MEASUREMENT_NOISE**2 / drift variance``."""
+MIN_NOISE = 1e-3
+"""Floor of the measured noise (in log units, 0.1%): rounds that differ in level only (every device alike) have no
+spread of their own."""
 MAX_DRIFT_PRIOR = 1e3
 """``lambda_g`` on a host that does not drift (identical rounds of one plan): the rounds' absolute times are
 trusted, and a moved cut separates speed from op error exactly."""
@@ -104,19 +106,31 @@ class SpeedFit:
 
 
 def drift_prior(rounds: Sequence[Sequence[Held]]) -> float:
-    """``lambda_g``, from how much rounds of the same plan differ in level: the variance, over rounds that ran
-    one plan, of each round's mean log compute about that plan's mean (what only the host's drift moves), set
-    against ``MEASUREMENT_NOISE`` (an empirical-Bayes choice of the prior's strength)."""
-    levels: dict[tuple[object, ...], list[float]] = {}
+    """``lambda_g = noise / drift``, both measured on the rounds that ran one plan (an empirical-Bayes choice of the
+    prior's strength): the *noise* is how each device's log compute moves about its round's mean from round to
+    round (what the host's drift, common to all devices, does not explain); the *drift* is how each round's mean log
+    compute moves about its plan's mean, less the part the noise puts there. ``DRIFT_PRIOR`` until some plan has run
+    twice."""
+    groups: dict[tuple[object, ...], list[dict[str, float]]] = {}
     for held in rounds:
-        logs = [math.log(h.measured_s) for h in held if h.measured_s > 0]
+        logs = {h.device: math.log(h.measured_s) for h in held if h.measured_s > 0}
         if logs:
-            levels.setdefault(tuple(sorted((h.device, h.ranges) for h in held)), []).append(sum(logs) / len(logs))
-    groups = [v for v in levels.values() if len(v) > 1]
-    if not groups:
+            groups.setdefault(tuple(sorted((h.device, h.ranges) for h in held)), []).append(logs)
+    runs = [v for v in groups.values() if len(v) > 1]
+    if not runs:
         return DRIFT_PRIOR
-    spread = sum((x - sum(v) / len(v)) ** 2 for v in groups for x in v) / sum(len(v) - 1 for v in groups)
-    return min(MEASUREMENT_NOISE ** 2 / max(spread, 1e-12), MAX_DRIFT_PRIOR)
+    levels, spreads = [], []  # (value, its mean over the plan's rounds) pairs
+    for logs in runs:
+        level = [sum(r.values()) / len(r) for r in logs]
+        levels += [(x, sum(level) / len(level)) for x in level]
+        for device in logs[0]:
+            own = [r[device] - m for r, m in zip(logs, level) if device in r]
+            spreads += [(x, sum(own) / len(own)) for x in own]
+    dof = sum(len(v) - 1 for v in runs)
+    devices = max(len(v[0]) for v in runs)
+    noise = max(sum((x - m) ** 2 for x, m in spreads) / (dof * devices), MIN_NOISE ** 2)
+    drift = max(sum((x - m) ** 2 for x, m in levels) / dof - noise / devices, 1e-12)
+    return min(noise / drift, MAX_DRIFT_PRIOR)
 
 
 def _atoms(rounds: Sequence[Sequence[Held]]) -> list[tuple[int, int]]:

@@ -43,8 +43,8 @@ from planner.runtime.options import OPTIONS, rebalance_config
 from planner.runtime.links import usable_cores
 from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
-from planner.runtime.timing import (RankTimer, instrument_schedule, instrument_stage, round_row, stats_from_rows,
-                                    timed_p2p)
+from planner.runtime.timing import (RankTimer, compute_cpu_clock, instrument_schedule, instrument_stage, round_row,
+                                    stats_from_rows, timed_p2p)
 from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.resume import IDENTITY_KEY
@@ -87,7 +87,8 @@ class DynamicHooks(RunHooks):
         if slowdown.factor > 1.0:
             slowdown.keep_warm = lambda: touch_pages(_training_state(run))
             slowdown.busy = int(os.environ.get("LOCAL_WORLD_SIZE", world)) <= usable_cores()
-        self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown, clock=run.clock)
+        self.timer = RankTimer(run.rank, self.ranks[run.rank], slowdown, clock=run.clock,
+                               cpu_clock=compute_cpu_clock(run.device))
         self._p2p = timed_p2p(self.timer)
         self._p2p.__enter__()
         self.state = initial_state(self.ranks, start_weights(run.plan))
@@ -218,7 +219,7 @@ class DynamicHooks(RunHooks):
         else:
             self.last_judged_s, self.spiked = stats.step_time_s, False
         if not self.warm_up:  # the round after a switch builds stages: its compute is no measure of speed
-            held = self.model.held(run.plan, stats.steps, {d.device: d.compute_s for d in stats.devices})
+            held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices})
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
             result["state"] = self.state.to_dict()
         if not self.opt["rebalance"]:
