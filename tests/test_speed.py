@@ -178,3 +178,10 @@ def test_the_drift_prior_trusts_a_steady_host_and_not_a_drifting_one() -> None:
     assert drift_prior(steady[:1]) == DRIFT_PRIOR  # one round of a plan: nothing to measure the drift from
     drifting = [tuple(Held(h.device, h.measured_s * scale, h.ranges) for h in steady[0]) for scale in (1.0, 1.2, 0.9)]
     assert drift_prior(drifting) < 0.1
+    # the devices scatter about a steady level (one 5% up while the other is 5% down): noise, not drift
+    noisy = [tuple(Held(h.device, h.measured_s * (1 + sign * (-1) ** k * 0.05), h.ranges) for k, h in enumerate(held))
+             for sign, held in zip((1, -1, 1), steady)]
+    assert drift_prior(noisy) == MAX_DRIFT_PRIOR
+    # both at once: the prior weighs the drift against the scatter that comes with it
+    both = [tuple(Held(h.device, h.measured_s * scale, h.ranges) for h in held) for scale, held in zip((1.0, 1.2, 0.9), noisy)]
+    assert drift_prior(drifting) < drift_prior(both) < 1.0
