@@ -84,7 +84,7 @@ class RankTimer:
         wall = self._clock() - self._start
         return DeviceRound(self.device, self.compute_s, max(wall - self.compute_s, 0.0), self.recv_s, self.post_s,
                            self.update_s, rank=self.rank, wall_s=wall, emulated_s=self.emulated_s,
-                           compute_cpu_s=self.compute_cpu_s if self._cpu_clock is not None else 0.0)
+                           compute_cpu_s=self.compute_cpu_s)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
