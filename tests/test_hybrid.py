@@ -586,9 +586,16 @@ def test_rescaling_keeps_the_calibration_and_colocation_factors_of_the_measureme
     profile = replace(profile, extra={**profile.extra, "whole_model": whole})
     cluster = load_cluster_spec("cpu-2")
     assert calibration_factors(profile, cluster)["cpu"] == pytest.approx(1.3)
+    # the lone and loaded timings of a MEASUREMENT_VERSION 6 profile scale with the rows too
+    timed = {**whole["colocation"], "alone_s": [1.0 * ops, 1.2 * ops], "loaded_s": [1.25 * ops, 1.3 * ops, 1.4 * ops]}
+    six = replace(profile, extra={**profile.extra, "whole_model": {**whole, "colocation": timed}})
+    assert calibration_factors(six)["cpu"] == pytest.approx(1.1)
+    assert calibration_factors(six, cluster)["cpu"] == pytest.approx(1.3)
     for rows in (1, 4, 16):
-        assert calibration_factors(rescaled(profile, rows), cluster) == pytest.approx(
-            calibration_factors(profile, cluster))
+        for measured in (profile, six):
+            assert calibration_factors(rescaled(measured, rows), cluster) == pytest.approx(
+                calibration_factors(measured, cluster))
+            assert calibration_factors(rescaled(measured, rows)) == pytest.approx(calibration_factors(measured))
 
 
 def test_the_run_time_model_predicts_a_plan_made_for_other_rows_as_the_planner_did(tmp_path: Path) -> None:

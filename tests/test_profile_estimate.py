@@ -221,3 +221,14 @@ def test_colocation_scales_measured_times_only_where_a_host_shares_its_devices()
     faster = dict(measured, colocation={"ranks": 2, "train_s": 0.97 * 1.1 * ops_s, "factor": 0.97})
     noisy = replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=faster)))
     assert calibration_factors(noisy, shared)[local] == pytest.approx(plain)
+    # with the lone times taken around the loaded windows (MEASUREMENT_VERSION 6 on): the lone micro-batch is the mean
+    # of every lone timing, and a shared host takes the loaded one as measured, not a factor over one lone time
+    def with_colocation(loaded: float) -> object:
+        timed = {"ranks": 2, "train_s": loaded * ops_s, "factor": loaded / 1.05, "alone_s": [1.0 * ops_s, 1.05 * ops_s],
+                 "loaded_s": [loaded * ops_s] * 3}
+        return replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=dict(measured, colocation=timed))))
+
+    lone = (1.1 + 1.0 + 1.05) / 3
+    assert calibration_factors(with_colocation(1.2))[local] == pytest.approx(lone)
+    assert calibration_factors(with_colocation(1.2), shared)[local] == pytest.approx(1.2)
+    assert calibration_factors(with_colocation(1.02), shared)[local] == pytest.approx(lone)  # under the lone: noise

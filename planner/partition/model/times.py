@@ -9,6 +9,7 @@ step per device type. Pure: the catalog arrives as an argument.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Collection, Mapping, Sequence
 
 from planner.errors import InputFileError, PlannerError
@@ -189,12 +190,17 @@ def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dic
     split between ops keeps the per-op shape. Profiles without ``train_s`` (older ones, or a model
     without trainable parameters) get no factor; see docs/cost-model.md, "Calibration".
 
+    The lone micro-batch is the mean of every time the profile took of it alone: ``train_s`` and, under
+    co-location, ``colocation.alone_s`` (timed just before and after the loaded windows).
+
     With ``cluster``, a profile measured under co-location (``plan profile --colocate N``:
-    ``whole_model.colocation``) also scales by the co-location factor when some host of the cluster holds
-    ``N`` or more devices of the profiled type (they will share that host's cores and memory as measured).
-    A factor below 1 counts as 1: ranks that share a host slow each other or leave each other alone, so a
-    loaded time under the lone one is read as the measurements' noise (a factor of 0.974 took 2.6% off a README
-    main job's prediction).
+    ``whole_model.colocation``) takes the loaded micro-batch instead (``colocation.train_s``, the median of the
+    windows timed beside ``N - 1`` helpers) when some host of the cluster holds ``N`` or more devices of the
+    profiled type: those devices share that host's cores and memory as measured. The loaded time is used as it was
+    measured, not as a factor over one lone time, which multiplied the noise of two timings: four profiles of
+    resnet_small a minute apart predicted 48.6-54.2 ms a micro-batch that way, and 49.8-52.9 ms this way. A loaded
+    time under the lone one counts as the lone one: ranks that share a host slow each other or leave each other
+    alone, so less is the measurements' noise (a factor of 0.974 took 2.6% off a README main job's prediction).
     """
     whole = profile.extra.get("whole_model") or {}
     device_type = str(profile.extra.get("device_type", ""))
@@ -206,14 +212,17 @@ def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dic
     total = sum(t.fwd + t.bwd for t in measured)
     if total <= 0:
         return {}
-    factor = train_s / total
+    colocation = whole.get("colocation") or {}
+    lone = statistics.fmean([train_s, *(float(x) for x in colocation.get("alone_s") or ())])
+    factor = lone / total
     low, high = GPU_CALIBRATION_RANGE if timed_on_gpu(profile) else CALIBRATION_RANGE
     if not low <= factor <= high:
         return {}
-    colocation = whole.get("colocation") or {}
     if cluster is not None and colocation.get("factor"):
         if cluster.most_on_one_host(device_type) >= int(colocation.get("ranks", 2)):
-            factor *= max(float(colocation["factor"]), 1.0)
+            loaded = float(colocation.get("train_s") or 0.0) if colocation.get("alone_s") \
+                else lone * float(colocation["factor"])  # before MEASUREMENT_VERSION 6: one lone time, the factor
+            factor = max(loaded, lone) / total
     return {device_type: factor}
 
 

@@ -121,9 +121,9 @@ def _fixed_fraction(whole: Mapping[str, Any]) -> float:
 
 
 def _rescaled_whole(whole: Any, k: float, time_k: float) -> Any:
-    """The whole-model measurement at ``k`` times the rows: its training, forward, backward and loss times scale
-    by ``time_k`` as the measured ops do, so the calibration factor (training over the sum of the ops) and the
-    co-location factor are those measured; the loss's output bytes scale by ``k``; the optimizer step does not
+    """The whole-model measurement at ``k`` times the rows: its training, forward, backward and loss times (the
+    co-location's lone and loaded ones too) scale by ``time_k`` as the measured ops do, so the calibration factor
+    (training over the sum of the ops) and the co-location factor are those measured; the loss's output bytes scale by ``k``; the optimizer step does not
     depend on the rows. ``rows_scaling`` is restated at the new rows: the fixed part is the same seconds, a
     different share of the new time."""
     if not whole:
@@ -138,7 +138,9 @@ def _rescaled_whole(whole: Any, k: float, time_k: float) -> Any:
                           **({"output_bytes": round(loss["output_bytes"] * k)} if "output_bytes" in loss else {})}
     colocation = whole.get("colocation")
     if colocation and isinstance(colocation.get("train_s"), (int, float)):
-        scaled["colocation"] = {**colocation, "train_s": colocation["train_s"] * time_k}
+        scaled["colocation"] = {**colocation, "train_s": colocation["train_s"] * time_k,
+                                **{key: [x * time_k for x in colocation[key]] for key in ("alone_s", "loaded_s")
+                                   if isinstance(colocation.get(key), list)}}
     if whole.get("rows_scaling"):
         scaled["rows_scaling"] = {**whole["rows_scaling"], "fixed_fraction": _fixed_fraction(whole) / time_k}
     return scaled
