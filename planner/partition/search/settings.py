@@ -123,9 +123,9 @@ def _fixed_fraction(whole: Mapping[str, Any]) -> float:
 def _rescaled_whole(whole: Any, k: float, time_k: float) -> Any:
     """The whole-model measurement at ``k`` times the rows: its training, forward, backward and loss times (the
     co-location's lone and loaded ones too) scale by ``time_k`` as the measured ops do, so the calibration factor
-    (training over the sum of the ops) and the co-location factor are those measured; the loss's output bytes scale by ``k``; the optimizer step does not
-    depend on the rows. ``rows_scaling`` is restated at the new rows: the fixed part is the same seconds, a
-    different share of the new time."""
+    (training over the sum of the ops) and the co-location factor are those measured; the loss's output bytes
+    scale by ``k``; the optimizer step does not depend on the rows. ``rows_scaling`` is restated at the new rows:
+    the fixed part is the same seconds, a different share of the new time."""
     if not whole:
         return whole
     scaled = dict(whole)

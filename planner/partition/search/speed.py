@@ -52,8 +52,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR", "MIN_NOISE",
-           "DECAY", "ITERATIONS"]
+__all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR",
+           "MIN_NOISE", "DECAY", "ITERATIONS"]
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
