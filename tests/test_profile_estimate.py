@@ -226,7 +226,8 @@ def test_colocation_scales_measured_times_only_where_a_host_shares_its_devices()
     def with_colocation(loaded: float) -> object:
         timed = {"ranks": 2, "train_s": loaded * ops_s, "factor": loaded / 1.05, "alone_s": [1.0 * ops_s, 1.05 * ops_s],
                  "loaded_s": [loaded * ops_s] * 3}
-        return replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=dict(measured, colocation=timed))))
+        whole_model = dict(measured, colocation=timed)
+        return replace(profile, extra=MappingProxyType(dict(profile.extra, whole_model=whole_model)))
 
     lone = (1.1 + 1.0 + 1.05) / 3
     assert calibration_factors(with_colocation(1.2))[local] == pytest.approx(lone)

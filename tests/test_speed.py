@@ -153,7 +153,7 @@ def test_a_slowed_rank_that_holds_its_core_is_read_at_its_slowdown() -> None:
     """27 recorded runs of the same bench after the emulated straggler waited out its stretch busy on its core
     (docs/rebalancing.md): asleep, it freed the core and the fast rank sped up, so the slowdown to be read was more
     than asked. The fit reads 22 of 27 final ratios within 10% of the slowdown, none more than 22% off (21 and 35%
-    with a constant noise in the drift prior and half the correction prior)."""
+    with a constant noise in the drift prior and the correction prior at 0.03)."""
     errors = _errors(_recorded("2026-11-27"))
     assert len(errors) == 27
     assert sum(abs(e) <= 0.10 for e in errors.values()) >= 22, errors
@@ -183,5 +183,6 @@ def test_the_drift_prior_trusts_a_steady_host_and_not_a_drifting_one() -> None:
              for sign, held in zip((1, -1, 1), steady)]
     assert drift_prior(noisy) == MAX_DRIFT_PRIOR
     # both at once: the prior weighs the drift against the scatter that comes with it
-    both = [tuple(Held(h.device, h.measured_s * scale, h.ranges) for h in held) for scale, held in zip((1.0, 1.2, 0.9), noisy)]
+    both = [tuple(Held(h.device, h.measured_s * scale, h.ranges) for h in held)
+            for scale, held in zip((1.0, 1.2, 0.9), noisy)]
     assert drift_prior(drifting) < drift_prior(both) < 1.0
