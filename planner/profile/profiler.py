@@ -77,8 +77,9 @@ def profile_model(spec: str, *, input_spec: str | None = None, microbatch_size: 
         before = train()
         loaded = measure_colocated(colocate, spec, input_spec, microbatch_size, threads or 1, train, COLOCATION_WINDOWS)
         alone = [before, train()]
-        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": statistics.median(loaded),
-                                                       "factor": statistics.median(loaded) / statistics.fmean(alone),
+        typical = statistics.median(loaded)
+        whole = dict(extra["whole_model"], colocation={"ranks": colocate, "train_s": typical,
+                                                       "factor": typical / statistics.fmean(alone),
                                                        "alone_s": alone, "loaded_s": loaded})
         extra["whole_model"] = whole
     estimated = tuple(d for d in estimate if d != device_type)

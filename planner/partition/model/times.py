@@ -218,11 +218,9 @@ def calibration_factors(profile: Profile, cluster: Cluster | None = None) -> dic
     low, high = GPU_CALIBRATION_RANGE if timed_on_gpu(profile) else CALIBRATION_RANGE
     if not low <= factor <= high:
         return {}
-    if cluster is not None and colocation.get("factor"):
-        if cluster.most_on_one_host(device_type) >= int(colocation.get("ranks", 2)):
-            loaded = float(colocation.get("train_s") or 0.0) if colocation.get("alone_s") \
-                else lone * float(colocation["factor"])  # before MEASUREMENT_VERSION 6: one lone time, the factor
-            factor = max(loaded, lone) / total
+    loaded = float(colocation.get("train_s") or 0.0)  # older profiles too: there factor x their one lone time
+    if cluster is not None and loaded > 0 and cluster.most_on_one_host(device_type) >= int(colocation.get("ranks", 2)):
+        factor = max(loaded, lone) / total
     return {device_type: factor}
 
 
