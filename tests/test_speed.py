@@ -172,7 +172,7 @@ def test_compute_read_on_the_cpu_clock_is_read_at_its_slowdown() -> None:
 
 def test_the_last_positions_excess_is_read_as_speed_where_it_never_moves() -> None:
     """27 runs of the bench the next night (2026-11-28, CPU clock), the same code: resnet_small's re-plans only move
-    its cut later, so the slowed rank keeps the pipeline's last stage, whose passes cost more than the profile says
+    its cut later, so the slowed rank keeps resnet_small's last stage, whose passes cost more than the profile says
     (docs/rebalancing.md: about 0.9 ms of CPU a micro-batch, more of a smaller stage); that excess never runs on the
     other rank and is read as speed, 7-13% above the slowdown in all 9 runs. gpt_small and unet_small, whose re-plans
     swap the ranks' order, stay within 8% but for one run (unet_small at 3x, 11%). 21 of 27 within 10%."""
