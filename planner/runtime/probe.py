@@ -156,7 +156,7 @@ def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | 
     import torch.distributed as dist
 
     from planner.profile.capture import capture
-    from planner.runtime.pipeline.stages import build_rank_stages, build_schedule
+    from planner.runtime.pipeline.stages import build_rank_stages, build_schedule, training_step_kwargs
     from planner.runtime.timing import RankTimer, instrument_stage
 
     torch.manual_seed(0)
@@ -183,9 +183,9 @@ def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | 
         timer.begin_round()
         start = time.perf_counter()
         if rank == 0:
-            schedule.step(batch)
+            schedule.step(batch, **training_step_kwargs(schedule))
         else:
-            schedule.step(target=target, losses=[])
+            schedule.step(target=target, losses=[], **training_step_kwargs(schedule))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= WARMUP_STEPS:

@@ -49,7 +49,7 @@ from planner.runtime.timing import device_clock
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.prepare import Prepared, prepare
 from planner.runtime.pipeline.stages import (RankStages, average_grads, build_rank_stages, build_schedule, sync_tied_grads,
-                                    sync_tied_params)
+                                    sync_tied_params, training_step_kwargs)
 from planner.runtime.pipeline.asynchronous import AsyncEngine, correction_of
 from planner.runtime.pipeline.training import make_optimizer
 
@@ -141,6 +141,7 @@ class RankRun:
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         kwargs: dict[str, Any] = {"target": target, "losses": losses} if self.stages.has_last else {}
+        kwargs.update(training_step_kwargs(self.schedule))
         self.schedule.step(*(inputs if self.stages.has_first else ()), **kwargs)
         start = self.clock()
         if not self.sync.reduces_in_backward:

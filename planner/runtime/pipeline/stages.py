@@ -38,7 +38,7 @@ from planner.runtime.pipeline.graph_split import StageGraph, assign_nodes, canon
 
 __all__ = ["ContiguousStage", "OwnOutputs", "kept_outputs", "Recomputed", "RankStages", "TiedGroup", "rank_of_stages",
            "build_rank_stages",
-           "build_schedule", "check_zero_bubble", "stage_graphs", "zero_bubble_actions",
+           "build_schedule", "training_step_kwargs", "check_zero_bubble", "stage_graphs", "zero_bubble_actions",
            "tied_groups", "sync_tied_params", "sync_tied_grads", "average_grads"]
 
 
@@ -380,6 +380,17 @@ def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.
         return ScheduleInterleaved1F1B(stages, count, loss_fn=loss, scale_grads=False)
     kind = Schedule1F1B if plan.schedule == "1f1b" else ScheduleGPipe
     return kind(stages[0], count, loss_fn=loss, scale_grads=False)
+
+
+def training_step_kwargs(schedule: Any) -> dict[str, Any]:
+    """What a training step passes ``schedule.step`` besides the batch: ``return_outputs=False`` where torch's schedule
+    takes it (2.8 and later; an older one would hand the keyword to the model). By default the last stage keeps every
+    micro-batch's output until the step ends and concatenates them (a language model's logits: ``m`` x rows x
+    sequence x vocabulary, 64 MiB a step for gpt_small at 8 micro-batches), memory the cost model does not count
+    and a copy no one reads: training reads the losses."""
+    import inspect
+
+    return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
 
 
 def zero_bubble_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
