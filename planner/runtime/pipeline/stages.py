@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -384,12 +385,10 @@ def build_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.
 
 def training_step_kwargs(schedule: Any) -> dict[str, Any]:
     """What a training step passes ``schedule.step`` besides the batch: ``return_outputs=False`` where torch's schedule
-    takes it (2.8 and later; an older one would hand the keyword to the model). By default the last stage keeps every
-    micro-batch's output until the step ends and concatenates them (a language model's logits: ``m`` x rows x
-    sequence x vocabulary, 64 MiB a step for gpt_small at 8 micro-batches), memory the cost model does not count
-    and a copy no one reads: training reads the losses."""
-    import inspect
-
+    takes it (an older release's ``step`` hands keywords it does not know to the model). By default the last stage
+    keeps every micro-batch's output until the step ends and concatenates them (a language model's logits: ``m`` x
+    rows x sequence x vocabulary, 64 MiB a step for gpt_small at 8 micro-batches), memory the cost model does not
+    count and a copy no one reads: training reads the losses."""
     return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
 
 
