@@ -45,7 +45,8 @@ for step in range(args.steps):
     images, labels = batches(seed=0, step=step, batch_size=rows)
     optimizer.zero_grad(set_to_none=True)
     mine = []
-    pipe.schedule.step(*((images,) if pipe.is_first else ()), target=labels if pipe.is_last else None, losses=mine)
+    pipe.schedule.step(*((images,) if pipe.is_first else ()), target=labels if pipe.is_last else None, losses=mine,
+                       **pipe.step_kwargs)
     pipe.finish_backward()
     optimizer.step()
     loss = torch.tensor([float(torch.stack(mine).mean().detach()) if mine else 0.0], dtype=torch.float64)

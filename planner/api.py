@@ -9,7 +9,7 @@ stages and torch's own schedule for it, and rebalance from waits measured yourse
         optimizer.zero_grad()
         losses = []
         pipe.schedule.step(*(inputs if pipe.is_first else ()), target=target if pipe.is_last else None,
-                           losses=losses)
+                           losses=losses, **pipe.step_kwargs)
         pipe.finish_backward()          # mean over micro-batches; tied weights summed over their ranks
         optimizer.step()
 
@@ -54,6 +54,14 @@ class Pipeline:
     def is_last(self) -> bool:
         """This rank passes ``target`` (and collects ``losses``)."""
         return bool(self.rank_stages.has_last)
+
+    @property
+    def step_kwargs(self) -> dict[str, Any]:
+        """Keywords for a training ``schedule.step``: ``return_outputs=False`` where torch's schedule takes it, so the
+        last stage does not keep every micro-batch's output and concatenate them (what ``plan run`` passes)."""
+        from planner.runtime.pipeline.stages import training_step_kwargs
+
+        return training_step_kwargs(self.schedule)
 
     @property
     def last_rank(self) -> int:
