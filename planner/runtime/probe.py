@@ -178,14 +178,15 @@ def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | 
     for stage in stages.stages:
         instrument_stage(stage, timer)
     steps, computes = [], []
+    step_kwargs = training_step_kwargs(schedule)
     for i in range(WARMUP_STEPS + PROBE_STEPS):
         dist.barrier(group)
         timer.begin_round()
         start = time.perf_counter()
         if rank == 0:
-            schedule.step(batch, **training_step_kwargs(schedule))
+            schedule.step(batch, **step_kwargs)
         else:
-            schedule.step(target=target, losses=[], **training_step_kwargs(schedule))
+            schedule.step(target=target, losses=[], **step_kwargs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= WARMUP_STEPS:

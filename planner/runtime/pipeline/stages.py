@@ -389,7 +389,13 @@ def training_step_kwargs(schedule: Any) -> dict[str, Any]:
     keeps every micro-batch's output until the step ends and concatenates them (a language model's logits: ``m`` x
     rows x sequence x vocabulary, 64 MiB a step for gpt_small at 8 micro-batches), memory the cost model does not
     count and a copy no one reads: training reads the losses."""
-    return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
+    return {"return_outputs": False} if _step_takes_return_outputs(type(schedule)) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _step_takes_return_outputs(kind: type) -> bool:
+    """Asked once per schedule class: a training step calls ``training_step_kwargs`` every step."""
+    return "return_outputs" in inspect.signature(kind.step).parameters
 
 
 def zero_bubble_schedule(rank_stages: RankStages, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
