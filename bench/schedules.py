@@ -1,14 +1,15 @@
 """Benchmark of the pipeline schedules, zero-bubble ones included (docs/zero-bubble.md).
 
-1. Measured, 2 CPU ranks (gloo, one intra-op thread each), per model x micro-batch count: the dp plan under 1F1B,
-   then the same stages under ``zb-h1`` (torch's ZB1P order), ``zb-planned`` (the planner's order from the
-   stages' F, I and W times) and ``zb-h2`` (the paper's ZB-H2 pattern, 2p - 1 micro-batches in flight); and the
-   dp plans of interleaved 1F1B, ``zbv`` (ZB-V) and ``dualpipev`` (DualPipeV), each its own 4 stages, 2 per rank
-   (round-robin, in a V).
+1. Measured, 2 CPU ranks (gloo, one intra-op thread each), per model x micro-batch count: the dp plan under
+   ``zb-h2`` (stages cut for a zero-bubble schedule, one per rank), run under 1F1B, ``zb-h1`` (torch's ZB1P
+   order), ``zb-planned`` (the planner's order from the stages' F, I and W times) and ``zb-h2`` (the paper's
+   ZB-H2 pattern, 2p - 1 micro-batches in flight); 1F1B's own dp plan where its stages differ; and the dp plans
+   of interleaved 1F1B, ``zbv`` (ZB-V) and ``dualpipev`` (DualPipeV), several stages per rank where that
+   simulates faster (round-robin, in a V).
    Each row: the measured step time (mean over the rounds after the first, rebalancing off; the median of
-   ``--repeats`` runs, the
-   schedules taking turns in a rotated order), the plan's predicted step, and the speed-up over 1F1B on the same
-   stages, all from the same run of this script; the machine's load beside it.
+   ``--repeats`` runs, the schedules taking turns in a rotated order), the plan's predicted step, and the
+   speed-up over 1F1B on the same stages and over 1F1B's own plan, all from the same run of this script; the
+   machine's load beside it.
 2. Simulated, no runs: the bundled models on ``dgx-h100-8`` and the mixed clusters (one stage per device; ``zbv``
    and ``dualpipev`` two in a V when that simulates faster), at
    ``m = p`` and ``m = 4p``: step time, bubble (idle share of the step) and peak memory per schedule, each
@@ -57,7 +58,12 @@ from planner.partition.model.problem import build_problem  # noqa: E402
 
 MEASURED_MODELS = {"gpt_small": BUNDLED["gpt_small"], "digits": "planner.examples.digits:digits_mlp"}
 SAME_STAGES = ("1f1b", "zb-h1", "zb-planned", "zb-h2")
-"""Schedules run on the 1F1B plan's own stages (the speed-up column compares them)."""
+"""Schedules run on the same stages, one per rank (the speed-up column compares them): the dp plan under ``STAGES_OF``."""
+STAGES_OF = "zb-h2"
+"""Whose dp plan gives the same stages: the zero-bubble pattern whose plans keep one stage per rank (``zb-planned``'s
+own plan may be a V), so the rows ask what the schedule buys on stages cut for it. 1F1B's own plan runs beside them
+(``OWN_1F1B``): what a user who keeps 1F1B gets."""
+OWN_1F1B = "1f1b (own plan)"
 CLUSTER = REPO / "profiles" / "clusters" / "cpu-2.json"
 SIM_MODELS = ("gpt_small", "gpt_medium", "resnet_small", "unet_small", "llama_small")
 SIM_CLUSTERS = ("dgx-h100-8", "mixed-a100-v100-pcie", "mixed-3type-2host")
@@ -75,7 +81,7 @@ def same_stages(plan: Plan, profile: Path, schedule: str) -> Plan:
     cluster = load_cluster(CLUSTER)
     problem = build_problem(load_profile(profile), cluster, microbatches=plan.microbatches, schedule=schedule,
                             optimizer=str(plan.extra.get("optimizer", "adam")), catalog=load_catalog())
-    made = build_plan(problem, partition_of(problem, plan), method=f"{plan.method} (1f1b's stages)",
+    made = build_plan(problem, partition_of(problem, plan), method=f"{plan.method} ({plan.schedule}'s stages)",
                       profile_ref=plan.extra.get("profile"))
     return with_extra(made, device_ranks=list(plan.extra.get("device_ranks") or cluster.device_ids))
 
@@ -87,32 +93,39 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
         spec = MEASURED_MODELS[name]
         prof = profile_path_for(name, spec, True)  # the predictions are judged: profile the machine as it is now
         for m in args.microbatches:
-            base = partition(load_profile(prof), cluster, method="dp", microbatches=m, schedule="1f1b",
-                             optimizer="adam", profile_ref=profile_ref(prof, spec))
-            if len({st.device for st in base.stages}) < 2:  # the schedules need two stages to differ
+            def dp_plan(schedule: str, method: str = "dp") -> Plan:
+                made = partition(load_profile(prof), cluster, method=method, microbatches=m, schedule=schedule,
+                                 optimizer="adam", profile_ref=profile_ref(prof, spec))
+                return with_extra(made, device_ranks=list(cluster.device_ids))
+
+            def one_per_rank(plan: Plan) -> bool:  # the schedules need two stages to differ
+                return len(plan.stages) == len({st.device for st in plan.stages}) == 2
+
+            own = dp_plan("1f1b")
+            base = next((p for p in (dp_plan(STAGES_OF), own) if one_per_rank(p)), None)
+            if base is None:
                 print(f"{name} m={m}: dp keeps one device; the same-stages rows use time-balance's 2 stages",
                       file=sys.stderr)
-                base = partition(load_profile(prof), cluster, method="time-balance", microbatches=m,
-                                 schedule="1f1b", optimizer="adam", profile_ref=profile_ref(prof, spec))
-            base = with_extra(base, device_ranks=list(cluster.device_ids))
-            plans = {s: (base if s == "1f1b" else same_stages(base, prof, s)) for s in SAME_STAGES}
-            for own in OWN_STAGES:
+                base = dp_plan("1f1b", method="time-balance")
+            plans = {s: (base if s == base.schedule else same_stages(base, prof, s)) for s in SAME_STAGES}
+            if one_per_rank(own) and [st.nodes for st in own.stages] != [st.nodes for st in base.stages]:
+                plans[OWN_1F1B] = own
+            for schedule in OWN_STAGES:
                 try:
-                    made = partition(load_profile(prof), cluster, method="dp", microbatches=m, schedule=own,
-                                     optimizer="adam", profile_ref=profile_ref(prof, spec))
+                    made = dp_plan(schedule)
                 except Exception as exc:  # noqa: BLE001 - a shape the schedule refuses is reported, not fatal
-                    print(f"{own} on {name} m={m}: {exc}", file=sys.stderr)
+                    print(f"{schedule} on {name} m={m}: {exc}", file=sys.stderr)
                     continue
                 if {st.device for st in made.stages} != set(cluster.device_ids):  # not a 2-rank run: no row
-                    print(f"{own} on {name} m={m}: its plan uses {sorted({st.device for st in made.stages})} only; "
-                          f"not measured", file=sys.stderr)
+                    print(f"{schedule} on {name} m={m}: its plan uses {sorted({st.device for st in made.stages})} "
+                          f"only; not measured", file=sys.stderr)
                     continue
-                plans[own] = with_extra(made, device_ranks=list(cluster.device_ids))
+                plans[schedule] = made
             results: dict[str, Any] = {}
             capacity = parallel_capacity()
             paths = {}
             for schedule, plan in plans.items():
-                paths[schedule] = CACHE / f"sched-{name}-m{m}-{schedule}.plan.json"
+                paths[schedule] = CACHE / f"sched-{name}-m{m}-{_slug(schedule)}.plan.json"
                 save_plan(plan, paths[schedule])
                 results[schedule] = {"samples": [], "calibrated_errors": [], "waits": [], "computes": [],
                                      "predicted_s": plan.step_time_s,
@@ -122,7 +135,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             for rep in range(args.repeats):  # the schedules take turns, in a rotated order each time
                 for schedule in names[rep % len(names):] + names[:rep % len(names)]:
                     job = run_job(paths[schedule], spec, args.steps, args.round_steps, {"rebalance": False},
-                                  tag=f"sched-{name}-{m}-{schedule}")
+                                  tag=f"sched-{name}-{m}-{_slug(schedule)}")
                     results[schedule]["samples"].append(steady_step_s(job["rounds"]))
                     wait, compute = per_rank_step(job["rounds"])
                     results[schedule]["waits"].append(wait)
@@ -138,12 +151,19 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["wait_s"] = statistics.median(r["waits"])
                 r["compute_s"] = statistics.median(r["computes"])
             base_s = results["1f1b"]["measured_s"]
+            own_s = results.get(OWN_1F1B, results["1f1b"])["measured_s"]
             for r in results.values():
                 r["speedup"] = base_s / r["measured_s"]
+                r["speedup_own"] = own_s / r["measured_s"]
                 r["error"] = r["measured_s"] / r["predicted_s"] - 1
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
+
+
+def _slug(schedule: str) -> str:
+    """A row's name as a file name: ``1f1b (own plan)`` -> ``1f1b-own-plan``."""
+    return "-".join(schedule.replace("(", " ").replace(")", " ").split())
 
 
 def bubble_bound(one_f_one_b: dict[str, Any], m: int) -> float:
@@ -306,15 +326,19 @@ def render(results: dict[str, Any]) -> str:
              f"Generated by bench/schedules.py; do not edit by hand.", ""]
     if results.get("measured"):
         lines += ["## 1. Measured on 2 CPU ranks (gloo, one intra-op thread each)", "", _made_rows(results["measured"]), "",
-                  "Same stages for 1F1B, zb-h1, zb-planned and zb-h2 (the dp plan under 1F1B, or the time-balance baseline's "
-                  "2 stages where dp keeps the model on one device: see *nodes per stage*); interleaved 1F1B, zbv and "
+                  f"Same stages for 1F1B, zb-h1, zb-planned and zb-h2: the dp plan under {STAGES_OF}, one stage per "
+                  "rank, cut for a zero-bubble schedule (where that plan keeps one device, 1F1B's dp plan, or the "
+                  "time-balance baseline's 2 stages where that does too: see *nodes per stage*). "
+                  f"*{OWN_1F1B}*: 1F1B's own dp plan, where its stages differ, what a user who keeps 1F1B gets. "
+                  "Interleaved 1F1B, zbv and "
                   "dualpipev run their own dp plans, two stages per rank when that simulates faster (round-robin, in a V). "
                   "Plans come from the model's colocated one-thread profile (bench/run.py's), which the script takes "
                   "afresh when a model's rows begin, so the predictions meet the machine as it is that hour (the line "
                   "above says which rows were planned from an older, cached one). "
                   "*measured*: the median of the runs listed under *runs* (each the "
                   "mean step over its rounds after the first; the schedules took turns). "
-                  "*speed-up*: 1F1B's measured step over the row's, same run of the script. *calibrated*: the plan "
+                  "*speed-up*: 1F1B's measured step over the row's, same run of the script: 1F1B on the same stages, "
+                  "and 1F1B on its own plan. *calibrated*: the plan "
                   "re-simulated with each rank's compute factor measured in the run's first round after the warm-up, "
                   "against the mean step of the rounds after it (what `plan run` reports; median over the runs). "
                   "*wait / compute*: per rank and step, the time blocked on receives (the bubble and transfers) and "
@@ -324,30 +348,26 @@ def render(results: dict[str, Any]) -> str:
                   "(2.0 = both cores busy). Capacity: how many cores two single-threaded processes got side by side "
                   "just before and after the model's runs (2.0 = two free cores).", "",
                   "| model | m | schedule | nodes per stage | predicted (s) | measured (s) | runs (s) | error | "
-                  "calibrated error | speed-up vs 1F1B | wait / compute per rank-step (s) | load (min-max) |",
-                  "|---|---:|---|---|---:|---:|---|---:|---:|---:|---|---|"]
+                  "calibrated error | speed-up vs 1F1B, same stages | vs 1F1B's own plan | "
+                  "wait / compute per rank-step (s) | load (min-max) |",
+                  "|---|---:|---|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
         for row in results["measured"]:
             for schedule, r in row["schedules"].items():
                 runs = ", ".join(f"{x:.4f}" for x in r.get("samples", [r["measured_s"]]))
                 lines.append(f"| {row['model']} | {row['microbatches']} | {schedule} | {r['stages']} | "
                              f"{r['predicted_s']:.4f} | {r['measured_s']:.4f} | {runs} | {r['error']:+.1%} | "
                              f"{r.get('calibrated_error', float('nan')):+.1%} | "
-                             f"{r['speedup']:.2f}x | {r.get('wait_s', float('nan')):.4f} / {r.get('compute_s', float('nan')):.4f} | "
+                             f"{r['speedup']:.2f}x | " + (f"{r['speedup_own']:.2f}x" if "speedup_own" in r else "")
+                             + f" | {r.get('wait_s', float('nan')):.4f} / {r.get('compute_s', float('nan')):.4f} | "
                              f"{min(r['load']):.2f}-{max(r['load']):.2f} |")
         caps = "; ".join(f"{row['model']} m={row['microbatches']}: {row['capacity'][0]:.2f}, {row['capacity'][1]:.2f}"
                          for row in results["measured"])
         lines += ["", f"Capacity: {caps}.", ""]
-        best = [(row["model"], max(((r["speedup"], s, r["error"]) for s, r in row["schedules"].items()
-                                    if s in ZERO_BUBBLE_SCHEDULES), default=None))
-                for row in results["measured"] if row["microbatches"] == 4]
-        if best:
-            bounds = {row["model"]: bubble_bound(row["schedules"]["1f1b"], row["microbatches"])
-                      for row in results["measured"] if row["microbatches"] == 4}
-            lines += ["Best zero-bubble speed-up over 1F1B at 4 micro-batches (target >= 1.10x, the bubble bound being "
-                      "1.25x, predicted within 10%): " + "; ".join(
-                          f"{model}: {b[0]:.2f}x ({b[1]}, measured {b[2]:+.1%} against its prediction; removing "
-                          f"1F1B's whole bubble would give at most {bounds[model]:.2f}x)"
-                          for model, b in best if b is not None) + ". The most a schedule gains by filling 1F1B's "
+        fours = [row for row in results["measured"] if row["microbatches"] == 4]
+        if fours:
+            lines += ["Best zero-bubble speed-up at 4 micro-batches (target >= 1.10x torch's 1F1B on the same stages, "
+                      "the bubble bound being 1.25x, predicted within 10%): " + "; ".join(
+                          _best_line(row) for row in fours) + ". The most a schedule gains by filling 1F1B's "
                       "bubble, from 1F1B's measured step S and compute C per rank-step: S / (S - (p - 1) C / m), each "
                       "rank idle for (p - 1) of its m micro-batches' passes; the rest of the step (messages, the "
                       "runtime's own work per pass) no schedule removes, and the zero-bubble ones add passes (I and W "
@@ -426,6 +446,24 @@ def render(results: dict[str, Any]) -> str:
                          f"{cell(r['auto'])} | {ratio(r['off'], r['auto'])} | {ratio(r['on'], r['auto'])} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _best_line(row: dict[str, Any]) -> str:
+    """One model's best zero-bubble speed-ups at 4 micro-batches: over 1F1B on the same stages (a row of
+    ``SAME_STAGES``), and over 1F1B's own plan (any zero-bubble row; rows measured before 1F1B's own plan ran
+    beside them had the two the same)."""
+    rows = row["schedules"]
+    same = max(((r["speedup"], s) for s, r in rows.items() if s in SAME_STAGES and s != "1f1b"), default=None)
+    own = max(((r.get("speedup_own", r["speedup"]), s) for s, r in rows.items() if s in ZERO_BUBBLE_SCHEDULES),
+              default=None)
+    parts = [f"{row['model']}: "]
+    if same:
+        parts.append(f"{same[0]:.2f}x on the same stages ({same[1]}, measured {rows[same[1]]['error']:+.1%} against "
+                     f"its prediction)")
+    if own:
+        parts.append(f", {own[0]:.2f}x over 1F1B's own plan ({own[1]}, {rows[own[1]]['error']:+.1%})")
+    bound = bubble_bound(rows["1f1b"], row["microbatches"])
+    return "".join(parts) + f"; removing 1F1B's whole bubble would give at most {bound:.2f}x"
 
 
 def _made(results: dict[str, Any], section: str) -> str:
