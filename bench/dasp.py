@@ -28,7 +28,7 @@ run. Writes docs/bench-dasp.md, docs/bench-dasp.json and docs/img/dasp-*.{png,sv
     python3 bench/dasp.py                        # everything (about 40 minutes; text alone 37)
     python3 bench/dasp.py --data digits --seeds 1
     python3 bench/dasp.py --render               # the page again from docs/bench-dasp.json
-    python3 bench/dasp.py --data text --settings "one 2x" --variants "dasp, fold"   # a knob beside the modes
+    python3 bench/dasp.py --data text --settings "one 2x" --variants "dasp, apply"  # a knob beside the modes
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ SETTINGS = {"equal": None, "one 2x": "2=2", "4x + 3x halfway": "2=4,1=3@{half}"}
 SLOWED = {"equal": set(), "one 2x": {2}, "4x + 3x halfway": {1, 2}}
 MODES = {"bsp": ["--sync", "bsp"], "asp": ["--sync", "asp"], "ssp": ["--sync", "ssp", "--staleness", "3"],
          "dasp": ["--sync", "dasp"]}
-VARIANTS = {"dasp, fold": ["--sync", "dasp", "--dasp-async-update", "fold"],
+VARIANTS = {"dasp, apply": ["--sync", "dasp", "--dasp-async-update", "apply"],
             "dasp, patience 1": ["--sync", "dasp", "--dasp-patience", "1"]}
-"""dasp's knobs tried beside its defaults (``--variants``): an asynchronous gradient folded into the group's next
-update instead of applied alone, and a rule that moves a worker after one round instead of two."""
+"""dasp's knobs tried beside its defaults (``--variants``): an asynchronous gradient applied alone on arrival instead
+of folded into the group's next update, and a rule that moves a worker after one round instead of two."""
 ROUND_STEPS = 10
 
 

@@ -90,9 +90,9 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
     if staleness is not None and sync is not None and sync not in STALENESS_SYNCS:
         raise UsageError(f"--staleness bounds {' and '.join(STALENESS_SYNCS)}, but --sync is {sync}; pass --sync ssp "
                          f"or drop --staleness")
-    DaspRule(slow_factor=float(fields.get("dasp_slow_factor", 1.5)),
-             rejoin_factor=float(fields.get("dasp_rejoin_factor", 1.2)), patience=int(fields.get("dasp_patience", 2)),
-             async_update=str(fields.get("dasp_async_update", "apply")))
+    knobs = {"slow_factor": float, "rejoin_factor": float, "patience": int, "async_update": str}
+    DaspRule(**{knob: kind(fields[f"dasp_{knob}"]) for knob, kind in knobs.items()
+                if fields.get(f"dasp_{knob}") is not None})  # the knobs given; DaspRule holds the defaults
 
 
 def run_plan(config: RunConfig, launch: Launch = Launch(),

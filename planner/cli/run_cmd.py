@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.app import command, console, emit_json
+from planner.runtime.parameter_server.rule import DaspRule
 
 
 @command("run")
@@ -65,14 +66,14 @@ def run_cmd(
     staleness: Annotated[Optional[int], typer.Option("--staleness", help="ssp: how many steps the fastest worker "
                          "may be ahead of the slowest. Default: the plan's.", show_default=False)] = None,
     dasp_slow_factor: Annotated[float, typer.Option("--dasp-slow-factor", help="dasp: a synchronous worker this "
-                                "many times slower than the fastest leaves the group.")] = 1.5,
+                                "many times slower than the fastest leaves the group.")] = DaspRule.slow_factor,
     dasp_rejoin_factor: Annotated[float, typer.Option("--dasp-rejoin-factor", help="dasp: an asynchronous worker "
-                                  "within this many times the fastest rejoins.")] = 1.2,
+                                  "within this many times the fastest rejoins.")] = DaspRule.rejoin_factor,
     dasp_patience: Annotated[int, typer.Option("--dasp-patience", help="dasp: rounds in a row before a worker "
-                             "changes state.")] = 2,
+                             "changes state.")] = DaspRule.patience,
     dasp_async_update: Annotated[str, typer.Option("--dasp-async-update", help="dasp: an asynchronous worker's "
-                                 "gradient as an update of its own on arrival (apply), or folded into the group's "
-                                 "next update (fold); either way weighted by 1 / staleness.")] = "apply",
+                                 "gradient folded into the group's next update (fold), or an update of its own on "
+                                 "arrival (apply); either way weighted by 1 / staleness.")] = DaspRule.async_update,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
                        "(default: the plan's profile.path).", show_default=False)] = None,
     round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from planner.errors import UsageError
+from planner.runtime.parameter_server.rule import DaspRule
 
 if TYPE_CHECKING:
     from planner.runtime.launch.worker import RankRun
@@ -73,13 +74,13 @@ class RunConfig:
     """``adaptive``: the longest interval."""
     staleness: int | None = None
     """``--staleness``: ssp's bound (default: the plan's ``data_parallel.staleness``)."""
-    dasp_slow_factor: float = 1.5
+    dasp_slow_factor: float = DaspRule.slow_factor
     """``dasp``: a synchronous worker this many times slower than the fastest leaves the group."""
-    dasp_rejoin_factor: float = 1.2
+    dasp_rejoin_factor: float = DaspRule.rejoin_factor
     """``dasp``: an asynchronous worker within this many times the fastest rejoins."""
-    dasp_patience: int = 2
+    dasp_patience: int = DaspRule.patience
     """``dasp``: rounds in a row before a worker changes state."""
-    dasp_async_update: str = "apply"
+    dasp_async_update: str = DaspRule.async_update
     """``dasp``: how an asynchronous worker's gradient enters the model (``rule.ASYNC_UPDATES``)."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the

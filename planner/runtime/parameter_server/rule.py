@@ -39,10 +39,10 @@ SYNC = "sync"
 ASYNC = "async"
 
 
-ASYNC_UPDATES = ("apply", "fold")
-"""dasp: an asynchronous gradient as an update of its own (Zhang et al.'s staleness-aware ASGD), or folded into the
-synchronous group's next update, so the straggler's samples widen a combined step instead of making a small stale
-one (docs/sync.md)."""
+ASYNC_UPDATES = ("fold", "apply")
+"""dasp: an asynchronous gradient folded into the synchronous group's next update (the default), so the straggler's
+samples widen a combined step instead of making a small stale one, or an update of its own on arrival (Zhang et
+al.'s staleness-aware ASGD) (docs/sync.md)."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,11 @@ class DaspRule:
     """Rounds in a row a condition must hold before the state changes."""
     smoothing: float = 0.5
     """Weight of the newest round in the iteration-time average (1: the last round alone)."""
-    async_update: str = "apply"
-    """How an asynchronous worker's gradient enters the model: ``apply``, an update of its own on arrival (learning
-    rate x ``async_scale``); ``fold``, into the group's next combined update, weighted by its share x
-    ``async_scale`` (``ASYNC_UPDATES``)."""
+    async_update: str = "fold"
+    """How an asynchronous worker's gradient enters the model: ``fold``, into the group's next combined update,
+    weighted by its share x ``async_scale``; ``apply``, an update of its own on arrival (learning rate x
+    ``async_scale``) (``ASYNC_UPDATES``). ``fold`` is the default because on the text model, where staleness hurts,
+    ``apply`` left one seed in three on the loss plateau with a 2x straggler (docs/sync.md)."""
 
     def __post_init__(self) -> None:
         if self.async_update not in ASYNC_UPDATES:
