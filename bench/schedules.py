@@ -58,7 +58,8 @@ from planner.partition.model.problem import build_problem  # noqa: E402
 
 MEASURED_MODELS = {"gpt_small": BUNDLED["gpt_small"], "digits": "planner.examples.digits:digits_mlp"}
 SAME_STAGES = ("1f1b", "zb-h1", "zb-planned", "zb-h2")
-"""Schedules run on the same stages, one per rank (the speed-up column compares them): the dp plan under ``STAGES_OF``."""
+"""Schedules run on the same stages, one per rank (the speed-up column compares them): the dp plan under
+``STAGES_OF``."""
 STAGES_OF = "zb-h2"
 """Whose dp plan gives the same stages: the zero-bubble pattern whose plans keep one stage per rank (``zb-planned``'s
 own plan may be a V), so the rows ask what the schedule buys on stages cut for it. 1F1B's own plan runs beside them
@@ -97,9 +98,6 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 made = partition(load_profile(prof), cluster, method=method, microbatches=m, schedule=schedule,
                                  optimizer="adam", profile_ref=profile_ref(prof, spec))
                 return with_extra(made, device_ranks=list(cluster.device_ids))
-
-            def one_per_rank(plan: Plan) -> bool:  # the schedules need two stages to differ
-                return len(plan.stages) == len({st.device for st in plan.stages}) == 2
 
             own = dp_plan("1f1b")
             base = next((p for p in (dp_plan(STAGES_OF), own) if one_per_rank(p)), None)
@@ -159,6 +157,11 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
+
+
+def one_per_rank(plan: Plan) -> bool:
+    """Two stages, one on each rank: what the same-stages rows need (the schedules need two stages to differ)."""
+    return len(plan.stages) == len({st.device for st in plan.stages}) == 2
 
 
 def _slug(schedule: str) -> str:
@@ -330,8 +333,8 @@ def render(results: dict[str, Any]) -> str:
                   "rank, cut for a zero-bubble schedule (where that plan keeps one device, 1F1B's dp plan, or the "
                   "time-balance baseline's 2 stages where that does too: see *nodes per stage*). "
                   f"*{OWN_1F1B}*: 1F1B's own dp plan, where its stages differ, what a user who keeps 1F1B gets. "
-                  "Interleaved 1F1B, zbv and "
-                  "dualpipev run their own dp plans, two stages per rank when that simulates faster (round-robin, in a V). "
+                  "Interleaved 1F1B, zbv and dualpipev run their own dp plans, several stages per rank where that "
+                  "simulates faster (round-robin, in a V). "
                   "Plans come from the model's colocated one-thread profile (bench/run.py's), which the script takes "
                   "afresh when a model's rows begin, so the predictions meet the machine as it is that hour (the line "
                   "above says which rows were planned from an older, cached one). "
