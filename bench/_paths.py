@@ -8,6 +8,7 @@ end, so scripts can import each other (``from suite import ...``).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -17,3 +18,9 @@ BENCH = REPO / "bench"
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
 sys.path.insert(0, str(REPO))
 sys.path.append(str(BENCH))
+
+
+def slug(name: str) -> str:
+    """A row's or setting's name as part of a file name: its words joined by ``-`` (``4x + 3x halfway`` ->
+    ``4x-3x-halfway``, ``1f1b (own plan)`` -> ``1f1b-own-plan``)."""
+    return "-".join(re.findall(r"[A-Za-z0-9.]+", name))

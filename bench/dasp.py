@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _paths import REPO  # first: the repository on sys.path
+from _paths import REPO, slug  # first: the repository on sys.path
 from learning import make_plan, median_of_all, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "dasp"
@@ -131,7 +131,7 @@ def main() -> None:
             runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
             for seed in range(args.seeds):
                 for mode, flags in modes.items():  # modes interleaved, so load drift hits them alike
-                    tag = f"{name}-{_slug(setting)}-{_slug(mode)}-s{seed}"
+                    tag = f"{name}-{slug(setting)}-{slug(mode)}-s{seed}"
                     print(f"{tag} ...", file=sys.stderr, flush=True)
                     runs[mode].append(run_one(tag, plan, spec, setting, flags, seed))
             results[f"{name}/{setting}"] = {
@@ -139,17 +139,13 @@ def main() -> None:
                 "target": spec["target"], "date": time.strftime("%Y-%m-%d"), "steps": spec["steps"],
                 "shares": shares,
                 "modes": {mode: row(rs, spec["metric"], SLOWED[setting]) for mode, rs in runs.items()}}
-            logs = [str(WORK / f"{name}-{_slug(setting)}-{mode}-s0.json") for mode in MODES]
-            plan_cli("curves", *logs, "-o", str(IMAGES / f"dasp-{name}-{_slug(setting)}.png"), work=WORK)
+            logs = [str(WORK / f"{name}-{slug(setting)}-{mode}-s0.json") for mode in MODES]
+            plan_cli("curves", *logs, "-o", str(IMAGES / f"dasp-{name}-{slug(setting)}.png"), work=WORK)
     results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
                            "minutes": round((time.time() - began) / 60, 1)}
     RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     OUTPUT.write_text(render(results))
     print(f"wrote {OUTPUT.relative_to(REPO)}", file=sys.stderr)
-
-
-def _slug(setting: str) -> str:
-    return setting.replace(" + ", "-").replace(", ", "-").replace(" ", "-")
 
 
 def render(results: dict[str, Any]) -> str:
@@ -192,7 +188,7 @@ def render(results: dict[str, Any]) -> str:
                 lines += ["", f"{mode}'s time to target over the best baseline's: {dasp / best:.2f} (the seed reports "
                               f"16.9% to 82.1% less time than the mainstream methods: at most 0.83)."]
         lines += ["", f"Command (dasp, seed 0): `{modes['dasp']['command']}`", "",
-                  f"![{key}](img/dasp-{entry['data']}-{_slug(entry['setting'])}.png)", ""]
+                  f"![{key}](img/dasp-{entry['data']}-{slug(entry['setting'])}.png)", ""]
     return "\n".join(lines) + "\n"
 
 

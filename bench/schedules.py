@@ -39,9 +39,9 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from _paths import REPO  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
+from _paths import REPO, slug  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
 from run import (CACHE, calibrated_in_first_round, parallel_capacity, profile_path, run_job,  # noqa: E402
                  steady_step_s, with_extra)
@@ -49,9 +49,9 @@ from run import (CACHE, calibrated_in_first_round, parallel_capacity, profile_pa
 from planner.app.partition import profile_ref  # noqa: E402
 from planner.examples import BUNDLED  # noqa: E402
 from planner.formats.catalog import load_catalog  # noqa: E402
-from planner.formats.cluster import load_cluster  # noqa: E402
+from planner.formats.cluster import Cluster, load_cluster  # noqa: E402
 from planner.formats.plan import ASYNC_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, save_plan  # noqa: E402
-from planner.formats.profile import load_profile  # noqa: E402
+from planner.formats.profile import Profile, load_profile  # noqa: E402
 from planner.partition import partition  # noqa: E402
 from planner.partition.model.convert import build_plan, partition_of  # noqa: E402
 from planner.partition.model.problem import build_problem  # noqa: E402
@@ -76,12 +76,11 @@ MEMORY_BOUND = {"spec": "planner.examples.hf:llama_1b_slice", "layers": 22, "clu
 """The memory-bound case of issue 28: the model, its depth, the cluster and m."""
 
 
-def same_stages(plan: Plan, profile: Path, schedule: str) -> Plan:
+def same_stages(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping[str, Any], schedule: str) -> Plan:
     """``plan``'s stages under ``schedule``: the problem built for that schedule, the plan's partition, its prediction
     and (zero-bubble) its ``schedule_order``, as ``plan partition`` writes them."""
-    cluster = load_cluster(CLUSTER)
-    problem = build_problem(load_profile(profile), cluster, microbatches=plan.microbatches, schedule=schedule,
-                            optimizer=str(plan.extra.get("optimizer", "adam")), catalog=load_catalog())
+    problem = build_problem(profile, cluster, microbatches=plan.microbatches, schedule=schedule,
+                            optimizer=str(plan.extra.get("optimizer", "adam")), catalog=catalog)
     made = build_plan(problem, partition_of(problem, plan), method=f"{plan.method} ({plan.schedule}'s stages)",
                       profile_ref=plan.extra.get("profile"))
     return with_extra(made, device_ranks=list(plan.extra.get("device_ranks") or cluster.device_ids))
@@ -89,14 +88,15 @@ def same_stages(plan: Plan, profile: Path, schedule: str) -> Plan:
 
 def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    cluster = load_cluster(CLUSTER)
+    cluster, catalog = load_cluster(CLUSTER), load_catalog()
     for name in args.models:
         spec = MEASURED_MODELS[name]
         prof = profile_path_for(name, spec, True)  # the predictions are judged: profile the machine as it is now
+        profile, ref = load_profile(prof), profile_ref(prof, spec)
         for m in args.microbatches:
             def dp_plan(schedule: str, method: str = "dp") -> Plan:
-                made = partition(load_profile(prof), cluster, method=method, microbatches=m, schedule=schedule,
-                                 optimizer="adam", profile_ref=profile_ref(prof, spec))
+                made = partition(profile, cluster, method=method, microbatches=m, schedule=schedule,
+                                 optimizer="adam", profile_ref=ref, catalog=catalog)
                 return with_extra(made, device_ranks=list(cluster.device_ids))
 
             own = dp_plan("1f1b")
@@ -105,7 +105,8 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"{name} m={m}: dp keeps one device; the same-stages rows use time-balance's 2 stages",
                       file=sys.stderr)
                 base = dp_plan("1f1b", method="time-balance")
-            plans = {s: (base if s == base.schedule else same_stages(base, prof, s)) for s in SAME_STAGES}
+            plans = {s: (base if s == base.schedule else same_stages(base, profile, cluster, catalog, s))
+                     for s in SAME_STAGES}
             if one_per_rank(own) and [st.nodes for st in own.stages] != [st.nodes for st in base.stages]:
                 plans[OWN_1F1B] = own
             for schedule in OWN_STAGES:
@@ -123,7 +124,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             capacity = parallel_capacity()
             paths = {}
             for schedule, plan in plans.items():
-                paths[schedule] = CACHE / f"sched-{name}-m{m}-{_slug(schedule)}.plan.json"
+                paths[schedule] = CACHE / f"sched-{name}-m{m}-{slug(schedule)}.plan.json"
                 save_plan(plan, paths[schedule])
                 results[schedule] = {"samples": [], "calibrated_errors": [], "waits": [], "computes": [],
                                      "predicted_s": plan.step_time_s,
@@ -133,7 +134,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             for rep in range(args.repeats):  # the schedules take turns, in a rotated order each time
                 for schedule in names[rep % len(names):] + names[:rep % len(names)]:
                     job = run_job(paths[schedule], spec, args.steps, args.round_steps, {"rebalance": False},
-                                  tag=f"sched-{name}-{m}-{_slug(schedule)}")
+                                  tag=f"sched-{name}-{m}-{slug(schedule)}")
                     results[schedule]["samples"].append(steady_step_s(job["rounds"]))
                     wait, compute = per_rank_step(job["rounds"])
                     results[schedule]["waits"].append(wait)
@@ -162,11 +163,6 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
 def one_per_rank(plan: Plan) -> bool:
     """Two stages, one on each rank: what the same-stages rows need (the schedules need two stages to differ)."""
     return len(plan.stages) == len({st.device for st in plan.stages}) == 2
-
-
-def _slug(schedule: str) -> str:
-    """A row's name as a file name: ``1f1b (own plan)`` -> ``1f1b-own-plan``."""
-    return "-".join(schedule.replace("(", " ").replace(")", " ").split())
 
 
 def bubble_bound(one_f_one_b: dict[str, Any], m: int) -> float:
