@@ -372,17 +372,16 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     history = _history()
     if history:
         lines += ["## Spread across runs", "",
-                  f"Every full run of this benchmark on this machine (`{HISTORY.relative_to(REPO)}`, newest last). The "
-                  f"runs are minutes apart on a shared VM whose speed drifts, so each figure moves by a few points "
-                  f"between runs.", "",
-                  "| finished | pipelining | fidelity, median of 3 trials (all trials) | rebalancing at F = 2 (worst run): vs "
-                  "static, of oracle, converged in round |", "|---|---:|---|---|"]
+                  f"Every run of this page's command on this machine, whole or one section (`--only`; "
+                  f"`{HISTORY.relative_to(REPO)}`, newest last; a dash: the section did not run). The runs are minutes "
+                  f"or days apart on a shared VM whose speed drifts, so each figure moves by a few points between runs. "
+                  f"Fidelity: the median trial's error, every trial's in brackets, and how many trials lie within 10% "
+                  f"as predicted and as calibrated in round 1 (recorded since 2026-11-28).", "",
+                  "| finished | pipelining | fidelity, median of 3 trials (all trials) | fidelity: trials within 10%, "
+                  "predicted / calibrated | rebalancing at F = 2 (worst run): vs static, of oracle, converged in round |",
+                  "|---|---:|---|---|---|"]
         for h in history:
-            fid = "; ".join(f"{m} {f['median']:+.1%} ({', '.join(f'{e:+.1%}' for e in f['errors'])})"
-                            for m, f in h["fidelity"].items())
-            rb = h["rebalance"]
-            lines.append(f"| {h['finished']} | {h['pipelining_gain']:.2f}x | {fid} | {rb['speedup_vs_static']:.2f}x, "
-                         f"{rb['fraction_of_oracle']:.0%}, {rb['converged_round']} |")
+            lines.append(f"| {h['finished']} | {_history_cells(h)} |")
         lines.append("")
     lines += ["## Reading the numbers", "",
               "- **Pipelining** needs two cores free for the two ranks. This machine has 2 vCPUs shared with other "
@@ -442,19 +441,41 @@ def _section_note(results: dict[str, Any], name: str) -> str:
     return f"Measured by `{meta['command']}`, finished {meta['finished']}."
 
 
-def history_entry(results: dict[str, Any]) -> dict[str, Any]:
-    """The line a full run adds to ``HISTORY``."""
-    rows = _rebalance_rows(results["rebalance"])
-    at2 = [r for r in rows if r["factor"] == 2.0] or rows
-    rounds = [r["converged_round"] for r in at2]
-    rb = {"speedup_vs_static": min(r["speedup_vs_static"] for r in at2),
-          "fraction_of_oracle": min(r["fraction_of_oracle"] for r in at2),
-          "converged_round": None if None in rounds else max(rounds)}
-    return {"finished": results["finished"], "command": results["command"],
-            "pipelining_gain": results["pipelining"]["gain"],
-            "fidelity": {_case(f): {"median": f["error"], "errors": f.get("errors", [f["error"]])}
-                         for f in results["fidelity"]},
-            "rebalance": rb}
+def history_entry(results: dict[str, Any], ran: list[str]) -> dict[str, Any]:
+    """The line a run of the page's command adds to ``HISTORY``: the sections it ran (``ran``), each summarised."""
+    entry: dict[str, Any] = {"finished": results["finished"], "command": results["command"]}
+    if "pipelining" in ran:
+        entry["pipelining_gain"] = results["pipelining"]["gain"]
+    if "fidelity" in ran:
+        entry["fidelity"] = {_case(f): {"median": f["error"], "errors": f.get("errors", [f["error"]]),
+                                        "calibrated_errors": f.get("calibrated_errors", [])}
+                             for f in results["fidelity"]}
+    if "rebalance" in ran:
+        rows = _rebalance_rows(results["rebalance"])
+        at2 = [r for r in rows if r["factor"] == 2.0] or rows
+        rounds = [r["converged_round"] for r in at2]
+        entry["rebalance"] = {"speedup_vs_static": min(r["speedup_vs_static"] for r in at2),
+                              "fraction_of_oracle": min(r["fraction_of_oracle"] for r in at2),
+                              "converged_round": None if None in rounds else max(rounds)}
+    return entry
+
+
+def _history_cells(h: dict[str, Any]) -> str:
+    """A history line's cells after its date: pipelining, fidelity, fidelity's counts, rebalancing ("-": not run)."""
+    gain = f"{h['pipelining_gain']:.2f}x" if "pipelining_gain" in h else "-"
+    fid = h.get("fidelity")
+    cases = "; ".join(f"{m} {f['median']:+.1%} ({', '.join(f'{e:+.1%}' for e in f['errors'])})"
+                      for m, f in fid.items()) if fid else "-"
+    counts = "-"
+    if fid:
+        raw = [e for f in fid.values() for e in f["errors"]]
+        cal = [e for f in fid.values() for e in f.get("calibrated_errors", [])]
+        counts = f"{sum(abs(e) <= 0.10 for e in raw)} / " + (f"{sum(abs(e) <= 0.10 for e in cal)}" if cal else "-")
+        counts += f" of {len(raw)}"
+    rb = h.get("rebalance")
+    rebalance = (f"{rb['speedup_vs_static']:.2f}x, {rb['fraction_of_oracle']:.0%}, {rb['converged_round']}"
+                 if rb else "-")
+    return f"{gain} | {cases} | {counts} | {rebalance}"
 
 
 def _case(f: dict[str, Any]) -> str:
@@ -520,9 +541,9 @@ def main() -> None:
                                                     "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         print(json.dumps({name: results[name]}, indent=1), flush=True)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    if not args.only and args.output == DEFAULT_OUTPUT:  # a full run of the documented command: keep its summary
+    if args.output == DEFAULT_OUTPUT:  # a run of the page's command, whole or in part: keep its summary
         with HISTORY.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(history_entry(results)) + "\n")
+            f.write(json.dumps(history_entry(results, todo)) + "\n")
     Path(args.output).write_text(render(results, args), encoding="utf-8")
     if args.output == DEFAULT_OUTPUT:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
