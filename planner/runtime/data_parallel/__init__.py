@@ -44,7 +44,8 @@ from torch import nn
 
 from planner.errors import PlanMismatchError
 from planner.formats.plan import SERVER_SYNCS, SYNC_MODES, Plan
-from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, LocalSGD, aggregation_report, whole_run_report
+from planner.runtime.data_parallel.local import (Adaptive, AdaptiveOptions, LocalSGD, QuietRounds, aggregation_report,
+                                                 whole_run_report)
 
 if TYPE_CHECKING:
     from planner.runtime.pipeline.stages import RankStages
@@ -80,26 +81,7 @@ class UpdateSync(Protocol):
     def report(self) -> dict[str, Any]: ...
 
 
-class _EveryStep:
-    """What the modes that combine every step (or never) do between rounds: nothing."""
-
-    def round_figures(self, compute_s: float) -> tuple[float, ...]:
-        return ()
-
-    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
-        return None
-
-    def finish(self, params: Mapping[str, nn.Parameter]) -> None:
-        return None
-
-    def carry(self, previous: UpdateSync) -> None:
-        return None
-
-    def report(self) -> dict[str, Any]:
-        return {}
-
-
-class SingleReplica(_EveryStep):
+class SingleReplica(QuietRounds):
     """Degree 1: nothing to combine."""
 
     mode = "none"
@@ -113,7 +95,7 @@ class SingleReplica(_EveryStep):
         return None
 
 
-class Synchronous(_EveryStep):
+class Synchronous(QuietRounds):
     """``ssgd``: gradients summed over micro-batches, divided by the global count and summed over the replicas."""
 
     mode = "ssgd"

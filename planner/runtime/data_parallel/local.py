@@ -48,7 +48,7 @@ from torch import nn
 
 from planner.partition.search.sync_period import AdaptiveRule, next_period
 
-__all__ = ["LocalSGD", "Adaptive", "AdaptiveOptions", "chunk_bounds", "flat_of", "assign_flat"]
+__all__ = ["QuietRounds", "LocalSGD", "Adaptive", "AdaptiveOptions", "chunk_bounds", "flat_of", "assign_flat"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,28 @@ def assign_flat(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
             t.copy_(part.to(t.dtype))
 
 
-class LocalSGD:
+class QuietRounds:
+    """What a sync does between rounds when it learns nothing from them (every mode but ``adaptive``): no figures
+    to exchange, nothing to carry over a re-plan, nothing in flight when training ends (its aggregations block), and
+    nothing to report unless it says so."""
+
+    def round_figures(self, compute_s: float) -> tuple[float, ...]:
+        return ()
+
+    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
+        return None
+
+    def finish(self, params: Mapping[str, nn.Parameter]) -> None:
+        return None
+
+    def carry(self, previous: Any) -> None:
+        return None
+
+    def report(self) -> dict[str, Any]:
+        return {}
+
+
+class LocalSGD(QuietRounds):
     """``local-sgd``: ``period`` local optimizer steps, then the replicas' parameters and float buffers averaged,
     weighted by their shares (module docstring)."""
 
@@ -168,20 +189,6 @@ class LocalSGD:
         self.aggregations += 1
         self.periods.append(self.period)
         self.since = 0
-
-    def round_figures(self, compute_s: float) -> tuple[float, ...]:
-        return ()
-
-    def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
-        return None
-
-    def finish(self, params: Mapping[str, nn.Parameter]) -> None:
-        """Nothing is in flight between steps (aggregations block)."""
-        return None
-
-    def carry(self, previous: Any) -> None:
-        """A fixed interval learns nothing to carry over a re-plan."""
-        return None
 
     def report(self) -> dict[str, Any]:
         """What the run summary says about the aggregations."""
