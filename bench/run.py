@@ -373,12 +373,13 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     if history:
         lines += ["## Spread across runs", "",
                   f"Every run of this page's command on this machine, whole or one section (`--only`; "
-                  f"`{HISTORY.relative_to(REPO)}`, newest last; a dash: the section did not run). The runs are minutes "
-                  f"or days apart on a shared VM whose speed drifts, so each figure moves by a few points between runs. "
-                  f"Fidelity: the median trial's error, every trial's in brackets, and how many trials lie within 10% "
-                  f"as predicted and as calibrated in round 1 (recorded since 2026-11-28).", "",
-                  "| finished | pipelining | fidelity, median of 3 trials (all trials) | fidelity: trials within 10%, "
-                  "predicted / calibrated | rebalancing at F = 2 (worst run): vs static, of oracle, converged in round |",
+                  f"`{HISTORY.relative_to(REPO)}`, newest last; a dash: the section did not run). The runs are "
+                  f"minutes or days apart on a shared VM whose speed drifts, so each figure moves by a few points "
+                  f"between runs. Fidelity: the median trial's error, every trial's in brackets, and how many trials "
+                  f"lie within 10% as predicted and as calibrated in round 1 (recorded since 2026-11-28).", "",
+                  "| finished | pipelining | fidelity, median of 3 trials (all trials) | fidelity: trials within "
+                  "10%, predicted / calibrated | rebalancing at F = 2 (worst run): vs static, of oracle, converged in "
+                  "round |",
                   "|---|---:|---|---|---|"]
         for h in history:
             lines.append(f"| {h['finished']} | {_history_cells(h)} |")

@@ -118,7 +118,7 @@ def assign_flat(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
 
 
 class QuietRounds:
-    """What a sync does between rounds when it learns nothing from them (every mode but ``adaptive``): no figures
+    """What a replicas' sync does between rounds when it learns nothing from them (all but ``adaptive``): no figures
     to exchange, nothing to carry over a re-plan, nothing in flight when training ends (its aggregations block), and
     nothing to report unless it says so."""
 
