@@ -471,8 +471,8 @@ def _history_cells(h: dict[str, Any]) -> str:
     if fid:
         raw = [e for f in fid.values() for e in f["errors"]]
         cal = [e for f in fid.values() for e in f.get("calibrated_errors", [])]
-        counts = f"{sum(abs(e) <= 0.10 for e in raw)} / " + (f"{sum(abs(e) <= 0.10 for e in cal)}" if cal else "-")
-        counts += f" of {len(raw)}"
+        counts = f"{sum(abs(e) <= 0.10 for e in raw)} of {len(raw)} / " + (
+            f"{sum(abs(e) <= 0.10 for e in cal)} of {len(cal)}" if cal else "-")
     rb = h.get("rebalance")
     rebalance = (f"{rb['speedup_vs_static']:.2f}x, {rb['fraction_of_oracle']:.0%}, {rb['converged_round']}"
                  if rb else "-")

@@ -86,3 +86,21 @@ def test_a_rebalancing_run_is_summarised_and_rendered(bench_run: Any, monkeypatc
     results["rebalance"] = [result]
     page = bench_run.render(results, argparse.Namespace())
     assert "| gpt_small | 2 | 0 | 2.00 (+0%) |" in page
+
+
+def test_a_partial_run_keeps_its_sections_in_the_history(bench_run: Any) -> None:
+    """A `--only fidelity` run adds a history line with its trials (raw and calibrated) and nothing for the sections it
+    did not run; the spread table shows those as dashes and counts the trials within 10% both ways."""
+    fidelity = [{"model": "gpt_small", "error": 0.04, "errors": [0.01, 0.04, 0.12],
+                 "calibrated_errors": [0.02, 0.03, 0.05]},
+                {"model": "gpt_small", "shape": "data parallel", "error": -0.02, "errors": [-0.02]}]
+    results = {"finished": "2026-11-28 06:00 UTC", "command": "python3 bench/run.py --only fidelity",
+               "fidelity": fidelity, "rebalance": [{"never": "read"}]}
+    entry = bench_run.history_entry(results, ["fidelity"])
+    assert set(entry) == {"finished", "command", "fidelity"}
+    assert entry["fidelity"]["gpt_small"]["calibrated_errors"] == [0.02, 0.03, 0.05]
+    assert entry["fidelity"]["gpt_small (data parallel)"]["calibrated_errors"] == []
+    gain, cases, counts, rebalance = bench_run._history_cells(entry).split(" | ")
+    assert (gain, rebalance) == ("-", "-")
+    assert counts == "3 of 4 / 3 of 3"  # 0.12 is beyond 10% raw; only one row has calibrated errors
+    assert "gpt_small +4.0% (+1.0%, +4.0%, +12.0%)" in cases
