@@ -314,8 +314,11 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
              "bound_s": bound_s, "peak_bytes": c["peak_memory_bytes"], "recompute": c.get("recompute", False),
              "chosen": c["schedule"] == plan.schedule}
             for c in plan.extra["choices"]["candidates"]]
+    from planner.clusters import load_cluster_spec
+
+    closed = zb_h1_closed_form(profile, load_cluster_spec(case["cluster"]), load_catalog())
     return {"params": params // 4, "static_bytes": params * 4, "device_memory_bytes": memory, "rows": rows,
-            "planning_s": planning_s, "devices": len(devices)}
+            "planning_s": planning_s, "devices": len(devices), "zb_h1_closed_form": closed}
 
 
 def render(results: dict[str, Any]) -> str:
@@ -421,6 +424,11 @@ def render(results: dict[str, Any]) -> str:
         if one:
             lines += ["", f"1F1B: {one['step_s'] / one['bound_s']:.2f}x the work bound; the fastest flushing "
                       f"schedule, {best['schedule']}: {best['step_s'] / best['bound_s']:.2f}x (target: at most 1.5x)."]
+        if "zb_h1_closed_form" in mb:
+            lines += ["", f"zb-h1's closed form on equal stages for this model, (F + I - W) / (F + I + W) with its F, I "
+                      f"and W on these devices: {mb['zb_h1_closed_form']:.2f} of 1F1B's idle time (the paper's third "
+                      f"needs W >= (F + I) / 2; its normalisations, rotary embedding, SwiGLU products and residual "
+                      f"adds have no W, as in section 2)."]
         lines.append("")
     if results.get("recompute"):
         lines += ["## 4. Recomputation where needed (simulated)", "", _made(results, "recompute"), "",
