@@ -303,7 +303,8 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
     deep = deep_profile(reprofile)
     profile = load_profile(deep)
     params = sum(n.param_bytes for n in profile.nodes)  # bytes, fp32: 4 a parameter; with gradients and Adam, 16
-    memory = min(d.memory_bytes for d in load_cluster(REPO / "profiles" / "clusters" / f"{case['cluster']}.json").devices)
+    cluster = load_cluster(REPO / "profiles" / "clusters" / f"{case['cluster']}.json")
+    memory = min(d.memory_bytes for d in cluster.devices)
     began = time.perf_counter()
     plan = partition_file(deep, case["cluster"], CACHE / "memory-bound-auto.plan.json", method="dp",
                           microbatches=case["microbatches"], schedule="auto", data_parallel="auto")
@@ -314,11 +315,9 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
              "bound_s": bound_s, "peak_bytes": c["peak_memory_bytes"], "recompute": c.get("recompute", False),
              "chosen": c["schedule"] == plan.schedule}
             for c in plan.extra["choices"]["candidates"]]
-    from planner.clusters import load_cluster_spec
-
-    closed = zb_h1_closed_form(profile, load_cluster_spec(case["cluster"]), load_catalog())
     return {"params": params // 4, "static_bytes": params * 4, "device_memory_bytes": memory, "rows": rows,
-            "planning_s": planning_s, "devices": len(devices), "zb_h1_closed_form": closed}
+            "planning_s": planning_s, "devices": len(devices),
+            "zb_h1_closed_form": zb_h1_closed_form(profile, cluster, load_catalog())}
 
 
 def render(results: dict[str, Any]) -> str:
