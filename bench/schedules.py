@@ -47,6 +47,7 @@ from run import (CACHE, calibrated_in_first_round, parallel_capacity, profile_pa
                  steady_step_s, with_extra)
 
 from planner.app.partition import profile_ref  # noqa: E402
+from planner.clusters import load_cluster_spec  # noqa: E402
 from planner.examples import BUNDLED  # noqa: E402
 from planner.formats.catalog import load_catalog  # noqa: E402
 from planner.formats.cluster import Cluster, load_cluster  # noqa: E402
@@ -191,7 +192,6 @@ def profile_path_for(name: str, spec: str, reprofile: bool) -> Path:
 
 def simulated() -> list[dict[str, Any]]:
     """Each schedule's own dp plan per bundled model x cluster at m = p and m = 4p (pure pipelines)."""
-    from planner.clusters import load_cluster_spec
     from planner.profile import profile_model
 
     catalog = load_catalog()
@@ -268,7 +268,6 @@ def recompute_section(reprofile: bool) -> dict[str, Any]:
     from dataclasses import replace
 
     from planner.app.partition import partition_file
-    from planner.clusters import load_cluster_spec
     from planner.errors import InfeasibleError
     from planner.formats.cluster import save_cluster
 
@@ -303,7 +302,7 @@ def memory_bound(reprofile: bool) -> dict[str, Any]:
     deep = deep_profile(reprofile)
     profile = load_profile(deep)
     params = sum(n.param_bytes for n in profile.nodes)  # bytes, fp32: 4 a parameter; with gradients and Adam, 16
-    cluster = load_cluster(REPO / "profiles" / "clusters" / f"{case['cluster']}.json")
+    cluster = load_cluster_spec(case["cluster"])
     memory = min(d.memory_bytes for d in cluster.devices)
     began = time.perf_counter()
     plan = partition_file(deep, case["cluster"], CACHE / "memory-bound-auto.plan.json", method="dp",
