@@ -188,6 +188,9 @@ def test_bad_asynchronous_settings_get_one_line(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     exported = _cli("export", str(tmp_path / "async.json"), "--to", "torchtitan")
     assert exported.returncode != 0 and "has no flush between steps" in exported.stderr
+    ran = _cli("run", str(tmp_path / "async.json"), "planner.examples.digits:digits_mlp", "--async-receives", "soon")
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert ran.returncode != 0 and len(lines) == 1 and "unknown --async-receives 'soon'" in lines[0], ran.stderr
     doc = json.loads((tmp_path / "async.json").read_text())
     assert doc["async"]["warmup"] == DEFAULT_ASYNC_WARMUP  # recorded, so plan run and the reference read one number
     doc["async"]["warmup"] = 2.5
@@ -262,7 +265,9 @@ CASES = [("digits", "async-1f1b", "predict", None, "sgd", 0), ("digits", "async-
          ("gpt", "async-1f1b", "predict", None, "adam", 0), ("gpt", "async-1f1b", "predict", None, "adam", 4),
          ("digits", "2bw", "predict", None, "sgd", 4)]
 """(model, schedule, correction, micro-batches in flight, optimizer, synchronous warm-up steps); gpt_tiny's LM head
-is tied to its embedding across the two ranks. A warm-up of 4 in rounds of 3 ends inside the second round."""
+is tied to its embedding across the two ranks. A warm-up of 4 in rounds of 3 ends inside the second round. The cases
+alternate between posting each receive one message ahead and on demand (``receives_ahead``: gloo's default), so
+both ways meet the reference."""
 
 
 def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) -> None:
@@ -283,7 +288,8 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
     from planner.runtime.pipeline.training import TrainSettings, make_optimizer, train_reference
 
     results = {}
-    for name, schedule, correction, inflight, optimizer, warmup in CASES:
+    for index, (name, schedule, correction, inflight, optimizer, warmup) in enumerate(CASES):
+        ahead = index % 2 == 1
         plan = load_plan(plans[name])
         plan = dataclasses.replace(plan, schedule=schedule,
                                    extra={**plan.extra, "async": {**(plan.extra.get("async") or {}), "warmup": warmup}})
@@ -309,7 +315,8 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
             return batch(step)
 
         opt = make_optimizer(stages.params, optimizer, lr)
-        engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True)
+        engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True,
+                             post_ahead=ahead)
         losses: list[float | None] = []
         log: list[tuple[int, int, int, int]] = []
         swapped = correction == "none" or (warmup > 0 and schedule == "async-1f1b")  # a re-plan's new engine at every
@@ -321,7 +328,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
                 first_compute = engine.compute_s if first_compute is None else first_compute
                 engine.close()
                 engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True,
-                                     before=engine)
+                                     before=engine, post_ahead=ahead)
             losses += engine.run_round(first, min(3, 7 - first), engine_batch)
         engine.close()
         log += engine.log or []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from planner.errors import UsageError
-from planner.runtime.launch.config import RunConfig
+from planner.runtime.launch.config import ASYNC_RECEIVES, RunConfig
 from planner.runtime.options import parse_link, parse_target, run_options
 
 __all__ = ["Launch", "run_config", "run_plan"]
@@ -54,6 +54,9 @@ def check_learning_options(fields: Mapping[str, Any]) -> None:
     if fields.get("stop_at_target") and target is None:
         raise UsageError("--stop-at-target needs --target METRIC=VALUE")
     parse_link(fields.get("emulate_link"))
+    receives = fields.get("async_receives", "auto")
+    if receives not in ASYNC_RECEIVES:
+        raise UsageError(f"unknown --async-receives {receives!r}; expected one of {', '.join(ASYNC_RECEIVES)}")
     check_sync_options(fields)
     loss = fields.get("loss")
     if loss is not None and (":" not in str(loss) or not str(loss).rpartition(":")[2]):

@@ -74,6 +74,9 @@ def run_cmd(
     dasp_async_update: Annotated[str, typer.Option("--dasp-async-update", help="dasp: an asynchronous worker's "
                                  "gradient folded into the group's next update (fold), or an update of its own on "
                                  "arrival (apply); either way weighted by 1 / staleness.")] = DaspRule.async_update,
+    async_receives: Annotated[str, typer.Option("--async-receives", help="async-1f1b and 2bw: when a rank posts "
+                              "each receive: auto (when it is about to wait on gloo, one message ahead elsewhere; "
+                              "docs/async.md), ahead or on-demand.")] = "auto",
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile the plan was made from "
                        "(default: the plan's profile.path).", show_default=False)] = None,
     round_steps: Annotated[int, typer.Option("--round-steps", help="Steps per round (rebalancing and "
@@ -145,6 +148,7 @@ def run_cmd(
         sync_elastic=sync_elastic, sync_chunk_bytes=sync_chunk_bytes, sync_overhead=sync_overhead,
         sync_max_period=sync_max_period, staleness=staleness, dasp_slow_factor=dasp_slow_factor,
         dasp_rejoin_factor=dasp_rejoin_factor, dasp_patience=dasp_patience, dasp_async_update=dasp_async_update,
+        async_receives=async_receives,
         options=dict(rebalance=rebalance, threshold=threshold, patience=patience, emulate_slowdown=emulate_slowdown,
                      log=log, live=live, output=output, checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every))

@@ -15,7 +15,11 @@ from planner.runtime.parameter_server.rule import DaspRule
 if TYPE_CHECKING:
     from planner.runtime.launch.worker import RankRun
 
-__all__ = ["RunConfig", "RoundEnd", "RunHooks", "load_plugins"]
+__all__ = ["ASYNC_RECEIVES", "RunConfig", "RoundEnd", "RunHooks", "load_plugins"]
+
+ASYNC_RECEIVES = ("auto", "ahead", "on-demand")
+"""``--async-receives``: when the asynchronous engine posts a peer's next receive (``post_ahead`` of
+``planner.runtime.pipeline.asynchronous.AsyncEngine``; ``auto``: ``receives_ahead`` of the backend)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class RunConfig:
     """``dasp``: rounds in a row before a worker changes state."""
     dasp_async_update: str = DaspRule.async_update
     """``dasp``: how an asynchronous worker's gradient enters the model (``rule.ASYNC_UPDATES``)."""
+    async_receives: str = "auto"
+    """``async-1f1b`` and ``2bw``: when a rank posts each receive (``ASYNC_RECEIVES``)."""
     plugins: tuple[str, ...] = ()
     """Extra ``RunHooks``, as ``pkg.mod:factory`` specs with ``factory(config) -> RunHooks`` (strings, because the
     config crosses the launcher to every rank). They run before the built-in rebalancing and checkpoint hooks.

@@ -21,14 +21,15 @@ Delayed gradients are handled, never ignored:
   step's weights, before the steps overlap; a gradient late in the first steps, when the optimizer moves the weights
   most, costs far more than one late later (docs/async.md, "The synchronous warm-up").
 
-Messages are point-to-point (``isend``/``irecv`` on the default group) between consecutive stages' ranks: a
-forward sends its outputs, a backward its inputs' gradients; shapes travel once, in a header, on the
-first message. With replicas (``data_parallel.sync`` ``ssgd``) every replica pipeline runs its own share this way,
-and each stage's update first sums its gradient with the same stage's replicas (a blocking all-reduce on the
-``dp`` group of the plan's ``DeviceMesh``; every replica reaches the same update), so the replicas keep one set
-of weights. Every wait is bounded by the process group's timeout (``plan run --timeout``). The
-optimizer and the live parameters are ``RankRun``'s, so evaluation, checkpoints and the summary see the
-weights as they are after the round's last update.
+Messages are point-to-point (``isend``/``irecv`` on the default group) between consecutive stages' ranks: a forward
+sends its outputs, a backward its inputs' gradients; shapes travel once, in a header, on the first message. A
+receive is posted when the rank is about to wait for it on gloo, as torch's schedules post theirs, and one message
+ahead on other backends (``receives_ahead``). With replicas (``data_parallel.sync`` ``ssgd``) every replica pipeline
+runs its own share this way, and each stage's update first sums its gradient with the same stage's replicas (a
+blocking all-reduce on the ``dp`` group of the plan's ``DeviceMesh``; every replica reaches the same update), so the
+replicas keep one set of weights. Every wait is bounded by the process group's timeout (``plan run --timeout``). The
+optimizer and the live parameters are ``RankRun``'s, so evaluation, checkpoints and the summary see the weights as
+they are after the round's last update.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from planner.runtime.pipeline.graph_split import StageGraph, canonical_param_nam
 from planner.runtime.pipeline.stages import RankStages
 from planner.runtime.pipeline.versions import Version, predict_weights
 
-__all__ = ["AsyncEngine", "check_async", "correction_of", "predict_weights", "train_async_reference",
-           "Version"]
+__all__ = ["AsyncEngine", "check_async", "correction_of", "predict_weights", "receives_ahead",
+           "train_async_reference", "Version"]
 
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
@@ -97,7 +98,7 @@ class AsyncEngine:
     def __init__(self, stages: RankStages, optimizer: torch.optim.Optimizer, criterion: Callable[..., torch.Tensor],
                  correction: str = "predict", inflight: int | None = None, record_versions: bool = False,
                  before: "AsyncEngine | None" = None, sync: UpdateSync | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, post_ahead: bool | None = None) -> None:
         plan = stages.plan
         check_async(plan)
         if correction not in ASYNC_CORRECTIONS:
@@ -145,8 +146,9 @@ class AsyncEngine:
         """This rank holds a tied weight after its first holder's stage, and applies the sums late."""
         self.grace = min((tied_grace(leader, self.p, inflight) for leader in followed), default=0)
         """This rank applies its tied weights' sums before its forward of a step's micro-batch ``grace``."""
-        self.activations = _Inbox(self.prev) if self.prev is not None else None
-        self.grads = _Inbox(self.next) if self.next is not None else None
+        ahead = receives_ahead(dist.get_backend()) if post_ahead is None else post_ahead
+        self.activations = _Inbox(self.prev, ahead) if self.prev is not None else None
+        self.grads = _Inbox(self.next, ahead) if self.next is not None else None
         self.headed: set[int] = set()
         """Ranks this rank has sent its shapes to (once, before the first message)."""
         self.log: list[tuple[int, int, int, int]] | None = [] if record_versions else None
@@ -451,13 +453,28 @@ class AsyncEngine:
                 "update_s": self.update_s}
 
 
-class _Inbox:
-    """Messages from one peer, in order, received one ahead: as soon as a message is taken the next one's buffers
-    are posted (``irecv``), so its transfer overlaps this rank's compute. The first message is preceded by one
-    header per tensor (``_header``); the shapes hold for the whole run."""
+def receives_ahead(backend: str) -> bool:
+    """Whether the engine posts each peer's next receive as soon as it has taken one (so that its transfer overlaps
+    the compute in between), rather than when it is about to wait for it.
 
-    def __init__(self, src: int) -> None:
+    Not on gloo. Its TCP transport moves a message only once both sides have posted (a receive-ready and a
+    send-ready notice, then the payload), and its own I/O thread, not a DMA engine, copies the bytes, on the cores the
+    stages compute on; a receive posted ahead buys no copy that overlaps, and the call, made between two passes,
+    now and then held the rank for milliseconds. docs/bench-async.md times the same plan both ways (docs/async.md,
+    "When a receive is posted"). torch's ``Schedule1F1B`` posts each receive right before it waits on it, on every
+    backend; NCCL's copies run on the GPU beside the compute, so there the engine posts ahead."""
+    return backend != "gloo"
+
+
+class _Inbox:
+    """Messages from one peer, in order. With ``ahead`` a message's buffers are posted (``irecv``) as soon as the one
+    before it is taken, so its transfer overlaps this rank's compute; otherwise when it is taken
+    (``receives_ahead``). The first message is preceded by one header per tensor (``_header``); the shapes hold for
+    the whole run."""
+
+    def __init__(self, src: int, ahead: bool = True) -> None:
         self.src = src
+        self.ahead = ahead
         self.meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
         self.posted: tuple[list[Any], tuple[torch.Tensor, ...]] | None = None
         self.left = 0
@@ -485,7 +502,7 @@ class _Inbox:
         self.wait_s += time.perf_counter() - start
         self.posted = None
         self.left -= 1
-        if self.left > 0:
+        if self.ahead and self.left > 0:
             self._post()
         return buffers
 
