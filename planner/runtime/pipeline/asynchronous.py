@@ -27,7 +27,7 @@ receive is posted when the rank is about to wait for it on gloo, as torch's sche
 ahead on other backends (``receives_ahead``). With replicas (``data_parallel.sync`` ``ssgd``) every replica pipeline
 runs its own share this way, and each stage's update first sums its gradient with the same stage's replicas (a
 blocking all-reduce on the ``dp`` group of the plan's ``DeviceMesh``; every replica reaches the same update), so the
-replicas keep one set of weights. Every wait is bounded by the process group's timeout (``plan run --timeout``). The
+replicas keep one set of weights. Every wait is bounded by the process group's timeout (``plan run --timeout-s``). The
 optimizer and the live parameters are ``RankRun``'s, so evaluation, checkpoints and the summary see the weights as
 they are after the round's last update.
 """
