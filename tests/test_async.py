@@ -266,7 +266,7 @@ CASES = [("digits", "async-1f1b", "predict", None, "sgd", 0), ("digits", "async-
          ("digits", "2bw", "predict", None, "sgd", 4)]
 """(model, schedule, correction, micro-batches in flight, optimizer, synchronous warm-up steps); gpt_tiny's LM head
 is tied to its embedding across the two ranks. A warm-up of 4 in rounds of 3 ends inside the second round. The cases
-alternate between posting each receive one message ahead and on demand (``receives_ahead``: gloo's default), so
+alternate between posting each receive one message ahead and on demand (gloo's default, ``receives_ahead``), so
 both ways meet the reference."""
 
 
@@ -289,7 +289,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
 
     results = {}
     for index, (name, schedule, correction, inflight, optimizer, warmup) in enumerate(CASES):
-        ahead = index % 2 == 1
+        receives = "ahead" if index % 2 else "on-demand"
         plan = load_plan(plans[name])
         plan = dataclasses.replace(plan, schedule=schedule,
                                    extra={**plan.extra, "async": {**(plan.extra.get("async") or {}), "warmup": warmup}})
@@ -316,7 +316,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
 
         opt = make_optimizer(stages.params, optimizer, lr)
         engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True,
-                             post_ahead=ahead)
+                             receives=receives)
         losses: list[float | None] = []
         log: list[tuple[int, int, int, int]] = []
         swapped = correction == "none" or (warmup > 0 and schedule == "async-1f1b")  # a re-plan's new engine at every
@@ -328,7 +328,7 @@ def _engine_ranks(rank: int, world: int, plans: dict[str, str], out_dir: str) ->
                 first_compute = engine.compute_s if first_compute is None else first_compute
                 engine.close()
                 engine = AsyncEngine(stages, opt, criterion, correction, inflight=inflight, record_versions=True,
-                                     before=engine, post_ahead=ahead)
+                                     before=engine, receives=receives)
             losses += engine.run_round(first, min(3, 7 - first), engine_batch)
         engine.close()
         log += engine.log or []

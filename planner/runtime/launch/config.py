@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 __all__ = ["ASYNC_RECEIVES", "RunConfig", "RoundEnd", "RunHooks", "load_plugins"]
 
 ASYNC_RECEIVES = ("auto", "ahead", "on-demand")
-"""``--async-receives``: when the asynchronous engine posts a peer's next receive (``post_ahead`` of
-``planner.runtime.pipeline.asynchronous.AsyncEngine``; ``auto``: ``receives_ahead`` of the backend)."""
+"""``--async-receives``: when the asynchronous engine posts a peer's next receive
+(``planner.runtime.pipeline.asynchronous.receives_ahead`` says what each means)."""
 
 
 @dataclass(frozen=True)

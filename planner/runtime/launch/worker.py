@@ -116,9 +116,8 @@ class RankRun:
         before: AsyncEngine | None = getattr(self, "engine", None)  # landed above
         self.engine: AsyncEngine | None = None
         if stages.plan.schedule in ASYNC_SCHEDULES:  # seed 000: no flush between steps (docs/async.md)
-            ahead = {"ahead": True, "on-demand": False}.get(self.config.async_receives)  # auto: by the backend
             self.engine = AsyncEngine(stages, self.optimizer, criterion, correction_of(stages.plan), before=before,
-                                      sync=self.sync, clock=self.clock, post_ahead=ahead)
+                                      sync=self.sync, clock=self.clock, receives=self.config.async_receives)
 
     def batch(self, step: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Inputs and target of ``step`` (a pure function of seed and step), on this rank's device: the step's

@@ -98,7 +98,7 @@ class AsyncEngine:
     def __init__(self, stages: RankStages, optimizer: torch.optim.Optimizer, criterion: Callable[..., torch.Tensor],
                  correction: str = "predict", inflight: int | None = None, record_versions: bool = False,
                  before: "AsyncEngine | None" = None, sync: UpdateSync | None = None,
-                 clock: Callable[[], float] = time.perf_counter, post_ahead: bool | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, receives: str = "auto") -> None:
         plan = stages.plan
         check_async(plan)
         if correction not in ASYNC_CORRECTIONS:
@@ -149,7 +149,7 @@ class AsyncEngine:
         """This rank holds a tied weight after its first holder's stage, and applies the sums late."""
         self.grace = min((tied_grace(leader, self.p, inflight) for leader in followed), default=0)
         """This rank applies its tied weights' sums before its forward of a step's micro-batch ``grace``."""
-        ahead = receives_ahead(dist.get_backend()) if post_ahead is None else post_ahead
+        ahead = receives_ahead(receives, dist.get_backend())
         self.activations = _Inbox(self.prev, ahead) if self.prev is not None else None
         self.grads = _Inbox(self.next, ahead) if self.next is not None else None
         self.headed: set[int] = set()
@@ -470,9 +470,10 @@ class AsyncEngine:
                 "update_s": self.update_s}
 
 
-def receives_ahead(backend: str) -> bool:
+def receives_ahead(receives: str, backend: str) -> bool:
     """Whether the engine posts each peer's next receive as soon as it has taken one (so that its transfer overlaps
-    the compute in between), rather than when it is about to wait for it.
+    the compute in between), rather than when it is about to wait for it. ``receives``: ``plan run
+    --async-receives`` (``ASYNC_RECEIVES`` of ``planner.runtime.launch.config``); ``auto`` decides by the backend.
 
     Not on gloo. Its TCP transport moves a message only once both sides have posted (a receive-ready and a
     send-ready notice, then the payload), and its own I/O thread, not a DMA engine, copies the bytes, on the cores the
@@ -480,7 +481,7 @@ def receives_ahead(backend: str) -> bool:
     now and then held the rank for milliseconds. docs/bench-async.md times the same plan both ways (docs/async.md,
     "When a receive is posted"). torch's ``Schedule1F1B`` posts each receive right before it waits on it, on every
     backend; NCCL's copies run on the GPU beside the compute, so there the engine posts ahead."""
-    return backend != "gloo"
+    return receives == "ahead" or (receives == "auto" and backend != "gloo")
 
 
 class _Inbox:
