@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import DistributedError
+from planner.errors import DistributedError, InputFileError
 from planner.formats.cluster import load_cluster
 from planner.runtime.links import (ConcurrentStreams, PairFit, build_cluster, fit_latency_bandwidth, nics_from_streams,
                                    world_from_env)
@@ -76,6 +76,29 @@ def test_pass_overhead_is_what_makes_the_simulator_match_the_measured_step():
     assert fitted == pytest.approx(2e-4, rel=1e-6)
 
 
+def test_pass_overhead_counts_what_the_runtime_spends_inside_its_passes():
+    """The bug this guards: fed the compute the ranks timed inside the runtime's pass methods, the probe left the
+    runtime's cost inside them out of the per-pass figure, while the cost model's compute (profiled ops) holds
+    none of it either. Fed each stage's pass timed alone, the fitted figure holds it, and the inner part is
+    reported apart (what calibration adds to the cost model's compute)."""
+    from planner.formats.cluster import Cluster, Device, Link
+    from planner.partition.sim.simulate import SimStage, simulate
+    from planner.runtime.probe import TinyRun, fit_pass_overhead, inner_overhead
+
+    link = Link(4e9, 50e-6, host_copy=True)
+    alone, inside, outside = 3e-5, 1.5e-4, 1e-4  # per pass: the stage alone, within the runtime's methods, beyond them
+    stages = [SimStage("a", alone, alone, 256, 0, 0, 0), SimStage("b", alone, alone, 0, 256, 0, 0)]
+    cluster = Cluster("p", (Device("a", "x", "h", 1), Device("b", "x", "h", 1)), link, link,
+                      pass_overhead_s=inside - alone + outside)
+    measured = simulate(stages, cluster, "1f1b", 8, record_events=False).step_time_s
+    timed = (inside * 16, inside * 16)  # 8 micro-batches: 16 passes a step
+    run = TinyRun(measured, timed, 256, (2 * alone, 2 * alone))
+    assert fit_pass_overhead(run, link) == pytest.approx(inside - alone + outside, rel=1e-6)
+    assert inner_overhead(run) == pytest.approx(inside - alone)
+    assert fit_pass_overhead(TinyRun(measured, timed, 256), link) < outside  # the old way: the inner part lost
+    assert inner_overhead(TinyRun(measured, timed, 256)) == 0.0  # nothing timed alone, nothing to tell apart
+
+
 def test_byte_overhead_is_what_makes_the_simulator_match_a_large_message_step():
     from planner.formats.cluster import Cluster, Device, Link
     from planner.partition.sim.simulate import SimStage, simulate
@@ -99,14 +122,21 @@ def test_runtime_overhead_round_trips_through_the_cluster_file():
     from planner.formats.cluster import cluster_from_dict
     from planner.runtime.probe import RuntimeProbe
 
-    probe = RuntimeProbe(1e-4, 3e-10)  # what probe_links adds to the built cluster
+    probe = RuntimeProbe(1e-4, 3e-10, 4e-5)  # what probe_links adds to the built cluster
     cluster = dataclasses.replace(build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]),
                                   pass_overhead_s=probe.pass_overhead_s, pass_overhead_source=probe.source,
-                                  pass_byte_overhead_s=probe.pass_byte_overhead_s)
+                                  pass_byte_overhead_s=probe.pass_byte_overhead_s,
+                                  pass_compute_overhead_s=probe.pass_compute_overhead_s)
     assert "8 micro-batches" in probe.source and "1 MiB and 4 MiB" in probe.source
+    assert "timed alone" in probe.source and "pass_compute_overhead_s" in probe.source
     assert cluster.to_dict()["runtime"]["pass_overhead_s"] == 1e-4 and cluster.pass_overhead_source
     assert cluster.to_dict()["runtime"]["pass_byte_overhead_s"] == 3e-10
+    assert cluster.to_dict()["runtime"]["pass_compute_overhead_s"] == 4e-5
     assert cluster_from_dict(cluster.to_dict()) == cluster
+    broken = cluster.to_dict()
+    broken["runtime"]["pass_compute_overhead_s"] = 2e-4  # more than the whole it is a part of
+    with pytest.raises(InputFileError, match="pass_compute_overhead_s.*at most runtime.pass_overhead_s"):
+        cluster_from_dict(broken)
     assert "runtime" not in build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]).to_dict()
 
 

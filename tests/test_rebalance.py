@@ -345,6 +345,22 @@ def test_round_model_predicts_unscaled_compute_per_device() -> None:
     assert model.step_time_s(plan, {"d1": 2.0}) > model.step_time_s(plan, {})
 
 
+def test_round_model_adds_the_runtime_cost_inside_each_timed_pass() -> None:
+    """A rank's measured compute holds the runtime's cost inside its pass methods (``pass_compute_overhead_s``):
+    the prediction it is compared with holds it too, once per pass the simulator charges (1F1B: a forward and a
+    backward per micro-batch), so calibration compares like with like."""
+    import dataclasses
+
+    from planner.runtime.rebalancing.replan import RoundModel
+
+    prof, clus, plan, _ = _chain_setup()
+    clus = dataclasses.replace(clus, pass_overhead_s=0.5, pass_compute_overhead_s=0.2)
+    model = RoundModel.build(prof, clus, plan)
+    passes = 2 * plan.microbatches * 2  # per device per step, times 2 steps
+    assert model.predicted_compute_s(plan, steps=2) == pytest.approx({"d0": 6 * 3.0 * 4 * 2 + 0.2 * passes,
+                                                                      "d1": 6 * 3.0 * 4 * 2 + 0.2 * passes})
+
+
 def test_round_model_prices_each_stage_as_it_recomputes() -> None:
     """A plan that recomputes in stage 0 only: the round model counts stage 0's forward twice and stage 1's once,
     and the speed fit's observation of a round at the predicted times reads both devices at speed 1."""

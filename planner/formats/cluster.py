@@ -102,6 +102,12 @@ class Cluster:
     (the links' figures) misses what moving activations costs inside a running pipeline (on CPU ranks,
     gloo's copies through the kernel compete with the compute for the same cores); probed by
     ``plan profile --probe-links`` with large messages. 0 when the file gives none."""
+    pass_compute_overhead_s: float = 0.0
+    """``runtime.pass_compute_overhead_s``: the part of ``pass_overhead_s`` the runtime spends inside the pass methods
+    it times as a rank's compute (``forward_one_chunk``, ``backward_one_chunk``: the stage's inputs and outputs, the
+    autograd call), at most ``pass_overhead_s``. The simulator charges ``pass_overhead_s`` whole; calibration adds
+    this part to the cost model's compute before comparing it with a rank's measured compute, which holds it
+    (``RoundModel.predicted_compute_s``). Probed by ``plan profile --probe-links``; 0 when the file gives none."""
 
     def device(self, device_id: str) -> Device:
         for dev in self.devices:
@@ -151,6 +157,8 @@ class Cluster:
             data["runtime"] = {"pass_overhead_s": self.pass_overhead_s}
             if self.pass_byte_overhead_s:
                 data["runtime"]["pass_byte_overhead_s"] = self.pass_byte_overhead_s
+            if self.pass_compute_overhead_s:
+                data["runtime"]["pass_compute_overhead_s"] = self.pass_compute_overhead_s
             if self.host_cores:
                 data["runtime"]["host_cores"] = self.host_cores
             if self.pass_overhead_source:
@@ -205,6 +213,11 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     check.non_negative(overhead, "runtime.pass_overhead_s")
     per_byte = float(check.opt(runtime, "pass_byte_overhead_s", (int, float), 0.0, "runtime.pass_byte_overhead_s"))
     check.non_negative(per_byte, "runtime.pass_byte_overhead_s")
+    inner = float(check.opt(runtime, "pass_compute_overhead_s", (int, float), 0.0, "runtime.pass_compute_overhead_s"))
+    check.non_negative(inner, "runtime.pass_compute_overhead_s")
+    if inner > overhead:
+        check.fail("runtime.pass_compute_overhead_s", f"at most runtime.pass_overhead_s ({overhead:g}), of which it is a "
+                   f"part", inner, "probe again with plan profile --probe-links, or lower it")
     cores = check.opt(runtime, "host_cores", int, 0, "runtime.host_cores")
     if "host_cores" in runtime and (isinstance(cores, bool) or cores < 1):
         check.fail("runtime.host_cores", "a whole number of processor cores per host, 1 or more", cores,
@@ -234,6 +247,7 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         pass_overhead_source=str(runtime.get("source", "")),
         nics_per_host=int(nics),
         pass_byte_overhead_s=per_byte,
+        pass_compute_overhead_s=inner,
         host_cores=int(cores),
     )
 

@@ -15,13 +15,23 @@ pipeline with ``PROBE_MICROBATCHES`` micro-batches, the median of ``PROBE_STEPS`
 warm-up, twice over:
 
 1. a 4-layer, 16-wide MLP (negligible compute and bytes): the per-pass figure ``o`` that makes the
-   simulator (``planner.partition.sim.simulate``), fed with the ranks' measured compute and the probed
-   link, predict the measured step;
+   simulator (``planner.partition.sim.simulate``), fed with the probed link and each stage's compute as the
+   cost model knows it, predict the measured step;
 2. a 4-layer elementwise model whose activations are ``BYTE_PROBE_SIZES`` large: with ``o`` fixed,
    the per-byte figure that makes the simulator predict each measured step; the mean over the sizes.
 
 Both are found by bisection, as the simulated step grows monotonically with either figure. Every rank
 of the job must call :func:`probe_runtime`.
+
+*The compute the simulator is fed* is each stage's forward and backward timed alone, outside the runtime
+(``TinyRun.lone_s``), as ``plan profile`` times a model's ops, not the time the runtime spends inside its
+pass methods (``forward_one_chunk``, ``backward_one_chunk``): those hold part of the runtime's own cost
+(preparing the stage's inputs and outputs, the autograd call), which the cost model's compute, built from
+profiled ops, does not. Fed the latter, the probe left that part out of ``o``: on the 16-wide MLP the passes
+took 0.12-0.19 ms inside the runtime against 0.04-0.09 ms alone (2026-11-28), and a plan of the digits MLP, whose
+passes are of that size, ran about twice as long as predicted. That inner part is also reported
+alone (``pass_compute_overhead_s``), since a rank's measured compute includes it: calibration compares the
+measured compute with the cost model's plus it (``RoundModel.predicted_compute_s``).
 """
 
 from __future__ import annotations
@@ -39,11 +49,13 @@ from planner.formats.plan import Plan, Stage
 from planner.partition.sim.simulate import SimStage, simulate
 
 __all__ = ["PROBE_MICROBATCHES", "PROBE_STEPS", "BYTE_PROBE_SIZES", "TinyRun", "RuntimeProbe", "fit_pass_overhead",
-           "fit_byte_overhead", "probe_runtime"]
+           "fit_byte_overhead", "inner_overhead", "probe_runtime"]
 
 PROBE_MICROBATCHES = 8
 PROBE_STEPS = 15
 WARMUP_STEPS = 3
+LONE_REPEATS = 30
+"""Forward-and-backward passes of a stage timed alone (the median), for ``TinyRun.lone_s``."""
 WIDTH = 16
 ROWS = 4
 BYTE_PROBE_SIZES = (1 << 20, 1 << 22)
@@ -53,13 +65,24 @@ activations between stages)."""
 
 @dataclass(frozen=True)
 class TinyRun:
-    """What the two probe ranks measured: the median step and each rank's compute per step."""
+    """What the two probe ranks measured: the median step, each rank's compute per step inside the runtime and
+    its stage's forward and backward timed alone."""
 
     step_s: float
     compute_s: tuple[float, float]
-    """Per rank (0, 1): seconds in the stage's forward and backward passes per step."""
+    """Per rank (0, 1): seconds inside the runtime's pass methods per step (what ``plan run`` reports as compute)."""
     message_bytes: int
     """Bytes of one activation (and one gradient) between the stages, per micro-batch."""
+    lone_s: tuple[float, float] | None = None
+    """Per rank (0, 1): seconds of one micro-batch's forward and backward of its stage, timed alone outside the
+    runtime (the median of ``LONE_REPEATS``): the compute the cost model would give the stage. None: not timed, and
+    the simulation takes ``compute_s`` instead."""
+
+    def pass_compute_s(self, rank: int, microbatches: int) -> float:
+        """Seconds of one pass (forward or backward) of ``rank``'s stage as the simulator is fed them."""
+        if self.lone_s is not None:
+            return self.lone_s[rank] / 2
+        return self.compute_s[rank] / (2 * microbatches)
 
 
 @dataclass(frozen=True)
@@ -68,15 +91,18 @@ class RuntimeProbe:
 
     pass_overhead_s: float
     pass_byte_overhead_s: float
+    pass_compute_overhead_s: float = 0.0
+    """The part of ``pass_overhead_s`` spent inside the runtime's pass methods (``inner_overhead``)."""
 
     @property
     def source(self) -> str:
         """How they were measured (``runtime.source`` of the cluster file)."""
         sizes = " and ".join(f"{size / 2**20:g} MiB" for size in BYTE_PROBE_SIZES)
         return (f"measured on ranks 0 and 1, 2-stage 1F1B pipelines of {PROBE_MICROBATCHES} micro-batches, median of "
-                f"{PROBE_STEPS} steps, fitted with the simulator (planner/runtime/probe.py): pass_overhead_s on a "
-                f"4-layer, {WIDTH}-wide MLP; pass_byte_overhead_s on a 4-layer elementwise model with {sizes} "
-                f"activations")
+                f"{PROBE_STEPS} steps, fitted with the simulator fed each stage's compute timed alone "
+                f"(planner/runtime/probe.py): pass_overhead_s on a 4-layer, {WIDTH}-wide MLP, of which "
+                f"pass_compute_overhead_s inside the runtime's pass methods; pass_byte_overhead_s on a 4-layer "
+                f"elementwise model with {sizes} activations")
 
 
 def fit_pass_overhead(run: TinyRun, link: Link, microbatches: int = PROBE_MICROBATCHES) -> float:
@@ -95,8 +121,17 @@ def fit_byte_overhead(run: TinyRun, link: Link, pass_overhead_s: float, microbat
                 run.step_s / (2 * microbatches * run.message_bytes))
 
 
+def inner_overhead(run: TinyRun, microbatches: int = PROBE_MICROBATCHES) -> float:
+    """Seconds per pass the runtime spends inside its pass methods beyond the stage's compute alone: the mean over the
+    two ranks of (compute per pass inside the runtime - the same pass alone), at least 0 (0 without ``lone_s``)."""
+    if run.lone_s is None:
+        return 0.0
+    inner = [c / (2 * microbatches) - lone / 2 for c, lone in zip(run.compute_s, run.lone_s)]
+    return max(statistics.fmean(inner), 0.0)
+
+
 def _simulated_step(run: TinyRun, link: Link, microbatches: int, overhead: float, per_byte: float) -> float:
-    per_pass = [c / (2 * microbatches) for c in run.compute_s]
+    per_pass = [run.pass_compute_s(rank, microbatches) for rank in (0, 1)]
     stages = [SimStage("a", per_pass[0], per_pass[0], run.message_bytes, 0, 0, 0),
               SimStage("b", per_pass[1], per_pass[1], 0, run.message_bytes, 0, 0)]
     cluster = Cluster("probe", (Device("a", "probe", "h", 1), Device("b", "probe", "h", 1)), link, link,
@@ -124,7 +159,7 @@ def probe_runtime(rank: int, device: torch.device, link: Link) -> RuntimeProbe:
     runs += [_gathered(rank, device, group, size) for size in BYTE_PROBE_SIZES]
     overhead = fit_pass_overhead(runs[0], link)
     per_byte = statistics.fmean(fit_byte_overhead(run, link, overhead) for run in runs[1:])
-    return RuntimeProbe(overhead, per_byte)
+    return RuntimeProbe(overhead, per_byte, min(inner_overhead(runs[0]), overhead))
 
 
 def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | None) -> TinyRun:
@@ -133,8 +168,8 @@ def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | 
     mine = _run_tiny(rank, device, group, message_bytes) if rank in (0, 1) else None
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
-    (step0, compute0, nbytes), (step1, compute1, _) = gathered[0], gathered[1]
-    return TinyRun(max(step0, step1), (compute0, compute1), nbytes)
+    (step0, compute0, nbytes, lone0), (step1, compute1, _, lone1) = gathered[0], gathered[1]
+    return TinyRun(max(step0, step1), (compute0, compute1), nbytes, (lone0, lone1))
 
 
 class _Elementwise(nn.Module):
@@ -149,8 +184,10 @@ class _Elementwise(nn.Module):
         return torch.tanh(x * self.w + self.b)
 
 
-def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | None) -> tuple[float, float, int]:
-    """This rank's half of a probe pipeline: (median step seconds, compute seconds per step, message bytes).
+def _run_tiny(rank: int, device: torch.device, group: Any,
+              message_bytes: int | None) -> tuple[float, float, int, float]:
+    """This rank's half of a probe pipeline: (median step seconds, compute seconds per step, message bytes, its
+    stage's forward and backward alone).
 
     ``message_bytes`` None: the small MLP; else the elementwise model with activations of that size."""
     import torch.distributed as dist
@@ -192,4 +229,22 @@ def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | 
         if i >= WARMUP_STEPS:
             steps.append(time.perf_counter() - start)
             computes.append(timer.end_round().compute_s)
-    return statistics.median(steps), statistics.median(computes), ROWS * width * example.element_size()
+    lone = _time_alone(stages.modules[0], torch.randn(ROWS, width, device=device, requires_grad=rank == 1), device)
+    return statistics.median(steps), statistics.median(computes), ROWS * width * example.element_size(), lone
+
+
+def _time_alone(module: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    """Median seconds of one forward and backward of ``module`` on ``x``, outside the pipeline runtime (as the
+    profile times ops: nothing but the module's own work)."""
+    times = []
+    for i in range(WARMUP_STEPS + LONE_REPEATS):
+        start = time.perf_counter()
+        out = module(x)
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+    module.zero_grad(set_to_none=True)
+    return statistics.median(times)

@@ -26,6 +26,7 @@ from planner.partition.model.problem import Problem, build_problem, with_sync
 from planner.partition.search.rebalance import RebalanceState, placer_weights, plans_equal
 from planner.partition.search.settings import rescaled
 from planner.partition.search.speed import Held
+from planner.partition.sim.simulate import SimResult
 
 __all__ = ["RoundModel", "Proposal", "propose", "device_order", "replan_method", "start_weights", "stage_keys",
            "DEVICE_RANKS"]
@@ -91,17 +92,23 @@ class RoundModel:
     def predicted_compute_s(self, plan: Plan, steps: int) -> dict[str, float]:
         """Per device: forward + backward seconds the profile predicts for ``steps`` steps of ``plan``
         (the profile rescaled to the run's micro-batch rows when they differ from the profile's); each
-        replica's devices for that replica's share of the micro-batches; on ranks that share their host's cores,
-        stretched as the simulator stretches them (``core_stretch``), since a rank's wall clock sees that."""
-        replicas = plan.replicas()
-        shares = plan.replica_shares()
-        stretch = self.core_stretch(plan)
+        replica's devices for that replica's share of the micro-batches; plus the runtime's own cost inside the
+        passes it times (``Cluster.pass_compute_overhead_s`` per pass), which a rank's measured compute holds; on
+        ranks that share their host's cores, stretched as the simulator stretches them (``core_stretch``), since a
+        rank's wall clock sees that."""
+        overhead = self.cluster.pass_overhead_s
+        inner = self.cluster.pass_compute_overhead_s / overhead if overhead else 0.0
+        simulated = self._simulated(plan) if inner or self.cluster.host_cores else None
+        stretch = simulated.core_stretch if simulated is not None else {}
         out: dict[str, float] = {}
-        for stage, devices, again in zip(plan.stages, replicas, plan.recomputed()):
+        for stage, devices, again in zip(plan.stages, plan.replicas(), plan.recomputed()):
             runs = _runs(sorted(self.index[name] for name in stage.nodes))
-            for device, share in zip(devices, shares):
+            for device, share in zip(devices, plan.replica_shares()):
                 total = sum(self.predict_s(device, a, b, again) for a, b in runs)
                 out[device] = out.get(device, 0.0) + total * share * steps * stretch.get(device, 1.0)
+        if simulated is not None and inner:
+            for device in out:  # the simulator charges every pass pass_overhead_s: its passes per step, times the part
+                out[device] += simulated.devices[device].overhead_s * inner * steps * stretch.get(device, 1.0)
         return out
 
     def core_stretch(self, plan: Plan) -> Mapping[str, float]:
@@ -109,7 +116,10 @@ class RoundModel:
         are (``planner.partition.sim.step``); empty on GPUs and on hosts with a core per rank."""
         if not self.cluster.host_cores:
             return {}
-        return evaluate(self.problem, partition_of(self.problem, plan), record_events=False).core_stretch
+        return self._simulated(plan).core_stretch
+
+    def _simulated(self, plan: Plan) -> SimResult:
+        return evaluate(self.problem, partition_of(self.problem, plan), record_events=False)
 
     def held(self, plan: Plan, steps: int, measured_s: Mapping[str, float]) -> list[Held]:
         """Per device that computed: its measured seconds and the profile node ranges behind them, each run
