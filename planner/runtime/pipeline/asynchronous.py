@@ -490,7 +490,7 @@ class _Inbox:
     (``receives_ahead``). The first message is preceded by one header per tensor (``_header``); the shapes hold for
     the whole run."""
 
-    def __init__(self, src: int, ahead: bool = True) -> None:
+    def __init__(self, src: int, ahead: bool) -> None:
         self.src = src
         self.ahead = ahead
         self.meta: list[tuple[torch.dtype, tuple[int, ...]]] | None = None
