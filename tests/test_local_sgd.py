@@ -84,6 +84,28 @@ def test_the_elastic_correction_bounds_each_replicas_drift() -> None:
     assert distances[0.0] > 3 * distances[alpha]
 
 
+def test_the_outer_momentum_moves_the_global_model_by_its_running_sum() -> None:
+    """SlowMo with outer learning rate 1 (``--sync-momentum``): the k-th aggregation moves the parameters of the global
+    model by ``u_k = beta u_(k-1) + d_k``, the float buffers by the plain averaged delta, and a local model that made
+    no progress since its snapshot lands on the new global model."""
+    beta = 0.5
+    buffer = torch.zeros(2)
+    sync = Adaptive(None, 1, 1, 2, buffers=[buffer], options=AdaptiveOptions(momentum=beta))
+    params = {"w": torch.nn.Parameter(torch.zeros(3))}
+    sync.anchor = flat_of(sync.state(params))
+    expected, outer = torch.zeros(5), torch.zeros(3)
+    for delta in (torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), torch.tensor([1.0, -1.0, 0.5, 2.0, 2.0])):
+        sync.snapshot, sync.sent, sync.pending = flat_of(sync.state(params)), delta.clone(), []
+        sync.periods.append(2)
+        sync._land(sync.state(params))
+        outer = beta * outer + delta[:3]
+        expected[:3] += outer
+        expected[3:] += delta[3:]
+        assert torch.allclose(sync.anchor, expected)
+        assert torch.allclose(flat_of(sync.state(params)), expected)
+    assert torch.allclose(sync.velocity[:3], outer / 2)  # the elastic pull's expected progress: the step taken
+
+
 def test_flat_copies_round_trip() -> None:
     tensors = [torch.arange(6.0).view(2, 3), torch.tensor([7.0]), torch.zeros(2, 2, dtype=torch.float64)]
     flat = flat_of(tensors)
@@ -239,6 +261,7 @@ def test_bad_sync_options_at_partition_are_one_line(files, args, words) -> None:
     ("pipeline", ["--sync", "local-sgd", "--sync-period", "4"], "is a pure pipeline"),
     ("ssgd", ["--sync", "local-sgd"], "--sync local-sgd needs --sync-period"),
     ("ssgd", ["--sync-elastic", "1.5"], "--sync-elastic must be"),
+    ("ssgd", ["--sync-momentum", "1"], "--sync-momentum must be"),
 ])
 def test_bad_sync_options_at_run_are_one_line(files, plan, args, words) -> None:
     result = CliRunner().invoke(app, ["run", str(files[plan]), "planner.examples.digits:digits_mlp", "--steps", "2",

@@ -77,6 +77,9 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
     elastic = float(fields.get("sync_elastic", 0.0))
     if not 0.0 <= elastic < 1.0:
         raise UsageError(f"--sync-elastic must be at least 0 and below 1, found {elastic}; pass for example 0.1")
+    momentum = float(fields.get("sync_momentum", 0.0))
+    if not 0.0 <= momentum < 1.0:
+        raise UsageError(f"--sync-momentum must be at least 0 and below 1, found {momentum}; pass for example 0.5")
     if int(fields.get("sync_chunk_bytes", 1 << 18)) < 4:
         raise UsageError(f"--sync-chunk-bytes must be at least 4 (one float), found {fields.get('sync_chunk_bytes')}")
     try:

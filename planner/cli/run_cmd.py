@@ -57,6 +57,8 @@ def run_cmd(
     sync_elastic: Annotated[float, typer.Option("--sync-elastic", help="adaptive: share of its drift from the "
                             "expected global model a replica gives back every local step (0, the default: no correction; "
                             "docs/sync.md says why).")] = 0.0,
+    sync_momentum: Annotated[float, typer.Option("--sync-momentum", help="adaptive: the outer momentum of the "
+                             "global model's steps (SlowMo; 0, the default: the averaged model as it is).")] = 0.0,
     sync_chunk_bytes: Annotated[int, typer.Option("--sync-chunk-bytes", help="adaptive: bytes per sub-tensor an "
                                 "aggregation is cut into, sent first layers first.")] = 1 << 18,
     sync_overhead: Annotated[float, typer.Option("--sync-overhead", help="adaptive: largest share of the step "
@@ -145,7 +147,7 @@ def run_cmd(
         profile=str(profile) if profile else None, params_out=str(params_out) if params_out else None,
         allow_device_mismatch=allow_device_mismatch, loss=loss, eval_every=eval_every, eval_batches=eval_batches,
         target=target, stop_at_target=stop_at_target, emulate_link=emulate_link, sync=sync, sync_period=sync_period,
-        sync_elastic=sync_elastic, sync_chunk_bytes=sync_chunk_bytes, sync_overhead=sync_overhead,
+        sync_elastic=sync_elastic, sync_momentum=sync_momentum, sync_chunk_bytes=sync_chunk_bytes, sync_overhead=sync_overhead,
         sync_max_period=sync_max_period, staleness=staleness, dasp_slow_factor=dasp_slow_factor,
         dasp_rejoin_factor=dasp_rejoin_factor, dasp_patience=dasp_patience, dasp_async_update=dasp_async_update,
         async_receives=async_receives,

@@ -25,6 +25,7 @@ What is averaged, and what is not:
    moved on by the global progress per step of the last interval. Progress the replicas share is not pulled
    back; each replica's own drift ``e`` shrinks by ``(1 - elastic)`` every step, so it stays within
    ``(1 - elastic) / elastic`` times the largest per-step deviation of its updates from the global progress;
+   with ``momentum`` > 0 the global model also steps with SlowMo's outer momentum (``_outer_step``);
 3. **prioritised sub-tensors**: an aggregation cuts the flat model delta into chunks of ``chunk_bytes`` in
    forward order (the first layer's parameters first, as ByteScheduler and P3 order them), starts one
    asynchronous all-reduce per chunk in that order, and trains the next step while they travel; the averaged
@@ -58,6 +59,9 @@ class AdaptiveOptions:
     rule: AdaptiveRule = AdaptiveRule()
     elastic: float = 0.0
     """Share of its drift a local model gives back every local step (0: no correction)."""
+    momentum: float = 0.0
+    """The outer momentum of the global model's steps (SlowMo; 0: each aggregation moves the global model by the
+    averaged delta)."""
     chunk_bytes: int = 1 << 18
     """Size of the sub-tensors an aggregation is cut into (256 KiB)."""
 
@@ -210,6 +214,8 @@ class Adaptive(LocalSGD):
         """The last global model (flat)."""
         self.velocity: torch.Tensor | None = None
         """The global model's progress per local step over the last interval."""
+        self.outer: torch.Tensor | None = None
+        """SlowMo's outer momentum buffer over the parameters (``options.momentum > 0``)."""
         self.pending: list[Any] = []
         """The in-flight chunks' work handles, in send order (``order``)."""
         self.sent: torch.Tensor | None = None
@@ -307,6 +313,7 @@ class Adaptive(LocalSGD):
         self.pending = []
         # self.sent now holds the weighted sum, the global delta: the new global model is anchor + sent, and
         # the local model keeps the progress it made since the snapshot on top of it.
+        self._outer_step(self.sent)
         self.anchor.add_(self.sent)
         assign_flat(tensors, flat_of(tensors).sub_(self.snapshot).add_(self.anchor))
         self.velocity = self.sent.div_(max(self.periods[-1], 1))
@@ -318,6 +325,20 @@ class Adaptive(LocalSGD):
         self.landed_s = time.perf_counter() - waited
         self.cost_s += done - self.launched_at
         self.aggregations += 1
+
+    def _outer_step(self, delta: torch.Tensor) -> None:
+        """SlowMo's outer step (Wang, Tantia, Ballas and Rabbat, ICLR 2020, with outer learning rate 1): the
+        parameters' part of the averaged ``delta`` becomes ``u <- momentum u + delta`` in place, the step the
+        global model takes. Every replica holds the same ``u`` (it sums the same all-reduced deltas). The float
+        buffers' part (running statistics) stays the plain average."""
+        beta = self.options.momentum
+        if beta <= 0.0:
+            return
+        part = delta[:delta.numel() - sum(b.numel() for b in self.buffers)]
+        if self.outer is None:
+            self.outer = torch.zeros_like(part)
+        self.outer.mul_(beta).add_(part)
+        part.copy_(self.outer)
 
     def report(self) -> dict[str, Any]:
         return {**super().report(), "copy_s": self.copy_total_s, "interference_s": self.interference_s}

@@ -70,6 +70,8 @@ class RunConfig:
     """``--sync-period``: local steps between aggregations (default: the plan's)."""
     sync_elastic: float = 0.0
     """``adaptive``: share of its drift a local model gives back every local step."""
+    sync_momentum: float = 0.0
+    """``adaptive``: the outer momentum of the global model's steps (SlowMo)."""
     sync_chunk_bytes: int = 1 << 18
     """``adaptive``: size of the sub-tensors an aggregation is cut into."""
     sync_overhead: float = 0.1

@@ -193,7 +193,8 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
 def sync_options(config: "RunConfig") -> AdaptiveOptions:
     """``--sync adaptive``'s knobs from the config (checked by ``planner.app.run`` before any rank starts)."""
     return AdaptiveOptions(AdaptiveRule(overhead=config.sync_overhead, max_period=config.sync_max_period),
-                           elastic=config.sync_elastic, chunk_bytes=config.sync_chunk_bytes)
+                           elastic=config.sync_elastic, momentum=config.sync_momentum,
+                           chunk_bytes=config.sync_chunk_bytes)
 
 
 def preflight(config: "RunConfig") -> Prepared:
