@@ -49,7 +49,8 @@ LINKS = {"slow": "1e8,0.005", "fast": "1e9,0.0005"}
 MODES = {"ssgd": ["--sync", "ssgd"], "local-sgd H=4": ["--sync", "local-sgd", "--sync-period", "4"],
          "local-sgd H=16": ["--sync", "local-sgd", "--sync-period", "16"], "adaptive": ["--sync", "adaptive"],
          "adaptive, elastic 0.02": ["--sync", "adaptive", "--sync-elastic", "0.02"],
-         "adaptive, momentum 0.5": ["--sync", "adaptive", "--sync-momentum", "0.5"]}
+         "adaptive, momentum 0.5": ["--sync", "adaptive", "--sync-momentum", "0.5"],
+         "adaptive, 256 KiB chunks": ["--sync", "adaptive", "--sync-chunk-bytes", "262144"]}
 
 
 def train_mode(tag: str, plan: Path, spec: dict[str, Any], link: str, mode: list[str], seed: int) -> dict[str, Any]:

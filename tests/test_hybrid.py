@@ -79,6 +79,31 @@ def test_every_ring_step_pays_the_runtimes_cost_per_byte_sent_and_received() -> 
                                                                                             rel=1e-6)
 
 
+def test_sub_tensors_pay_every_latency_once_per_piece_and_are_sized_from_the_slowest_link() -> None:
+    """adaptive's aggregation travels as ``k`` all-reduces of at most ``c`` bytes: the bytes cost what one all-reduce's
+    do, every latency is paid ``k`` times; ``c`` keeps a ring step's latency at most a fifth of the step."""
+    from planner.partition.model.allreduce import CHUNK_FLOOR_BYTES, chunk_bytes_for, sync_chunk_bytes
+
+    cl = hosts(4)
+    host = {d.id: d.host for d in cl.devices}
+    n = 4e6
+    whole = allreduce_s(cl.device_ids, n, cl.link, host)
+    assert allreduce_s(cl.device_ids, n, cl.link, host, chunk_bytes=1e6) == pytest.approx(
+        whole + 3 * 2 * 3 * FAST.latency_s)  # 4 pieces: 3 more latencies on each of the 2 (d - 1) ring steps
+    assert allreduce_s(cl.device_ids, n, cl.link, host, chunk_bytes=1e9) == pytest.approx(whole)
+    two = hosts(2, 2)
+    host = {d.id: d.host for d in two.devices}
+    latencies = 2 * FAST.latency_s + 2 * SLOW.latency_s  # reduce-scatter, gather inside; the shard ring across
+    assert allreduce_s(two.device_ids, n, two.link, host, chunk_bytes=n / 3) == pytest.approx(
+        allreduce_s(two.device_ids, n, two.link, host) + 2 * latencies)
+    # the size: a ring step of c / d bytes takes at least 4 latencies of the link's time on the wire
+    c = chunk_bytes_for(5e-3, 1e8, 2)
+    assert c == 4 * 2 * 1e8 * 5e-3
+    assert 5e-3 / (5e-3 + (c / 2) / 1e8) == pytest.approx(0.2)
+    assert chunk_bytes_for(1e-6, 1e9, 2) == CHUNK_FLOOR_BYTES  # fast links: the floor
+    assert sync_chunk_bytes(two.device_ids, two.link) == chunk_bytes_for(SLOW.latency_s, SLOW.bandwidth_Bps, 4)
+
+
 def test_across_hosts_it_is_hierarchical_reduce_scatter_all_reduce_all_gather() -> None:
     cl = hosts(2, 2)
     host = {d.id: d.host for d in cl.devices}

@@ -240,6 +240,31 @@ def test_partition_records_the_mode_and_spreads_the_aggregation_over_its_period(
     assert result.exit_code == 0, result.output
 
 
+def test_a_run_sizes_adaptives_sub_tensors_from_the_links_it_runs_on(files) -> None:
+    """Without --sync-chunk-bytes the sub-tensor size is the one the cost model prices: from the plan's embedded
+    cluster, and under --emulate-link from the slowed links (a 5 ms, 1e8 B/s link: about 4 MB, not the
+    256 KiB floor)."""
+    from planner.clusters import embedded_cluster
+    from planner.formats.plan import load_plan
+    from planner.formats.profile import load_profile
+    from planner.partition.model.allreduce import chunk_bytes_for, sync_chunk_bytes
+    from planner.runtime.launch.config import RunConfig
+    from planner.runtime.launch.prepare import auto_chunk_bytes, sync_options, with_emulated_link
+
+    plan = load_plan(files["adaptive"])
+    devices = plan.replicas()[0]
+    assert auto_chunk_bytes(plan) == sync_chunk_bytes(devices, embedded_cluster(plan).link)
+    config = RunConfig(plan=str(files["adaptive"]), model="planner.examples.digits:digits_mlp", steps=2,
+                       emulate_link="1e8,0.005")
+    slowed = with_emulated_link(plan, load_profile(files["profile"]), config)
+    chunk = sync_options(config, slowed).chunk_bytes
+    assert chunk == sync_chunk_bytes(devices, embedded_cluster(slowed).link)  # loopback's figures added: ~3.9 MB
+    assert chunk == pytest.approx(chunk_bytes_for(0.005, 1e8, 2), rel=0.03) and chunk > 15 * (1 << 18)
+    given = RunConfig(plan=config.plan, model=config.model, steps=2, sync_chunk_bytes=1000)
+    assert sync_options(given, slowed).chunk_bytes == 1000
+    assert auto_chunk_bytes(load_plan(files["pipeline"])) == chunk_bytes_for(0, 0, 1)  # no replicas: the floor
+
+
 @pytest.mark.parametrize("args,words", [
     (["--sync", "local-sgd", "-d", "2"], "--sync local-sgd needs --sync-period"),
     (["--sync", "local-sgd", "--sync-period", "0", "-d", "2"], "--sync-period must be a whole number"),
@@ -262,6 +287,7 @@ def test_bad_sync_options_at_partition_are_one_line(files, args, words) -> None:
     ("ssgd", ["--sync", "local-sgd"], "--sync local-sgd needs --sync-period"),
     ("ssgd", ["--sync-elastic", "1.5"], "--sync-elastic must be"),
     ("ssgd", ["--sync-momentum", "1"], "--sync-momentum must be"),
+    ("ssgd", ["--sync-chunk-bytes", "2"], "--sync-chunk-bytes must be at least 4"),
 ])
 def test_bad_sync_options_at_run_are_one_line(files, plan, args, words) -> None:
     result = CliRunner().invoke(app, ["run", str(files[plan]), "planner.examples.digits:digits_mlp", "--steps", "2",

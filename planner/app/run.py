@@ -80,8 +80,10 @@ def check_sync_options(fields: Mapping[str, Any]) -> None:
     momentum = float(fields.get("sync_momentum", 0.0))
     if not 0.0 <= momentum < 1.0:
         raise UsageError(f"--sync-momentum must be at least 0 and below 1, found {momentum}; pass for example 0.5")
-    if int(fields.get("sync_chunk_bytes", 1 << 18)) < 4:
-        raise UsageError(f"--sync-chunk-bytes must be at least 4 (one float), found {fields.get('sync_chunk_bytes')}")
+    chunk = fields.get("sync_chunk_bytes")
+    if chunk is not None and int(chunk) < 4:
+        raise UsageError(f"--sync-chunk-bytes must be at least 4 (one float), found {chunk}; leave it out to size the "
+                         f"sub-tensors from the links")
     try:
         AdaptiveRule(overhead=float(fields.get("sync_overhead", 0.1)), max_period=int(fields.get("sync_max_period", 32)))
     except UsageError as exc:

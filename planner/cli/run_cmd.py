@@ -59,8 +59,10 @@ def run_cmd(
                             "docs/sync.md says why).")] = 0.0,
     sync_momentum: Annotated[float, typer.Option("--sync-momentum", help="adaptive: the outer momentum of the "
                              "global model's steps (SlowMo; 0, the default: the averaged model as it is).")] = 0.0,
-    sync_chunk_bytes: Annotated[int, typer.Option("--sync-chunk-bytes", help="adaptive: bytes per sub-tensor an "
-                                "aggregation is cut into, sent first layers first.")] = 1 << 18,
+    sync_chunk_bytes: Annotated[Optional[int], typer.Option("--sync-chunk-bytes", help="adaptive: bytes per "
+                                "sub-tensor an aggregation is cut into, sent first layers first. Default: from the "
+                                "plan's links, the least size at which a link's latency is at most a fifth of a "
+                                "ring step (docs/sync.md).", show_default=False)] = None,
     sync_overhead: Annotated[float, typer.Option("--sync-overhead", help="adaptive: largest share of the step "
                              "time aggregations may take; sets the interval with the loss.")] = 0.1,
     sync_max_period: Annotated[int, typer.Option("--sync-max-period", help="adaptive: the longest "

@@ -25,6 +25,14 @@ one chunk and receives another, so the step takes ``2 x chunk bytes x pass_byte_
 that is most of the cost: gloo's copies and reductions run on the ranks' own cores. Measured here (2 gloo ranks
 on one host, 24 MiB): the link's figures alone gave 4.7 ms, with the per-byte cost 20.5 ms, measured 23.1 ms.
 
+- **In sub-tensors** (``adaptive``'s prioritised aggregation, docs/sync.md): the flat model is all-reduced as
+  ``k = ceil(n / c)`` collectives of at most ``c`` bytes, one after another on the same links, so the bytes cost
+  what one all-reduce's do and every latency is paid ``k`` times. ``c`` is chosen from the ring's slowest link
+  (``sync_chunk_bytes``): the least size at which a ring step's latency is at most ``CHUNK_LATENCY_SHARE`` of the
+  step, ``c >= d x bandwidth x latency x (1 - share) / share``, and at least ``CHUNK_FLOOR_BYTES``. A chunk much
+  smaller than the link's bandwidth-delay product spends the link waiting: on a 5 ms, 1e8 B/s link 256 KiB chunks
+  of a 6.7 MB model paid 26 latencies per ring step, four times the bytes' time (docs/bench-sync.md).
+
 Gradients have the parameters' size (``n`` = the stage's parameter bytes). The runtime all-reduces after
 the replica's last backward (``planner.runtime.data_parallel``), so the simulator starts the sync when every
 replica of the stage has finished its backward passes; see docs/cost-model.md.
@@ -32,21 +40,51 @@ replica of the stage has finished its backward passes; see docs/cost-model.md.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Callable, Mapping, Sequence
 
 from planner.formats.cluster import Link
 
-__all__ = ["allreduce_s", "server_exchange_s"]
+__all__ = ["allreduce_s", "server_exchange_s", "chunk_bytes_for", "sync_chunk_bytes", "CHUNK_LATENCY_SHARE",
+           "CHUNK_FLOOR_BYTES"]
+
+CHUNK_LATENCY_SHARE = 0.2
+"""The largest share of a ring step the link's latency may take when an aggregation is cut into sub-tensors."""
+CHUNK_FLOOR_BYTES = 1 << 18
+"""The smallest automatic sub-tensor (256 KiB, ByteScheduler's order of magnitude on fast links)."""
+
+
+def chunk_bytes_for(latency_s: float, bandwidth_Bps: float, ranks: int) -> int:
+    """The sub-tensor size for a ring of ``ranks`` over a link of ``latency_s`` and ``bandwidth_Bps``: the least at
+    which a ring step's latency is at most ``CHUNK_LATENCY_SHARE`` of it (each of the ``2 (d - 1)`` steps moves
+    ``c / d`` bytes), at least ``CHUNK_FLOOR_BYTES``."""
+    share = CHUNK_LATENCY_SHARE
+    wanted = max(ranks, 1) * bandwidth_Bps * latency_s * (1.0 - share) / share
+    return max(CHUNK_FLOOR_BYTES, int(math.ceil(wanted)))
+
+
+def sync_chunk_bytes(devices: Sequence[str], link: Callable[[str, str], Link]) -> int:
+    """``chunk_bytes_for`` on the slowest link of the ring through ``devices`` (in their order)."""
+    slowest = _slowest(devices, link)
+    return chunk_bytes_for(slowest.latency_s, slowest.bandwidth_Bps, len(devices))
 
 
 def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str], Link],
-                host: Mapping[str, str], nics_per_host: int = 0, byte_overhead_s: float = 0.0) -> float:
+                host: Mapping[str, str], nics_per_host: int = 0, byte_overhead_s: float = 0.0,
+                chunk_bytes: float = 0.0) -> float:
     """Seconds to all-reduce ``nbytes`` over ``devices`` (see the module docstring for the formula);
     ``nics_per_host`` 0 means a NIC per device; ``byte_overhead_s``: the runtime's cost per byte a device sends or
-    receives (``Cluster.pass_byte_overhead_s``)."""
+    receives (``Cluster.pass_byte_overhead_s``); ``chunk_bytes`` > 0: as sub-tensors of that size, one after
+    another (every latency paid once per sub-tensor)."""
     d = len(devices)
     if d < 2 or nbytes <= 0:
         return 0.0
+    pieces = max(1, math.ceil(nbytes / chunk_bytes)) if chunk_bytes > 0 else 1
+    if pieces > 1:  # the bytes cost what one all-reduce's do; the latencies come once per piece
+        whole = allreduce_s(devices, nbytes, link, host, nics_per_host, byte_overhead_s)
+        latency = whole - allreduce_s(devices, nbytes, _no_latency(link), host, nics_per_host, byte_overhead_s)
+        return whole + (pieces - 1) * latency
     by_host: dict[str, list[str]] = {}
     for dev in devices:
         by_host.setdefault(host[dev], []).append(dev)
@@ -63,6 +101,10 @@ def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str]
     shard = nbytes / (g * h)
     return 2 * scatter + 2 * (h - 1) * (across.latency_s + shard / (across.bandwidth_Bps * share)
                                         + 2 * shard * byte_overhead_s)
+
+
+def _no_latency(link: Callable[[str, str], Link]) -> Callable[[str, str], Link]:
+    return lambda a, b: dataclasses.replace(link(a, b), latency_s=0.0)
 
 
 def _ring_s(devices: list[str], nbytes: float, link: Callable[[str, str], Link], byte_overhead_s: float) -> float:

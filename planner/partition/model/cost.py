@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from planner.errors import PlannerError
+from planner.formats.cluster import Link
 from planner.formats.plan import (ASYNC_SCHEDULES, DEFAULT_SYNC, GENERATED_ORDER_SCHEDULES, SERVER_SYNCS, V_SCHEDULES,
                                   ZERO_BUBBLE_SCHEDULES, ParallelShape)
-from planner.partition.model.allreduce import allreduce_s, server_exchange_s
+from planner.partition.model.allreduce import allreduce_s, server_exchange_s, sync_chunk_bytes
 from planner.partition.model.problem import (Partition, Problem, StageSpec, degree_of, replica_of, shares_of,
                                              with_microbatches)
 from planner.partition.model.tables import CostTables
@@ -244,12 +245,16 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
     if len(stage.devices) < 2:
         a, b = problem.replica_sync.get(stage.device, (0.0, 0.0))
         return a + b * nbytes if nbytes > 0 else 0.0
+
+    def link(a: str, b: str) -> Link:
+        return tables.links[(a, b)]
+
     if problem.sync in SERVER_SYNCS:
-        return server_exchange_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)],
-                                 problem.cluster.pass_byte_overhead_s)
+        return server_exchange_s(stage.devices, nbytes, link, problem.cluster.pass_byte_overhead_s)
     hosts = {d.id: d.host for d in problem.cluster.devices}
-    return allreduce_s(stage.devices, nbytes, lambda a, b: tables.links[(a, b)], hosts, problem.cluster.nics_per_host,
-                       problem.cluster.pass_byte_overhead_s)
+    chunk = sync_chunk_bytes(stage.devices, link) if problem.sync == "adaptive" else 0  # sent as sub-tensors
+    return allreduce_s(stage.devices, nbytes, link, hosts, problem.cluster.nics_per_host,
+                       problem.cluster.pass_byte_overhead_s, chunk)
 
 
 REPLICA_SYNC_MODES = (DEFAULT_SYNC, "local-sgd")

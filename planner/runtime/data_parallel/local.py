@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from planner.partition.model.allreduce import CHUNK_FLOOR_BYTES
 from planner.partition.search.sync_period import AdaptiveRule, next_period
 
 __all__ = ["QuietRounds", "LocalSGD", "Adaptive", "AdaptiveOptions", "chunk_bounds", "flat_of", "assign_flat"]
@@ -62,8 +63,9 @@ class AdaptiveOptions:
     momentum: float = 0.0
     """The outer momentum of the global model's steps (SlowMo; 0: each aggregation moves the global model by the
     averaged delta)."""
-    chunk_bytes: int = 1 << 18
-    """Size of the sub-tensors an aggregation is cut into (256 KiB)."""
+    chunk_bytes: int = CHUNK_FLOOR_BYTES
+    """Size of the sub-tensors an aggregation is cut into (``plan run``: from the plan's links unless given,
+    ``prepare.auto_chunk_bytes``)."""
 
 
 def aggregation_report(period: int, aggregations: int, total_s: float, exposed_s: float) -> dict[str, Any]:
@@ -341,7 +343,8 @@ class Adaptive(LocalSGD):
         part.copy_(self.outer)
 
     def report(self) -> dict[str, Any]:
-        return {**super().report(), "copy_s": self.copy_total_s, "interference_s": self.interference_s}
+        return {**super().report(), "copy_s": self.copy_total_s, "interference_s": self.interference_s,
+                "chunk_bytes": self.options.chunk_bytes}
 
     def round_figures(self, compute_s: float) -> tuple[float, ...]:
         """This rank's figures for the interval rule: the step compute without an aggregation in flight (``compute_s``,

@@ -72,8 +72,8 @@ class RunConfig:
     """``adaptive``: share of its drift a local model gives back every local step."""
     sync_momentum: float = 0.0
     """``adaptive``: the outer momentum of the global model's steps (SlowMo)."""
-    sync_chunk_bytes: int = 1 << 18
-    """``adaptive``: size of the sub-tensors an aggregation is cut into."""
+    sync_chunk_bytes: int | None = None
+    """``adaptive``: size of the sub-tensors an aggregation is cut into (None: from the plan's links)."""
     sync_overhead: float = 0.1
     """``adaptive``: largest share of the step time aggregations may take."""
     sync_max_period: int = 32

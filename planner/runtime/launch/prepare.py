@@ -187,14 +187,29 @@ def prepare(config: "RunConfig", world_size: int | None, device: torch.device) -
     resume = check_resume(config.options.get("checkpoint_dir"), config.steps, identity, plan, config.plan)
     return Prepared(plan, profile, module, captured, data.spec, settings, data.batch, val_batch=data.val_batch,
                     custom_loss=data.custom_loss, data_fingerprint=data.fingerprint, device_mismatch=mismatch,
-                    identity=identity, resume=resume, sync_options=sync_options(config))
+                    identity=identity, resume=resume, sync_options=sync_options(config, plan))
 
 
-def sync_options(config: "RunConfig") -> AdaptiveOptions:
-    """``--sync adaptive``'s knobs from the config (checked by ``planner.app.run`` before any rank starts)."""
+def sync_options(config: "RunConfig", plan: Plan) -> AdaptiveOptions:
+    """``--sync adaptive``'s knobs from the config (checked by ``planner.app.run`` before any rank starts); the
+    sub-tensor size, unless given, from the links of ``plan`` (``auto_chunk_bytes``)."""
     return AdaptiveOptions(AdaptiveRule(overhead=config.sync_overhead, max_period=config.sync_max_period),
                            elastic=config.sync_elastic, momentum=config.sync_momentum,
-                           chunk_bytes=config.sync_chunk_bytes)
+                           chunk_bytes=config.sync_chunk_bytes or auto_chunk_bytes(plan))
+
+
+def auto_chunk_bytes(plan: Plan) -> int:
+    """The sub-tensor size the cost model prices for ``plan``'s replicas (``allreduce.sync_chunk_bytes`` on the
+    links of its embedded cluster, under ``--emulate-link`` the slowed ones): the largest over its stages' replica
+    groups, one figure for the run; ``CHUNK_FLOOR_BYTES`` for a plan that embeds no cluster."""
+    from planner.clusters import embedded_cluster
+    from planner.partition.model.allreduce import CHUNK_FLOOR_BYTES, sync_chunk_bytes
+
+    groups = [devices for devices in plan.replicas() if len(devices) > 1]
+    if not groups or not isinstance(plan.extra.get("cluster"), Mapping):
+        return CHUNK_FLOOR_BYTES
+    cluster = embedded_cluster(plan)
+    return max(sync_chunk_bytes(devices, cluster.link) for devices in groups)
 
 
 def preflight(config: "RunConfig") -> Prepared:
