@@ -81,10 +81,8 @@ def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str]
     if d < 2 or nbytes <= 0:
         return 0.0
     pieces = max(1, math.ceil(nbytes / chunk_bytes)) if chunk_bytes > 0 else 1
-    if pieces > 1:  # the bytes cost what one all-reduce's do; the latencies come once per piece
-        whole = allreduce_s(devices, nbytes, link, host, nics_per_host, byte_overhead_s)
-        latency = whole - allreduce_s(devices, nbytes, _no_latency(link), host, nics_per_host, byte_overhead_s)
-        return whole + (pieces - 1) * latency
+    if pieces > 1:  # the bytes cost what one all-reduce's do; every link's latency comes once per piece
+        link = _latency_times(link, pieces)
     by_host: dict[str, list[str]] = {}
     for dev in devices:
         by_host.setdefault(host[dev], []).append(dev)
@@ -103,8 +101,13 @@ def allreduce_s(devices: Sequence[str], nbytes: float, link: Callable[[str, str]
                                         + 2 * shard * byte_overhead_s)
 
 
-def _no_latency(link: Callable[[str, str], Link]) -> Callable[[str, str], Link]:
-    return lambda a, b: dataclasses.replace(link(a, b), latency_s=0.0)
+def _latency_times(link: Callable[[str, str], Link], pieces: int) -> Callable[[str, str], Link]:
+    """``link`` with every latency ``pieces`` times over (``pieces`` transfers one after another)."""
+    def slower(a: str, b: str) -> Link:
+        one = link(a, b)
+        return dataclasses.replace(one, latency_s=one.latency_s * pieces)
+
+    return slower
 
 
 def _ring_s(devices: list[str], nbytes: float, link: Callable[[str, str], Link], byte_overhead_s: float) -> float:
