@@ -179,6 +179,24 @@ def test_replicas_run_their_shares_then_sync_then_update() -> None:
     assert step_time_s(problem, even) < result.step_time_s
 
 
+def test_adaptive_is_charged_what_the_steps_of_its_period_do_not_hide() -> None:
+    """adaptive's aggregation travels under as many of the next steps as it needs, up to the next launch: an
+    all-reduce of ``a`` seconds over steps of ``c`` costs the period H ``max(a - H c, 0) / H`` a step, so the step is
+    ``max(a / H, c)``: link-bound or compute-bound (it was charged what one step did not hide, ``(a - c) / H``)."""
+    from planner.partition.model.problem import with_sync
+
+    cl = hosts(1, 1)  # two devices across the slow link
+    profile = chain(6, fwd=1e-3, bwd=2e-3, out=1000, params=5 * 10**6, saved=50)
+    problem = build_problem(profile, cl, microbatches=4, schedule="gpipe", optimizer="sgd")
+    placed = Placed((StageSpec(0, 7, cl.device_ids[0], tuple(cl.device_ids)),), shares=[2, 2])
+    step = {h: step_time_s(with_sync(problem, "adaptive", h), placed) for h in (1, 2, 3, 4, 8, 16, 32)}
+    compute = step[32]
+    assert step[1] > 4 * compute  # the aggregation outlasts four steps
+    for h in (2, 3, 4, 8):
+        assert step[h] == pytest.approx(max(step[1] / h, compute), rel=1e-9), h
+    assert step[16] == pytest.approx(compute)  # compute-bound
+
+
 def test_the_feasibility_rule_covers_replicas() -> None:
     cl = hosts(4)
     _, problem = toy_problem(cl, schedule="1f1b")

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.partition.search.sync_period import AdaptiveRule, cost_period, initial_period, next_period
-from planner.runtime.data_parallel.local import Adaptive, AdaptiveOptions, assign_flat, chunk_bounds, flat_of
+from planner.runtime.data_parallel.local import (Adaptive, AdaptiveOptions, assign_flat, chunk_bounds, flat_of,
+                                                 needed_delay)
 
 
 # ---------------------------------------------------------------- pure parts
@@ -106,6 +107,17 @@ def test_the_outer_momentum_moves_the_global_model_by_its_running_sum() -> None:
     assert torch.allclose(sync.velocity[:3], outer / 2)  # the elastic pull's expected progress: the step taken
 
 
+def test_a_late_landing_asks_for_as_many_more_steps_as_it_waited() -> None:
+    """An aggregation that made training wait travels under more steps next time: the steps its wait would have
+    covered; a wait under a tenth of a step (the collectives' own completion, the timer) changes nothing."""
+    assert needed_delay(1, 0.0, 0.01) == 1
+    assert needed_delay(1, 0.0009, 0.01) == 1
+    assert needed_delay(1, 0.006, 0.0085) == 2  # digits on the slow link: 16 ms of link under 8.5 ms steps
+    assert needed_delay(1, 0.025, 0.01) == 4
+    assert needed_delay(2, 0.0001, 0.01) == 2
+    assert needed_delay(3, 0.05, 0.0) == 3  # no step measured yet
+
+
 def test_flat_copies_round_trip() -> None:
     tensors = [torch.arange(6.0).view(2, 3), torch.tensor([7.0]), torch.zeros(2, 2, dtype=torch.float64)]
     flat = flat_of(tensors)
@@ -182,6 +194,90 @@ def test_chunked_prioritised_aggregation_equals_one_all_reduce() -> None:
     from _gloo import run_ranks
 
     run_ranks(_chunked, 2, timeout_s=90)
+
+
+def _delayed(rank: int, world: int) -> None:
+    """An aggregation that travels under 3 steps lands before the third's optimizer update: the local model is then
+    the global one plus the rank's own progress since the launch, and the steps in between kept the old model."""
+    import torch.distributed as dist
+
+    shares, m = (3, 1), 4
+    sync = Adaptive(dist.group.WORLD, shares[rank], m, 4, options=AdaptiveOptions(chunk_bytes=8))
+    sync.delay = 3
+    w = torch.nn.Parameter(torch.zeros(5))
+    own = float(rank + 1)  # each local step moves this rank's model by its own amount
+    sync.after_step({"w": w})  # the anchor: zeros
+    sync.since = 0
+    history = []
+    for step in range(8):
+        w.grad = torch.zeros(5)
+        sync.after_backward({"w": w})
+        with torch.no_grad():
+            w.add_(own)  # the optimizer step
+        sync.after_step({"w": w})
+        history.append(float(w[0]))
+    assert sync.delays == [3] and sync.aggregations == 1 and sync.pending  # the second one still travels
+    # launched after step 3 (4 local steps: snapshot 4 x own), landed in step 6's update: anchor = the weighted mean
+    # of the snapshots, and the 2 steps since plus this one on top
+    anchor = 4 * sum(share * (r + 1) for r, share in enumerate(shares)) / m
+    assert history[4:6] == [5 * own, 6 * own]  # still the local model while it travels
+    assert history[6] == pytest.approx(anchor + 3 * own)
+    assert float(sync.anchor[0]) == pytest.approx(anchor)
+    sync.finish({"w": w})  # a landing forced early (evaluation) is recorded as such
+    assert sync.delays == [3, 0] and not sync.pending
+
+
+def _grows(rank: int, world: int) -> None:
+    """On a link slower than a step, the first aggregations make training wait; at the round's end every rank
+    agrees on a longer delay (and an interval at least as long), and the next landings wait less."""
+    import time
+
+    import torch.distributed as dist
+
+    from planner.runtime.launch.worker import exchange_rows
+    from planner.runtime.netem import Traffic, instrument
+    from planner.runtime.options import EmulatedLink
+
+    sync = Adaptive(dist.group.WORLD, 1, 2, 2, options=AdaptiveOptions(AdaptiveRule(max_period=12), chunk_bytes=1 << 20))
+    w = torch.nn.Parameter(torch.zeros(1000))
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            time.sleep(0.02)  # a step's compute
+            w.grad = torch.zeros_like(w)
+            sync.after_backward({"w": w})
+            with torch.no_grad():
+                w.add_(0.01)
+            sync.after_step({"w": w})
+
+    with instrument(Traffic(), EmulatedLink(1e9, 0.1)):  # an aggregation: 2 ring steps of 100 ms, 5 x 2 steps
+        sync.after_step({"w": w})
+        steps(6)
+        first = sync.exposed_s / sync.aggregations
+        sync.after_round([1.0], exchange_rows(sync.round_figures(0.02)))
+        before = (sync.exposed_s, sync.aggregations)
+        steps(24)  # the next launch within 12 steps, its landing within the delay's (at most 12) after it
+    later = (sync.exposed_s - before[0]) / (sync.aggregations - before[1])
+    delays = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(delays, torch.tensor([float(sync.delay)]))
+    assert len({float(d) for d in delays}) == 1 and sync.delay >= 3 and sync.period >= sync.delay
+    assert later < first / 2, (first, later)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_an_aggregation_lands_after_its_delay_with_the_local_progress_on_top() -> None:
+    from _gloo import run_ranks
+
+    run_ranks(_delayed, 2, timeout_s=90)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_an_aggregation_slower_than_a_step_travels_under_more_steps() -> None:
+    from _gloo import run_ranks
+
+    run_ranks(_grows, 2, timeout_s=90)
 
 
 def _one_interval(rank: int, world: int) -> None:
@@ -336,11 +432,12 @@ def test_a_replan_carries_the_adaptive_rule_on_where_it_was() -> None:
     from planner.runtime.data_parallel.local import Adaptive, LocalSGD
 
     old = Adaptive(None, 2, 4, period=4)
-    old.after_round([2.0], [(0.1, 0.05)])  # F_0 = 2.0; the cost rule's interval from these figures
+    old.after_round([2.0], [(0.1, 0.05, 2.0)])  # F_0 = 2.0; the cost rule's interval from these figures
+    assert old.delay == 2 and old.period >= 2
     old.last_exposed_s, old.interference_s, old.clean_s, old.period = 0.05, 0.01, 0.1, 9
     new = Adaptive(None, 2, 4, period=3)
     new.carry(old)
-    assert (new.period, new.loss_start, new.last_exposed_s, new.interference_s) == (9, 2.0, 0.05, 0.01)
+    assert (new.period, new.loss_start, new.last_exposed_s, new.interference_s, new.delay) == (9, 2.0, 0.05, 0.01, 2)
     assert new.clean_s is None and new.anchor is None and new.aggregations == 0
     fixed = LocalSGD(None, 2, 4, period=3)
     fixed.carry(old)

@@ -259,8 +259,8 @@ def stage_sync_s(problem: Problem, stage: StageSpec) -> float:
 
 REPLICA_SYNC_MODES = (DEFAULT_SYNC, "local-sgd")
 """The modes whose all-reduce a replica pipeline's placer prices (``replica_sync_rates``): one aggregation every
-``sync_period`` steps after the last backward. ``adaptive`` charges only what the next step's compute does not hide,
-and the parameter-server modes have one stage, so their placers see none."""
+``sync_period`` steps after the last backward. ``adaptive`` charges only what the compute of its period's steps does
+not hide, and the parameter-server modes have one stage, so their placers see none."""
 
 
 def replica_sync_rates(problem: Problem, groups: Mapping[str, Sequence[str]]) -> dict[str, tuple[float, float]]:
@@ -427,17 +427,20 @@ def sync_period(problem: Problem, partition: Partition) -> int:
 
 def _charged_syncs(problem: Problem, partition: Partition, pipelines: list[tuple[SimStage, ...]],
                    shares: tuple[int, ...]) -> tuple[list[float], int]:
-    """Each stage's all-reduce as the step is charged for it (``adaptive``: the part a step's compute does not
-    hide), and the period it is spread over; the sync-free step is simulated once, and only for ``adaptive``."""
+    """Each stage's all-reduce as the step is charged for it (``adaptive``: the part that the compute of the period's
+    steps, which it travels under, does not hide), and the period it is spread over; the sync-free step is simulated
+    once, and only for ``adaptive``. Without a period the adaptive rule's first interval is chosen from what one
+    step's compute leaves exposed, as the run starts (its delay at 1 step, ``runtime.data_parallel.local``)."""
     syncs = [stage_sync_s(problem, st) for st in partition]
     if problem.sync != "adaptive":
         return syncs, problem.sync_period or 1
-    exposed = exposed_sync_s(syncs, compute := compute_only_s(pipelines, shares, problem.cluster, problem.schedule))
-    if problem.sync_period is not None:
-        return exposed, problem.sync_period
-    from planner.partition.search.sync_period import initial_period
+    compute = compute_only_s(pipelines, shares, problem.cluster, problem.schedule)
+    period = problem.sync_period
+    if period is None:
+        from planner.partition.search.sync_period import initial_period
 
-    return exposed, initial_period(compute, max(exposed, default=0.0))
+        period = initial_period(compute, max(exposed_sync_s(syncs, compute), default=0.0))
+    return exposed_sync_s(syncs, compute, period), period
 
 
 def shape_of(problem: Problem, partition: Partition) -> ParallelShape:

@@ -150,12 +150,12 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
     syncs: the plain pipeline simulation), then ``sync_s[s]`` to all-reduce stage ``s``; settled on
     shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
     mean step: each aggregation's time is spread over the ``period`` steps it serves. With ``overlap``
-    (``adaptive``: the aggregation travels during the next step), only what outlasts a step's compute is
-    charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``);
+    (``adaptive``: the aggregation travels under the next steps, as many as it needs up to the next one), only what
+    outlasts ``period`` steps' compute is charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``);
     asynchronous replicas: ``simulate_async_replicas``. ``tied``: each replica pipeline's tied parameter sets
     (``simulate``), all-reduced within the pipeline before its replicas sync."""
     if overlap and len(pipelines) > 1:
-        sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule))
+        sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule), period)
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1 and not any(sync_s):
         return settle(lambda stretch, events: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
@@ -179,9 +179,9 @@ def compute_only_s(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int
     return simulate_step(pipelines, shares, [0.0] * len(pipelines[0]), cluster, schedule, record_events=False).step_time_s
 
 
-def exposed_sync_s(sync_s: Sequence[float], compute_s: float) -> list[float]:
-    """Each stage's aggregation time that ``compute_s`` of the next step's compute does not hide."""
-    return [max(s - compute_s, 0.0) for s in sync_s]
+def exposed_sync_s(sync_s: Sequence[float], compute_s: float, steps: int = 1) -> list[float]:
+    """Each stage's aggregation time that the next ``steps`` steps' compute (``compute_s`` each) does not hide."""
+    return [max(s - steps * compute_s, 0.0) for s in sync_s]
 
 
 def _stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[SimStage, ...]:

@@ -28,16 +28,21 @@ What is averaged, and what is not:
    with ``momentum`` > 0 the global model also steps with SlowMo's outer momentum (``_outer_step``);
 3. **prioritised sub-tensors**: an aggregation cuts the flat model delta into chunks of ``chunk_bytes`` in
    forward order (the first layer's parameters first, as ByteScheduler and P3 order them), starts one
-   asynchronous all-reduce per chunk in that order, and trains the next step while they travel; the averaged
-   chunks are applied, in the same order, before that next step's optimizer update. The replicas' gradients
-   of that step are therefore taken at the pre-aggregation model (a one-step delay, as in Overlap Local SGD,
-   Wang et al. 2020). Parameters are final only after the optimizer step, so the aggregation cannot start
-   during the same step's backward pass; it overlaps the next step's forward and backward instead. The time
+   asynchronous all-reduce per chunk in that order, and trains on while they travel; the averaged chunks are
+   applied, in the same order, before the optimizer update of the ``delay``-th step after the launch, and at the
+   latest of the step that launches the next aggregation. The replicas' gradients of those steps are therefore
+   taken at the pre-aggregation model (a delay of ``delay`` steps; one step is Overlap Local SGD, Wang et al.
+   2020). ``delay`` starts at 1 and grows, at a round's end, by the steps an aggregation still made training
+   wait for it (``needed_delay``), so an aggregation slower than a step travels under as many steps as it needs
+   instead of blocking; every rank of the world agrees on it as on the interval, and the interval is never
+   shorter than the delay. Parameters are final only after the optimizer step, so the aggregation cannot start
+   during the same step's backward pass; it overlaps the next steps' forward and backward instead. The time
    the aggregation still blocks is measured (``exposed_s``) beside its full cost (``cost_s``).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -50,7 +55,8 @@ from torch import nn
 from planner.partition.model.allreduce import CHUNK_FLOOR_BYTES
 from planner.partition.search.sync_period import AdaptiveRule, next_period
 
-__all__ = ["QuietRounds", "LocalSGD", "Adaptive", "AdaptiveOptions", "chunk_bounds", "flat_of", "assign_flat"]
+__all__ = ["QuietRounds", "LocalSGD", "Adaptive", "AdaptiveOptions", "chunk_bounds", "flat_of", "assign_flat",
+           "needed_delay"]
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,9 @@ def whole_run_report(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for key in SUMMED:
         if key in out:
             out[key] = sum(r.get(key, 0) for r in reports)
-    if "periods" in out:
-        out["periods"] = [p for r in reports for p in r.get("periods", [])]
+    for key in ("periods", "delays"):
+        if key in out:
+            out[key] = [p for r in reports for p in r.get(key, [])]
     if "hidden_fraction" in out:
         total, exposed = out["aggregation_s"], out["exposed_s"]
         out["hidden_fraction"] = 1.0 - exposed / total if total > 0 else None
@@ -121,6 +128,20 @@ def assign_flat(tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     with torch.no_grad():
         for t, part in _pieces(tensors, flat):
             t.copy_(part.to(t.dtype))
+
+
+LATE = 0.1
+"""A scheduled landing that waits longer than this share of a step asks for a longer delay (``needed_delay``);
+shorter waits are the collectives' own completion and the timer's noise."""
+
+
+def needed_delay(delay: int, waited_s: float, step_s: float) -> int:
+    """The steps an aggregation should travel under so that landing it does not wait: ``delay`` (what it travelled
+    under) and the steps the longest wait of a scheduled landing at that delay would have covered, ``waited_s``
+    (0: none waited) over a step's compute ``step_s``."""
+    if step_s <= 0.0 or waited_s <= LATE * step_s:
+        return delay
+    return delay + math.ceil(waited_s / step_s - LATE)
 
 
 class QuietRounds:
@@ -240,22 +261,27 @@ class Adaptive(LocalSGD):
         self.clean: list[float] = []
         """This round's compute of the steps nothing travelled under."""
         self.clean_s: float | None = None
+        self.delay = 1
+        """Local steps an aggregation travels under before it lands (module docstring)."""
+        self.delays: list[int] = []
+        """The delay each aggregation landed after."""
+        self.late_s = 0.0
+        """This round's longest wait of a landing at its scheduled step (not one that ``finish`` forced early)."""
+        self.launched = False
+        """Whether the step under way is the first after a launch (the one the collectives' own work slows)."""
         self.interference_s = 0.0
         """What a travelling aggregation adds to the compute of the step under it (the cores that run the
         collective are the cores that compute, on CPU ranks): the busy steps' median less the clean ones'."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
         super().after_backward(params)
-        if self.pending:
-            self._land(self.state(params))
+        if self.pending and self.since + 1 >= min(self.delay, self.period):  # its delay, or the next launch, is due
+            self._land(self.state(params), scheduled=True)
 
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
         now = time.perf_counter()
         if self.step_mark is not None:
-            if self.landed_s > 0.0:
-                self.busy.append(now - self.step_mark - self.landed_s)
-            else:
-                self.clean.append(now - self.step_mark)
+            (self.busy if self.launched else self.clean).append(now - self.step_mark - self.landed_s)
         self.landed_s = 0.0
         tensors = self.state(params)
         if self.anchor is None:
@@ -265,6 +291,7 @@ class Adaptive(LocalSGD):
             self._pull(tensors)
         else:
             self._launch(tensors)
+        self.launched = bool(self.pending) and self.since == 0
         self.step_mark = time.perf_counter()
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None:
@@ -275,11 +302,13 @@ class Adaptive(LocalSGD):
     def carry(self, previous: Any) -> None:
         """After a re-plan the interval rule goes on where the replaced sync left it: its interval, the loss it
         started from (AdaComm's ``F_0``: taking the loss at the re-plan instead would lengthen the interval again),
-        and the last aggregation's measured cost and interference. The step compute is measured afresh (the new
-        stages compute differently), and the global model's anchor is taken again from the weights as they are."""
+        the delay, and the last aggregation's measured cost and interference. The step compute is measured afresh
+        (the new stages compute differently), and the global model's anchor is taken again from the weights as they
+        are."""
         if not isinstance(previous, Adaptive):
             return
         self.period = previous.period
+        self.delay = previous.delay
         self.loss_start = previous.loss_start
         self.last_exposed_s = previous.last_exposed_s
         self.interference_s = previous.interference_s
@@ -305,8 +334,9 @@ class Adaptive(LocalSGD):
         self.since = 0
         self.copy_s = time.perf_counter() - self.launched_at
 
-    def _land(self, tensors: list[torch.Tensor]) -> None:
-        """Wait for the chunks in send order and move the local model by (global delta - own delta)."""
+    def _land(self, tensors: list[torch.Tensor], *, scheduled: bool = False) -> None:
+        """Wait for the chunks in send order and move the local model by (global delta - own delta); ``scheduled``:
+        at the step its delay (or the next launch) chose, so its wait tells whether the delay is long enough."""
         assert self.anchor is not None and self.snapshot is not None and self.sent is not None
         waited = time.perf_counter()
         for work in self.pending:
@@ -320,10 +350,14 @@ class Adaptive(LocalSGD):
         assign_flat(tensors, flat_of(tensors).sub_(self.snapshot).add_(self.anchor))
         self.velocity = self.sent.div_(max(self.periods[-1], 1))
         self.snapshot = None
+        self.delays.append(self.since + 1 if scheduled else self.since)
+        if scheduled:
+            self.late_s = max(self.late_s, done - waited)
         copied = self.copy_s + time.perf_counter() - done
         self.exposed_s += done - waited
         self.copy_total_s += copied
-        self.last_exposed_s = done - waited + copied
+        if scheduled or self.last_exposed_s is None:  # an early landing (evaluation, re-plan) says nothing of the rule
+            self.last_exposed_s = done - waited + copied
         self.landed_s = time.perf_counter() - waited
         self.cost_s += done - self.launched_at
         self.aggregations += 1
@@ -344,28 +378,34 @@ class Adaptive(LocalSGD):
 
     def report(self) -> dict[str, Any]:
         return {**super().report(), "copy_s": self.copy_total_s, "interference_s": self.interference_s,
-                "chunk_bytes": self.options.chunk_bytes}
+                "chunk_bytes": self.options.chunk_bytes, "delay": self.delay, "delays": list(self.delays)}
 
     def round_figures(self, compute_s: float) -> tuple[float, ...]:
         """This rank's figures for the interval rule: the step compute without an aggregation in flight (``compute_s``,
-        the round's mean, until a clean step was measured), and an aggregation's cost to training: the wait once the
+        the round's mean, until a clean step was measured), an aggregation's cost to training (the wait once the
         overlap has hidden what it can, the copies that combine the models, and what the travelling chunks added to
-        the compute of the step under them (-1 before the first aggregation)."""
+        the compute of the first step under them; -1 before the first aggregation), and the delay this round's
+        landings asked for (``needed_delay``)."""
         if self.clean:
             self.clean_s = statistics.median(self.clean)
         if self.busy and self.clean_s is not None:
             self.interference_s = max(statistics.median(self.busy) - self.clean_s, 0.0)
         self.busy, self.clean, self.step_mark = [], [], None
+        step_s = compute_s if self.clean_s is None else self.clean_s
         cost = -1.0 if self.last_exposed_s is None else self.last_exposed_s + self.interference_s
-        return (compute_s if self.clean_s is None else self.clean_s, cost)
+        delay = needed_delay(self.delay, self.late_s, step_s)
+        self.late_s = 0.0
+        return (step_s, cost, float(delay))
 
     def after_round(self, losses: Sequence[float], figures: Sequence[Sequence[float]]) -> None:
-        """Re-choose the interval from the world's largest figures (``round_figures`` of every rank, exchanged by the
-        worker), so every rank chooses the same."""
+        """Re-choose the delay and the interval from the world's largest figures (``round_figures`` of every rank,
+        exchanged by the worker), so every rank chooses the same; the interval is at least the delay."""
         loss = sum(losses) / len(losses) if losses else None
         if self.loss_start is None:
             self.loss_start = loss
-        step_s, cost_s = (max(column) for column in zip(*figures))
+        step_s, cost_s, delay = (max(column) for column in zip(*figures))
         if cost_s < 0.0:
             return  # nothing aggregated yet: keep the plan's first interval
-        self.period = next_period(step_s, cost_s, self.loss_start, loss, self.options.rule)
+        rule = self.options.rule
+        self.delay = min(max(self.delay, int(delay)), rule.max_period)
+        self.period = max(next_period(step_s, cost_s, self.loss_start, loss, rule), self.delay)
