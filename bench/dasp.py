@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from _paths import REPO, slug  # first: the repository on sys.path
-from learning import make_plan, median_of_all, plan_cli, train
+from learning import LAST, final_mean, make_plan, median_of_all, metric_text, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "dasp"
 OUTPUT = REPO / "docs" / "bench-dasp.md"
@@ -58,9 +58,6 @@ DATA = {
              "lr": 0.003, "target": "loss=2.85", "eval_every": 10, "metric": "loss", "microbatches": 9},
 }
 WORKERS = 3
-LAST = 5
-"""Evaluations averaged for *final, mean of last*: one evaluation of digits' 288 held-out samples moves by 1-2
-points between neighbours of the same run, more than the 0.5 points the issue's accuracy criterion allows."""
 SETTINGS = {"equal": None, "one 2x": "2=2", "4x + 3x halfway": "2=4,1=3@{half}"}
 SLOWED = {"equal": set(), "one 2x": {2}, "4x + 3x halfway": {1, 2}}
 MODES = {"bsp": ["--sync", "bsp"], "asp": ["--sync", "asp"], "ssp": ["--sync", "ssp", "--staleness", "3"],
@@ -99,7 +96,7 @@ def row(runs: list[dict[str, Any]], metric: str, slowed: set[int]) -> dict[str, 
     return {"time_to_target_s": median_of_all([r["time_to_target_s"] for r in runs]),
             "reached": sum(r["time_to_target_s"] is not None for r in runs), "seeds": len(runs),
             "final": statistics.median(r["eval"][-1][metric] for r in runs),
-            "final_mean": statistics.median(statistics.fmean(e[metric] for e in r["eval"][-LAST:]) for r in runs),
+            "final_mean": statistics.median(final_mean(r, metric) for r in runs),
             "stale_applied": statistics.median(r["sync"]["stale_applied"] for r in runs),
             "applied": statistics.median(sum(r["sync"]["applied"].values()) for r in runs),
             "fast_wait_s": statistics.median(fast_wait(r) for r in runs),
@@ -164,7 +161,8 @@ def render(results: dict[str, Any]) -> str:
              "target; *vs best baseline*: the best of bsp, asp and ssp over the mode's time; *final*: the last "
              f"evaluation's metric; *mean of last {LAST}*: the mean of the last {LAST} evaluations (on digits one "
              "evaluation of the 288 held-out samples moves by 1-2 points between neighbours of the same run, so the "
-             "last one alone cannot tell two modes apart by half a point); *stale*: updates applied to a newer model than the one they were computed on; "
+             "last one alone cannot tell two modes apart by half a point); *stale*: updates applied to a newer model "
+             "than the one they were computed on; "
              "*fast wait*: seconds the full-speed workers waited for the server's reply per iteration (transfers "
              "included); *state changes*: dasp's transitions in seed 0, `rank:state@step`.", ""]
     for key in sorted(k for k in results if not k.startswith("_")):
@@ -184,10 +182,11 @@ def render(results: dict[str, Any]) -> str:
             r = modes[mode]
             ttt = r["time_to_target_s"]
             ratio = f"{best / ttt:.2f}x" if best and ttt else "-"
-            final, smoothed = (_metric(entry, r.get(k)) for k in ("final", "final_mean"))
+            final, smoothed = (metric_text(entry["metric"], r.get(k)) for k in ("final", "final_mean"))
             changes = ", ".join(r["transitions"][:6]) or "-" if mode.startswith("dasp") else "-"
             lines.append(f"| {mode} | {'not reached' if ttt is None else f'{ttt:.2f}'} | {ratio} | "
-                         f"{r['reached']}/{r['seeds']} | {final} | {smoothed} | {r['applied']:.0f} | {r['stale_applied']:.0f} | "
+                         f"{r['reached']}/{r['seeds']} | {final} | {smoothed} | {r['applied']:.0f} | "
+                         f"{r['stale_applied']:.0f} | "
                          f"{r['fast_wait_s'] * 1e3:.1f} ms | {changes} | {r['load'][0]:.2f} / {r['load'][1]:.2f} |")
         for mode in [m for m in ["dasp", *VARIANTS] if m in modes]:
             dasp = modes[mode]["time_to_target_s"]
@@ -202,12 +201,6 @@ def render(results: dict[str, Any]) -> str:
         lines += ["", f"Command (dasp, seed 0): `{modes['dasp']['command']}`", "",
                   f"![{key}](img/dasp-{entry['data']}-{slug(entry['setting'])}.png)", ""]
     return "\n".join(lines) + "\n"
-
-
-def _metric(entry: dict[str, Any], value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2%}" if entry["metric"] == "accuracy" else f"{value:.3f}"
 
 
 if __name__ == "__main__":

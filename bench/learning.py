@@ -71,6 +71,13 @@ def final_mean(run: dict[str, Any], metric: str) -> float:
     return statistics.fmean(e[metric] for e in run["eval"][-LAST:])
 
 
+def metric_text(metric: str, value: float | None) -> str:
+    """A validation metric as the pages print it: accuracy in percent, a loss to 3 places, ``-`` when absent."""
+    if value is None:
+        return "-"
+    return f"{value:.2%}" if metric == "accuracy" else f"{value:.3f}"
+
+
 def median_of_all(values: list[float | None]) -> float | None:
     """The median of the seeds' values, or None when any seed has none (a target some seed missed)."""
     known = [v for v in values if v is not None]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
-from learning import LAST, final_mean, make_plan, median_of_all, plan_cli, train
+from learning import LAST, final_mean, make_plan, median_of_all, metric_text, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "sync"
 OUTPUT = REPO / "docs" / "bench-sync.md"
@@ -182,12 +182,6 @@ def _round_end(entry: dict[str, Any]) -> str:
             f"of local-sgd H=16 in rounds of 5 against rounds of 20, the median of 3 pairs).")
 
 
-def _metric(entry: dict[str, Any], value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2%}" if entry["metric"] == "accuracy" else f"{value:.3f}"
-
-
 def _fmt_s(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.2f}"
 
@@ -208,7 +202,7 @@ def render(results: dict[str, Any]) -> str:
              "aggregation time training waited for, per step; *hidden*: for adaptive, "
              "1 - its waited time per aggregation / ssgd's measured blocking all-reduce; *periods*: the first "
              "intervals of seed 0, and after *landed after* the steps each of those aggregations travelled under "
-             "before it landed (0: an evaluation landed it early).", ""]
+             "before it landed (fewer than the delay then in force: an evaluation landed it early).", ""]
     for key in sorted(k for k in results if not k.startswith("_")):
         entry = results[key]
         modes = entry["modes"]
@@ -222,7 +216,7 @@ def render(results: dict[str, Any]) -> str:
         for mode in [m for m in MODES if m in modes]:
             r = modes[mode]
             ratio = f"{base / r['time_to_target_s']:.2f}x" if base and r["time_to_target_s"] else "-"
-            final, smoothed = (_metric(entry, r.get(k)) for k in ("final", "final_mean"))
+            final, smoothed = (metric_text(entry["metric"], r.get(k)) for k in ("final", "final_mean"))
             hidden = f"{r['hidden_fraction']:.0%}" if r["hidden_fraction"] is not None else "-"
             periods = ", ".join(str(p) for p in r["periods"]) if mode == "adaptive" else "-"
             if mode == "adaptive" and r.get("delays"):
