@@ -151,7 +151,8 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
     shared cores. With ``period`` local steps between aggregations (``local-sgd``, ``adaptive``) the step is the
     mean step: each aggregation's time is spread over the ``period`` steps it serves. With ``overlap``
     (``adaptive``: the aggregation travels under the next steps, as many as it needs up to the next one), only what
-    outlasts ``period`` steps' compute is charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's steps between drains (``simulate``);
+    outlasts ``period`` steps' compute is charged (``exposed_sync_s``). ``drain_every``: an asynchronous pipeline's
+    steps between drains (``simulate``);
     asynchronous replicas: ``simulate_async_replicas``. ``tied``: each replica pipeline's tied parameter sets
     (``simulate``), all-reduced within the pipeline before its replicas sync."""
     if overlap and len(pipelines) > 1:
