@@ -257,9 +257,11 @@ class Adaptive(LocalSGD):
         self.landed_s = 0.0
         """What landing took in the step under way (wait and copies), 0 when nothing landed in it."""
         self.busy: list[float] = []
-        """This round's compute of the steps an aggregation travelled under (their wall time less the landing)."""
+        """This round's compute of the first steps after a launch, which the collectives' own work slows (their wall
+        time less any landing)."""
         self.clean: list[float] = []
-        """This round's compute of the steps nothing travelled under."""
+        """This round's compute of the other steps (with a delay above one step an aggregation may still travel
+        under them, counted as the first step's cost only)."""
         self.clean_s: float | None = None
         self.delay = 1
         """Local steps an aggregation travels under before it lands (module docstring)."""
@@ -267,10 +269,8 @@ class Adaptive(LocalSGD):
         """The delay each aggregation landed after."""
         self.late_s = 0.0
         """This round's longest wait of a landing at its scheduled step (not one that ``finish`` forced early)."""
-        self.launched = False
-        """Whether the step under way is the first after a launch (the one the collectives' own work slows)."""
         self.interference_s = 0.0
-        """What a travelling aggregation adds to the compute of the step under it (the cores that run the
+        """What a travelling aggregation adds to the compute of the first step under it (the cores that run the
         collective are the cores that compute, on CPU ranks): the busy steps' median less the clean ones'."""
 
     def after_backward(self, params: Mapping[str, nn.Parameter]) -> None:
@@ -281,7 +281,8 @@ class Adaptive(LocalSGD):
     def after_step(self, params: Mapping[str, nn.Parameter]) -> None:
         now = time.perf_counter()
         if self.step_mark is not None:
-            (self.busy if self.launched else self.clean).append(now - self.step_mark - self.landed_s)
+            # no local step since the last launch: this step is the first the collectives' own work slowed
+            (self.busy if self.since == 0 else self.clean).append(now - self.step_mark - self.landed_s)
         self.landed_s = 0.0
         tensors = self.state(params)
         if self.anchor is None:
@@ -291,7 +292,6 @@ class Adaptive(LocalSGD):
             self._pull(tensors)
         else:
             self._launch(tensors)
-        self.launched = bool(self.pending) and self.since == 0
         self.step_mark = time.perf_counter()
 
     def finish(self, params: Mapping[str, nn.Parameter]) -> None:
@@ -407,5 +407,5 @@ class Adaptive(LocalSGD):
         if cost_s < 0.0:
             return  # nothing aggregated yet: keep the plan's first interval
         rule = self.options.rule
-        self.delay = min(max(self.delay, int(delay)), rule.max_period)
+        self.delay = min(int(delay), rule.max_period)  # each rank asked for at least the delay they share
         self.period = max(next_period(step_s, cost_s, self.loss_start, loss, rule), self.delay)
