@@ -71,6 +71,11 @@ def final_mean(run: dict[str, Any], metric: str) -> float:
     return statistics.fmean(e[metric] for e in run["eval"][-LAST:])
 
 
+def final_gap(metric: str, ours: float, theirs: float) -> str:
+    """How far one mode's smoothed final metric lies from another's: accuracy in points, a loss in percent."""
+    return f"{(ours - theirs) * 100:+.2f} points" if metric == "accuracy" else f"{ours / theirs - 1:+.1%}"
+
+
 def metric_text(metric: str, value: float | None) -> str:
     """A validation metric as the pages print it: accuracy in percent, a loss to 3 places, ``-`` when absent."""
     if value is None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
-from learning import LAST, final_mean, make_plan, median_of_all, metric_text, plan_cli, train
+from learning import LAST, final_gap, final_mean, make_plan, median_of_all, metric_text, plan_cli, train
 
 WORK = REPO / "bench" / ".cache" / "sync"
 OUTPUT = REPO / "docs" / "bench-sync.md"
@@ -232,9 +232,9 @@ def render(results: dict[str, Any]) -> str:
             lines += ["", f"adaptive against the better fixed interval: {best_fixed / adaptive:.2f}x."]
         ours, theirs = modes["adaptive"].get("final_mean"), modes["ssgd"].get("final_mean")
         if ours is not None and theirs is not None:
+            target = "within 0.5 points" if entry["metric"] == "accuracy" else "within 2%"
             lines += ["", f"adaptive's final {entry['metric']} (mean of the last {LAST} evaluations) against ssgd's: "
-                          + (f"{(ours - theirs) * 100:+.2f} points (target: within 0.5)."
-                             if entry["metric"] == "accuracy" else f"{ours / theirs - 1:+.1%} (target: within 2%).")]
+                          f"{final_gap(entry['metric'], ours, theirs)} (target: {target})."]
         fixed = _better_fixed(modes)
         for name, what in (("ssgd", "ssgd"), (fixed, f"the better fixed interval ({fixed})")):
             ceiling = _equal_steps_ceiling(modes.get(name) or {})
