@@ -7,7 +7,9 @@ Commands only gather options, call one library function and render; ``@command``
 from __future__ import annotations
 
 import functools
+import io
 import logging
+import select
 import sys
 from typing import Any, Callable, TypeVar
 
@@ -94,8 +96,30 @@ def emit_json(data: Any) -> None:
     """Write machine-readable output to stdout."""
     import json
 
-    sys.stdout.write(json.dumps(data, indent=1) + "\n")
-    sys.stdout.flush()
+    write_stdout(json.dumps(data, indent=1) + "\n")
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout whole.
+
+    Under ``PYTHONUNBUFFERED`` (``python -u``) ``sys.stdout`` writes straight to the raw file, and CPython's text
+    layer ignores how much of a write the file took. A write to a pipe that fills while a signal arrives takes only
+    part: ``plan run --json`` under a slow reader lost all of its summary after the first 64 KiB, with exit code 0.
+    So the bytes go to the raw file in a loop until every one is written."""
+    stream = sys.stdout
+    raw = getattr(stream, "buffer", None)
+    if not isinstance(raw, io.RawIOBase):  # buffered (the default, or a test's capture): it writes everything
+        stream.write(text)
+        stream.flush()
+        return
+    stream.flush()
+    data = memoryview(text.encode(stream.encoding or "utf-8"))
+    while data:
+        written = raw.write(data)
+        if written is None:  # a non-blocking file that is full: wait until it takes more
+            select.select([], [raw], [])
+            continue
+        data = data[written:]
 
 
 class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from planner.cli.app import command, console, emit_json, err_console
+from planner.cli.app import command, console, emit_json, err_console, write_stdout
 
 _JSON = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
@@ -238,6 +237,6 @@ def export_cmd(
     if as_json:
         emit_json({"format": result.format, **result.data, "output": result.output})
     elif result.output is None:
-        sys.stdout.write(result.text)  # as written to -o: no wrapping
+        write_stdout(result.text)  # as written to -o: no wrapping
     else:
         console.print(f"wrote {result.output}", soft_wrap=True)
