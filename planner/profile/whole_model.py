@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from planner.optim import OPTIMIZERS, build_optimizer
 from planner.profile.capture import Captured
 from planner.profile.loader import batch_size, rescale_batch
 from planner.profile.memory import differentiable, nbytes
@@ -173,12 +175,8 @@ def measure_rows_scaling(module: nn.Module, inputs: Sequence[Any], train_s: floa
     return {"rows": [rows, 2 * rows], "train_s": [train_s, twice], "fixed_fraction": fixed}
 
 
-UPDATE_OPTIMIZERS = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.0, foreach=True),
-    "adam": lambda params: torch.optim.Adam(params, lr=0.0, foreach=True),
-}
-"""The optimizers ``plan run`` offers, built as it builds them (``runtime.pipeline.training.make_optimizer``:
-torch defaults, foreach) but with lr 0."""
+UPDATE_OPTIMIZERS = {name: functools.partial(build_optimizer, name, lr=0.0) for name in OPTIMIZERS}
+"""The optimizers ``plan run`` offers, built as it builds them (``planner.optim.build_optimizer``) but with lr 0."""
 
 
 def measure_update(module: nn.Module, timer: Timer, microbatches: int = 8) -> dict[str, float]:

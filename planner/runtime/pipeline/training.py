@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from planner.errors import PlanMismatchError, UsageError
+from planner.optim import OPTIMIZERS, build_optimizer
 from planner.formats.plan import Plan
 from planner.formats.profile import INPUT_OP, Profile
 from planner.profile.capture import Captured
@@ -26,7 +27,6 @@ from planner.data.factory import DataSpec, loss_fn
 __all__ = ["OPTIMIZERS", "DEFAULT_LR", "TrainSettings", "make_optimizer", "train_reference", "check_graph",
            "check_plan_nodes"]
 
-OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.01, "adam": 1e-3}
 
 BatchFn = Callable[[int], tuple[tuple[torch.Tensor, ...], torch.Tensor]]
@@ -64,11 +64,9 @@ def make_optimizer(named_params: Mapping[str, nn.Parameter], name: str, lr: floa
     params = sorted(named_params.items())
     if not params:  # a stage without parameters still steps (a no-op) so every rank runs the same loop
         params = [("_none", nn.Parameter(torch.zeros(0)))]
-    if name == "adam":  # foreach: one fused sweep per state over the tensors; torch picks it only on CUDA by itself
-        return torch.optim.Adam(params, lr=lr, foreach=True)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=True)
-    raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, found {name!r}")
+    if name not in OPTIMIZERS:
+        raise UsageError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, found {name!r}")
+    return build_optimizer(name, params, lr)  # Adam fused on CPU and CUDA (planner.optim)
 
 
 @dataclass(frozen=True)
