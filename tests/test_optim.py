@@ -41,7 +41,7 @@ def test_fused_adam_follows_the_foreach_adam():
     fused, foreach = _named(), _named()
     opt_fused = build_optimizer("adam", fused.values(), 1e-2)
     opt_foreach = torch.optim.Adam(foreach.values(), lr=1e-2, foreach=True)
-    for step in range(10):
+    for _ in range(10):
         for params, opt in ((fused, opt_fused), (foreach, opt_foreach)):
             opt.zero_grad()
             (params["w"].sum(0) * params["b"]).square().sum().backward()

@@ -18,9 +18,9 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from planner.errors import PlanMismatchError, UsageError
-from planner.optim import OPTIMIZERS, build_optimizer
 from planner.formats.plan import Plan
 from planner.formats.profile import INPUT_OP, Profile
+from planner.optim import OPTIMIZERS, build_optimizer
 from planner.profile.capture import Captured
 from planner.data.factory import DataSpec, loss_fn
 
