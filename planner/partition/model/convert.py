@@ -82,7 +82,7 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     for pipe, share in zip(pipelines, shares):
         devices, chunks = pipeline_layout([st.device for st in pipe], problem.schedule)
         if problem.schedule in GENERATED_ORDER_SCHEDULES:
-            orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share)
+            orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share, tied_stages(problem, partition))
         else:
             orders = device_orders(problem.schedule, len(devices), chunks, share)
         for device, order in zip(devices, orders):

@@ -180,7 +180,7 @@ def simulate(stages: Sequence[SimStage], cluster: Cluster, schedule: str, microb
         if drain_every is not None:
             return _simulate_async_rounds(stages, cluster, schedule, microbatches, ranks, record_events, drain_every)
         return _simulate_async(stages, cluster, schedule, microbatches, ranks, record_events)
-    fixed = planned_orders(stages, cluster, microbatches) if schedule in GENERATED_ORDER_SCHEDULES else None
+    fixed = planned_orders(stages, cluster, microbatches, tied) if schedule in GENERATED_ORDER_SCHEDULES else None
     state = _initial_state(stages, ranks, chunks, schedule, microbatches, record_events)
     if fixed is not None:
         state.orders = fixed
@@ -217,12 +217,15 @@ PLANNED_ROOMY_VARIANTS = ((True, "zb-h2"), (False, "zb-h2"))
 PLANNED_V_VARIANTS = ((True, "zbv"), (False, "zbv"))
 
 
-def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int) -> tuple[tuple[Op, ...], ...]:
+def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: int,
+                   tied: Sequence[tuple[Sequence[int], int]] = ()) -> tuple[tuple[Op, ...], ...]:
     """The ``zb-planned`` order of every device: the fastest of the fixed orders for the layout (``zb-h1``'s on one
     stage per device, and ``zb-h2``'s where it fits every device's memory, then 1F1B's; ``zbv``'s on two in a V, and
     ``dualpipev``'s there when there are enough micro-batches: both hold the same micro-batches in flight) and the
     greedy orders ``_OrderPlanner`` builds under each of the layout's variants (first listed wins ties), simulated on
-    these stages' own F, I and W times and links, each judged by its step with the optimizer updates. An order is a
+    these stages' own F, I and W times and links, each judged by its step with the optimizer updates and the
+    all-reduce of the ``tied`` parameter sets (``simulate``'s: an order that ends the tied stages' devices apart
+    makes that all-reduce wait for the later one, which ``simulate`` charges). An order is a
     candidate only when no device's live activations peak above what those fixed orders (``planned_patterns``, which
     the memory rule replays for ``zb-planned``) hold there. The fastest then runs backwards whole where that is
     faster still (``_fused``): where splitting a backward costs more than the fused one (``split_excess_s``), the
@@ -239,6 +242,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     for pattern in (*patterns, *(("1f1b",) if chunks == 1 else ())):  # 1F1B's whole backwards hold the least
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
         _run(state, stages, cluster, ranks, pattern)
+        _tied_syncs(state, cluster, ranks, tied)
         _updates(state, stages, ranks)
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
         if max(state.free_at) < best_step - 1e-12:
@@ -254,14 +258,16 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
         state.orders = tuple([] for _ in ranks)  # type: ignore[assignment]
         state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first, state.rank_of_stage)
         _run(state, stages, cluster, ranks, "zb-planned")
+        _tied_syncs(state, cluster, ranks, tied)
         _updates(state, stages, ranks)
         if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
             best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
-    return _fused(best, best_step, stages, cluster, ranks, chunks, fixed, microbatches)
+    return _fused(best, best_step, stages, cluster, ranks, chunks, fixed, microbatches, tied)
 
 
 def _fused(orders: tuple[tuple[Op, ...], ...], step: float, stages: Sequence[SimStage], cluster: Cluster,
-           ranks: tuple[str, ...], chunks: int, pattern: str, microbatches: int) -> tuple[tuple[Op, ...], ...]:
+           ranks: tuple[str, ...], chunks: int, pattern: str, microbatches: int,
+           tied: Sequence[tuple[Sequence[int], int]]) -> tuple[tuple[Op, ...], ...]:
     """``orders`` with backwards run whole where that is faster: a ``B`` costs the fused backward, less than its
     ``I`` and ``W`` apart (``SimStage.split_excess_s``, and one pass fewer), but sends its input gradient only when
     the weight gradient is done too. Greedy, each kept only when the simulated step (updates included) gets shorter:
@@ -272,6 +278,7 @@ def _fused(orders: tuple[tuple[Op, ...], ...], step: float, stages: Sequence[Sim
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
         state.orders = candidate
         _run(state, stages, cluster, ranks, "zb-planned")
+        _tied_syncs(state, cluster, ranks, tied)
         _updates(state, stages, ranks)
         return max(state.free_at)
 
