@@ -42,7 +42,7 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
 from learning import median_of_all, plan_cli, train
-from run import per_step  # bench/run.py: a round log's per-device seconds per step
+from run import per_step, probed_cluster  # bench/run.py: a round log's per-device seconds per step; cpu-2 probed now
 from planner.formats.plan import ASYNC_SCHEDULES
 
 WORK = REPO / "bench" / ".cache" / "async"
@@ -100,20 +100,21 @@ def _tag(*parts: Any) -> str:
     return "-".join(str(p).replace(" ", "").replace(",", "") for p in parts)
 
 
-def make_plan(profile: Path, name: str, microbatches: int, variant: str, fresh: bool = False) -> Path:
+def make_plan(profile: Path, name: str, microbatches: int, variant: str, fresh: bool = False,
+              cluster: str = "cpu-2") -> Path:
     """The variant's plan (made again from ``profile`` when ``fresh``, else kept if made before); plain model
     parallelism is 1f1b's two stages as they are (make that plan first) with one micro-batch under GPipe (forward
     through both stages, then backward; the placer, asked for one micro-batch, keeps small models on one
-    device, and torch's 1F1B needs a micro-batch per stage)."""
+    device, and torch's 1F1B needs a micro-batch per stage). ``cluster``: the bundled name or a cluster file."""
     schedule, correction, plain, warmup = VARIANTS[variant]
     out = WORK / f"{_tag(name, microbatches, variant)}-plan.json"
     if plain:
-        flushing = json.loads(make_plan(profile, name, microbatches, "1f1b").read_text())
+        flushing = json.loads(make_plan(profile, name, microbatches, "1f1b", cluster=cluster).read_text())
         out.write_text(json.dumps({**flushing, "schedule": "gpipe", "microbatches": 1}))  # 1F1B needs m >= p
     elif fresh or not out.exists():
         drains = (["--round-steps", str(ROUND_STEPS), "--async-warmup", str(warmup)] if schedule in ASYNC_SCHEDULES
                   else [])
-        plan_cli("partition", str(profile), "--cluster", "cpu-2", "-d", "1", "-n", str(microbatches),
+        plan_cli("partition", str(profile), "--cluster", cluster, "-d", "1", "-n", str(microbatches),
                  "-s", schedule, "--async-correction", correction, *drains, "-o", str(out), "--json", work=WORK)
     return out
 
@@ -132,9 +133,12 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
         if name not in models:
             continue
         profile = profile_of(name, spec["model"], fresh=True)  # the predictions are judged: time the machine as it is
+        cluster = probed_cluster()  # and what the runtime costs per pass and message on it now
+        probed = json.loads(cluster.read_text())["runtime"]
         for m in MICROBATCHES:
             first = sorted(SPEED_VARIANTS, key=lambda v: VARIANTS[v][2])  # plain model parallelism reuses 1f1b's new plan
-            plans = {variant: make_plan(profile, name, m, variant, fresh=not VARIANTS[variant][2]) for variant in first}
+            plans = {variant: make_plan(profile, name, m, variant, fresh=not VARIANTS[variant][2], cluster=str(cluster))
+                     for variant in first}
             runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in SPEED_VARIANTS}
             for repeat in range(repeats):
                 for variant in SPEED_VARIANTS:  # the variants take turns, so drift in the machine's speed hits them alike
@@ -158,7 +162,8 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
                                  "load": [min(r["load"][0] for r in done), max(r["load"][1] for r in done)],
                                  "command": run["command"], "async": run.get("async")}
             results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
-                                                 "round_steps": ROUND_STEPS, "date": time.strftime("%Y-%m-%d")}
+                                                 "round_steps": ROUND_STEPS, "date": time.strftime("%Y-%m-%d"),
+                                                 "pass_overhead_s": probed["pass_overhead_s"]}
 
 
 def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: bool = False) -> None:
@@ -275,6 +280,15 @@ def rule(results: dict[str, Any], seeds: int, variants: list[str]) -> None:
         check = {"steps": spec["steps"], "lr": spec["lr"], "pairs": {}}
     check["pairs"] = {**check["pairs"], **{v: [finals[job], runs[v]] for v, job in zip(runs, checks)}}
     results["rule_check/text"] = check
+
+
+def _probed(entry: dict[str, Any]) -> str:
+    """A throughput section's runtime figure, where it planned on ``probed_cluster``'s (an older section did not)."""
+    if "pass_overhead_s" not in entry:
+        return ""
+    bundled = json.loads((REPO / "profiles" / "clusters" / "cpu-2.json").read_text())["runtime"]["pass_overhead_s"]
+    return (f" Planned with the runtime probed when the section started: {entry['pass_overhead_s'] * 1e6:.0f} us per "
+            f"pass (the bundled cpu-2's: {bundled * 1e6:.0f} us).")
 
 
 def _setting(entry: dict[str, Any]) -> str:
@@ -437,7 +451,10 @@ def render(results: dict[str, Any]) -> str:
                   "round has). "
                   "Each model is profiled afresh when its section starts (`plan profile --threads 1 --colocate 2`: one "
                   "thread, timed beside a second training process, as each rank runs) and every schedule planned from "
-                  "that profile, so the predictions meet the machine as it is that hour.", ""]
+                  "that profile, so the predictions meet the machine as it is that hour; since 2026-11-29 on `cpu-2` "
+                  "with its intra-host link and the runtime's cost per pass and per byte probed with it "
+                  "(`plan profile --probe-links`, bench/run.py `probed_cluster`; each section says so), before on "
+                  "the bundled file's figures.", ""]
         for key in speed:
             entry = results[key]
             rows = entry["rows"]
@@ -445,7 +462,7 @@ def render(results: dict[str, Any]) -> str:
             lines += [f"### {entry['model']}, {entry['microbatches']} micro-batches", "",
                       f"Measured {entry['date']}, rounds of {entry.get('round_steps', 5)} steps; the bubble bound "
                       f"of 1f1b on 2 stages is "
-                      f"{(entry['microbatches'] + 1) / entry['microbatches']:.2f}x.", "",
+                      f"{(entry['microbatches'] + 1) / entry['microbatches']:.2f}x.{_probed(entry)}", "",
                       "| schedule | samples/s | predicted | measured / predicted | vs 1f1b | vs MP | steps of the runs (ms) "
                       "| load (min / max) |",
                       "|---|---|---|---|---|---|---|---|"]

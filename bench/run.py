@@ -71,6 +71,35 @@ def parallel_capacity() -> float:
     return 2 * alone / together
 
 
+def probed_cluster(base: Path = CLUSTER) -> Path:
+    """``base`` with its intra-host link and what the pipeline runtime costs (its ``runtime`` figures) probed now, on
+    2 ranks (``plan profile --probe-links``, about 20 s); its devices and memory kept. A bench whose predictions meet
+    the machine as it is that hour profiles the model afresh, and probes these with it: on a model whose passes take
+    a millisecond, the runtime's cost per pass and its messages are most of a step, and they move with the machine's
+    speed as much as the ops' times do, while ``base`` holds the figures of the day it was probed. Written to
+    ``CACHE``; the probe's own cluster beside it."""
+    import dataclasses
+    import subprocess
+
+    from planner.formats.cluster import save_cluster
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    probe = CACHE / "probe.cluster.json"
+    plan = [sys.executable, "-c", "from planner.cli import main; main()"]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--no-python", *plan,
+                           "profile", "--probe-links", "-o", str(probe)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"plan profile --probe-links failed:\n{done.stderr[-3000:]}")
+    cluster, probed = load_cluster(base), load_cluster(probe)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    merged = dataclasses.replace(
+        cluster, name=f"{cluster.name}-probed", pass_overhead_s=probed.pass_overhead_s,
+        pass_byte_overhead_s=probed.pass_byte_overhead_s, pass_compute_overhead_s=probed.pass_compute_overhead_s,
+        pass_overhead_source=f"{probed.pass_overhead_source}; probed {stamp} by bench/run.py probed_cluster",
+        intra_host=dataclasses.replace(probed.intra_host, source=f"{probed.intra_host.source}; probed {stamp}"))
+    return save_cluster(merged, CACHE / f"{cluster.name}.probed.cluster.json")
+
+
 def profile_path(name: str, reprofile: bool, colocate: int = 2) -> Path:
     """Measure (once, cached) the model's profile with one intra-op thread, like each rank runs, and under
     co-location with the other training processes, as the ranks share this host (``--colocate N``)."""
