@@ -6,7 +6,9 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
 - throughput: ``gpt_small`` (synthetic tokens) and ``digits_cnn`` (scikit-learn's digits) at 4 and 8
   micro-batches; plain model parallelism (1f1b's two stages with one micro-batch of all the step's rows, GPipe
   order, run with ``--microbatch-size``), torch's ``Schedule1F1B`` (flushes every step), ``async-1f1b`` and ``2bw``, each with
-  and without the correction. Samples per second from the steady step time, against the plan's prediction;
+  and without the correction. Samples per second from the steady step time, against the plan's prediction (planned
+  on ``cpu-2`` with its loopback link and the runtime's cost per pass probed when the section starts:
+  ``run.probed_cluster``);
 - convergence: ``digits_cnn`` (Adam lr 1e-3, target 95% validation accuracy, 300 steps) and ``gpt_bytes`` on
   the standard library's bytes (Adam lr 3e-3, target validation loss 3.0, 400 steps: the runs' final loss is taken
   where the seeds have left the plateau at the target, not on it) at 4 micro-batches,
