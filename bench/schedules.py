@@ -43,8 +43,8 @@ from typing import Any, Mapping
 
 from _paths import REPO, slug  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
-from run import (CACHE, calibrated_in_first_round, parallel_capacity, profile_path, run_job,  # noqa: E402
-                 steady_step_s, with_extra)
+from run import (CACHE, calibrated_in_first_round, parallel_capacity, probed_cluster, profile_path,  # noqa: E402
+                 run_job, steady_step_s, with_extra)
 
 from planner.app.partition import profile_ref  # noqa: E402
 from planner.clusters import load_cluster_spec  # noqa: E402
@@ -89,10 +89,11 @@ def same_stages(plan: Plan, profile: Profile, cluster: Cluster, catalog: Mapping
 
 def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    cluster, catalog = load_cluster(CLUSTER), load_catalog()
+    catalog = load_catalog()
     for name in args.models:
         spec = MEASURED_MODELS[name]
         prof = profile_path_for(name, spec, True)  # the predictions are judged: profile the machine as it is now
+        cluster = load_cluster(probed_cluster(CLUSTER))  # and probe what the runtime costs per pass and message now
         profile, ref = load_profile(prof), profile_ref(prof, spec)
         for m in args.microbatches:
             def dp_plan(schedule: str, method: str = "dp") -> Plan:
@@ -157,6 +158,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["speedup_own"] = own_s / r["measured_s"]
                 r["error"] = r["measured_s"] / r["predicted_s"] - 1
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
+                         "pass_overhead_s": cluster.pass_overhead_s,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
 
@@ -333,8 +335,10 @@ def render(results: dict[str, Any]) -> str:
                   "Interleaved 1F1B, zbv and dualpipev run their own dp plans, several stages per rank where that "
                   "simulates faster (round-robin, in a V). "
                   "Plans come from the model's colocated one-thread profile (bench/run.py's), which the script takes "
-                  "afresh when a model's rows begin, so the predictions meet the machine as it is that hour (the line "
-                  "above says which rows were planned from an older, cached one). "
+                  "afresh when a model's rows begin, so the predictions meet the machine as it is that hour, with "
+                  "`cpu-2`'s loopback link and runtime figures probed then (`plan profile --probe-links`, bench/run.py "
+                  "`probed_cluster`; the line above says which rows were planned from an older, cached profile or "
+                  "on the bundled figures). "
                   "*measured*: the median of the runs listed under *runs* (each the "
                   "mean step over its rounds after the first; the schedules took turns). "
                   "*speed-up*: 1F1B's measured step over the row's, same run of the script: 1F1B on the same stages, "
@@ -482,12 +486,15 @@ def _made_rows(rows: list[dict[str, Any]]) -> str:
     groups: dict[tuple[str, str, bool], list[str]] = {}
     for row in rows:
         made = row["made"]
-        groups.setdefault((made["command"], made["finished"], bool(row.get("fresh_profile"))), []).append(
+        probed = f"{row['pass_overhead_s'] * 1e6:.0f} us" if "pass_overhead_s" in row else ""
+        groups.setdefault((made["command"], made["finished"], bool(row.get("fresh_profile")), probed), []).append(
             f"{row['model']} m={row['microbatches']}")
     source = {True: "planned from a profile taken when the model's rows began",
               False: "planned from the profile bench/run.py had cached then"}
-    return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}, {source[fresh]}."
-                    for (cmd, when, fresh), names in groups.items())
+    runtime = {"": " and the bundled cpu-2's runtime figures"}
+    return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}, {source[fresh]}"
+                    f"{runtime.get(probed, f' and the runtime probed with it ({probed} per pass)')}."
+                    for (cmd, when, fresh, probed), names in groups.items())
 
 
 def _sim_summary(rows: list[dict[str, Any]]) -> list[str]:
