@@ -44,7 +44,7 @@ from typing import Any
 
 from _paths import REPO  # first: the repository on sys.path
 from learning import median_of_all, plan_cli, train
-from run import per_step, probed_cluster  # bench/run.py: a round log's per-device seconds per step; cpu-2 probed now
+from run import CLUSTER, per_step, probed_cluster  # bench/run.py: per-device seconds per step; cpu-2, probed now
 from planner.formats.plan import ASYNC_SCHEDULES
 
 WORK = REPO / "bench" / ".cache" / "async"
@@ -288,7 +288,7 @@ def _probed(entry: dict[str, Any]) -> str:
     """A throughput section's runtime figure, where it planned on ``probed_cluster``'s (an older section did not)."""
     if "pass_overhead_s" not in entry:
         return ""
-    bundled = json.loads((REPO / "profiles" / "clusters" / "cpu-2.json").read_text())["runtime"]["pass_overhead_s"]
+    bundled = json.loads(CLUSTER.read_text())["runtime"]["pass_overhead_s"]
     return (f" Planned with the runtime probed when the section started: {entry['pass_overhead_s'] * 1e6:.0f} us per "
             f"pass (the bundled cpu-2's: {bundled * 1e6:.0f} us).")
 

@@ -81,12 +81,12 @@ def probed_cluster(base: Path = CLUSTER) -> Path:
     import dataclasses
     import subprocess
 
+    from learning import PLAN
     from planner.formats.cluster import save_cluster
 
     CACHE.mkdir(parents=True, exist_ok=True)
     probe = CACHE / "probe.cluster.json"
-    plan = [sys.executable, "-c", "from planner.cli import main; main()"]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--no-python", *plan,
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--no-python", *PLAN,
                            "profile", "--probe-links", "-o", str(probe)], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"plan profile --probe-links failed:\n{done.stderr[-3000:]}")

@@ -78,11 +78,12 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     shares = shares_of(partition, problem.microbatches)
     pipelines = [replica_of(partition, r) for r in range(degree)]
     rank = {dev: i for i, dev in enumerate(dict.fromkeys(st.device for pipe in pipelines for st in pipe))}
+    tied = tied_stages(problem, partition)  # stage indices, the same in every replica pipeline
     out: dict[str, list[str]] = {}
     for pipe, share in zip(pipelines, shares):
         devices, chunks = pipeline_layout([st.device for st in pipe], problem.schedule)
         if problem.schedule in GENERATED_ORDER_SCHEDULES:
-            orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share, tied_stages(problem, partition))
+            orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share, tied)
         else:
             orders = device_orders(problem.schedule, len(devices), chunks, share)
         for device, order in zip(devices, orders):

@@ -241,12 +241,10 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     best_step, ceiling = math.inf, [0] * len(ranks)
     for pattern in (*patterns, *(("1f1b",) if chunks == 1 else ())):  # 1F1B's whole backwards hold the least
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
-        _run(state, stages, cluster, ranks, pattern)
-        _tied_syncs(state, cluster, ranks, tied)
-        _updates(state, stages, ranks)
+        step = _judged_step(state, stages, cluster, ranks, pattern, tied)
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
-        if max(state.free_at) < best_step - 1e-12:
-            best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), max(state.free_at)
+        if step < best_step - 1e-12:
+            best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), step
     variants = PLANNED_V_VARIANTS if chunks == 2 else \
         PLANNED_VARIANTS + (PLANNED_ROOMY_VARIANTS if "zb-h2" in patterns else ())
     for inputs_first, caps in variants:
@@ -257,12 +255,20 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
                 limits[s] = count
         state.orders = tuple([] for _ in ranks)  # type: ignore[assignment]
         state.planner = _OrderPlanner(stages, microbatches, limits, inputs_first, state.rank_of_stage)
-        _run(state, stages, cluster, ranks, "zb-planned")
-        _tied_syncs(state, cluster, ranks, tied)
-        _updates(state, stages, ranks)
-        if max(state.free_at) < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
-            best, best_step = tuple(tuple(order) for order in state.orders), max(state.free_at)
+        step = _judged_step(state, stages, cluster, ranks, "zb-planned", tied)
+        if step < best_step - 1e-12 and all(a <= b for a, b in zip(state.peak_bytes, ceiling)):
+            best, best_step = tuple(tuple(order) for order in state.orders), step
     return _fused(best, best_step, stages, cluster, ranks, chunks, fixed, microbatches, tied)
+
+
+def _judged_step(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tuple[str, ...], schedule: str,
+                 tied: Sequence[tuple[Sequence[int], int]]) -> float:
+    """Run ``state`` to the step's end as ``simulate`` prices it (the passes, the ``tied`` sets' all-reduce, the
+    optimizer updates) and return the step: how ``planned_orders`` and ``_fused`` judge a candidate order."""
+    _run(state, stages, cluster, ranks, schedule)
+    _tied_syncs(state, cluster, ranks, tied)
+    _updates(state, stages, ranks)
+    return max(state.free_at)
 
 
 def _fused(orders: tuple[tuple[Op, ...], ...], step: float, stages: Sequence[SimStage], cluster: Cluster,
@@ -277,10 +283,7 @@ def _fused(orders: tuple[tuple[Op, ...], ...], step: float, stages: Sequence[Sim
     def timed(candidate: tuple[tuple[Op, ...], ...]) -> float:
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
         state.orders = candidate
-        _run(state, stages, cluster, ranks, "zb-planned")
-        _tied_syncs(state, cluster, ranks, tied)
-        _updates(state, stages, ranks)
-        return max(state.free_at)
+        return _judged_step(state, stages, cluster, ranks, "zb-planned", tied)
 
     def whole(order: Sequence[Op], everywhere: bool) -> tuple[Op, ...]:
         out: list[Op] = []
