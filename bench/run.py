@@ -95,6 +95,7 @@ def probed_cluster(base: Path = CLUSTER) -> Path:
     merged = dataclasses.replace(
         cluster, name=f"{cluster.name}-probed", pass_overhead_s=probed.pass_overhead_s,
         pass_byte_overhead_s=probed.pass_byte_overhead_s, pass_compute_overhead_s=probed.pass_compute_overhead_s,
+        zero_bubble_pass_overhead_s=probed.zero_bubble_pass_overhead_s,
         pass_overhead_source=f"{probed.pass_overhead_source}; probed {stamp} by bench/run.py probed_cluster",
         intra_host=dataclasses.replace(probed.intra_host, source=f"{probed.intra_host.source}; probed {stamp}"))
     return save_cluster(merged, CACHE / f"{cluster.name}.probed.cluster.json")

@@ -6,8 +6,9 @@
    ZB-H2 pattern, 2p - 1 micro-batches in flight); 1F1B's own dp plan where its stages differ; and the dp plans
    of interleaved 1F1B, ``zbv`` (ZB-V) and ``dualpipev`` (DualPipeV), several stages per rank where that
    simulates faster (round-robin, in a V).
-   Each row: the measured step time (mean over the rounds after the first, rebalancing off; the median of
-   ``--repeats`` runs, the schedules taking turns in a rotated order), the plan's predicted step, and the
+   Each row: the measured step time (mean over the rounds after the first, rebalancing off, runs of
+   ``MEASURED_STEPS``; the median of ``--repeats`` runs, the schedules taking turns in a rotated order), the
+   plan's predicted step, and the
    speed-up over 1F1B on the same stages and over 1F1B's own plan, all from the same run of this script; the
    machine's load beside it.
 2. Simulated, no runs: the bundled models on ``dgx-h100-8`` and the mixed clusters (one stage per device; ``zbv``
@@ -58,6 +59,10 @@ from planner.partition.model.convert import build_plan, partition_of  # noqa: E4
 from planner.partition.model.problem import build_problem  # noqa: E402
 
 MEASURED_MODELS = {"gpt_small": BUNDLED["gpt_small"], "digits": "planner.examples.digits:digits_mlp"}
+MEASURED_STEPS = {"gpt_small": (8, 2), "digits": (40, 10)}
+"""Per measured model, steps per run and per round when ``--steps`` and ``--round-steps`` are not given. A digits step
+takes milliseconds: 8 steps in rounds of 2 measured 6 of them, about 40 ms, within what the machine's jitter moves
+(the step of one round of 2 ranged from 6.4 to 13 ms in one run, 2026-11-29)."""
 SAME_STAGES = ("1f1b", "zb-h1", "zb-planned", "zb-h2")
 """Schedules run on the same stages, one per rank (the speed-up column compares them): the dp plan under
 ``STAGES_OF``."""
@@ -133,9 +138,10 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                                      "stages": [len(s.nodes) for s in plan.stages],
                                      "bubble": float(plan.predicted.get("bubble_fraction", 0.0)), "load": []}
             names = list(plans)
+            steps, round_steps = (args.steps or MEASURED_STEPS[name][0], args.round_steps or MEASURED_STEPS[name][1])
             for rep in range(args.repeats):  # the schedules take turns, in a rotated order each time
                 for schedule in names[rep % len(names):] + names[:rep % len(names)]:
-                    job = run_job(paths[schedule], spec, args.steps, args.round_steps, {"rebalance": False},
+                    job = run_job(paths[schedule], spec, steps, round_steps, {"rebalance": False},
                                   tag=f"sched-{name}-{m}-{slug(schedule)}")
                     results[schedule]["samples"].append(steady_step_s(job["rounds"]))
                     wait, compute = per_rank_step(job["rounds"])
@@ -158,7 +164,8 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["speedup_own"] = own_s / r["measured_s"]
                 r["error"] = r["measured_s"] / r["predicted_s"] - 1
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
-                         "pass_overhead_s": cluster.pass_overhead_s,
+                         "pass_overhead_s": cluster.pass_overhead_s, "steps": steps, "round_steps": round_steps,
+                         "zero_bubble_pass_overhead_s": cluster.zero_bubble_pass_overhead_s,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
 
@@ -486,14 +493,19 @@ def _made_rows(rows: list[dict[str, Any]]) -> str:
     groups: dict[tuple[str, str, bool], list[str]] = {}
     for row in rows:
         made = row["made"]
-        probed = f"{row['pass_overhead_s'] * 1e6:.0f} us" if "pass_overhead_s" in row else ""
+        probed = " and the bundled cpu-2's runtime figures"
+        if "pass_overhead_s" in row:
+            probed = f" and the runtime probed with it ({row['pass_overhead_s'] * 1e6:.0f} us per pass"
+            if row.get("zero_bubble_pass_overhead_s"):
+                probed += f", {row['zero_bubble_pass_overhead_s'] * 1e6:.0f} us under the zero-bubble runtime"
+            probed += ")"
+        if "steps" in row:
+            probed += f"; runs of {row['steps']} steps in rounds of {row['round_steps']}"
         groups.setdefault((made["command"], made["finished"], bool(row.get("fresh_profile")), probed), []).append(
             f"{row['model']} m={row['microbatches']}")
     source = {True: "planned from a profile taken when the model's rows began",
               False: "planned from the profile bench/run.py had cached then"}
-    runtime = {"": " and the bundled cpu-2's runtime figures"}
-    return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}, {source[fresh]}"
-                    f"{runtime.get(probed, f' and the runtime probed with it ({probed} per pass)')}."
+    return " ".join(f"{', '.join(names)}: `{cmd}`, finished {when}, {source[fresh]}{probed}."
                     for (cmd, when, fresh, probed), names in groups.items())
 
 
@@ -543,9 +555,9 @@ def main() -> None:
     parser.add_argument("--only", choices=("measured", "simulated", "memory-bound", "recompute"), action="append")
     parser.add_argument("--models", nargs="+", default=list(MEASURED_MODELS), choices=sorted(MEASURED_MODELS))
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, help="Measured: steps per run (default: MEASURED_STEPS, per model).")
     parser.add_argument("--repeats", type=int, default=3, help="Measured: runs per schedule, taking turns.")
-    parser.add_argument("--round-steps", type=int, default=2)
+    parser.add_argument("--round-steps", type=int, help="Measured: steps per round (default: MEASURED_STEPS).")
     parser.add_argument("--reprofile", action="store_true")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT))
     args = parser.parse_args()

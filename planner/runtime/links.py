@@ -159,7 +159,8 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
             dist.destroy_process_group()
     return dataclasses.replace(cluster, pass_overhead_s=runtime.pass_overhead_s, pass_overhead_source=runtime.source,
                                pass_byte_overhead_s=runtime.pass_byte_overhead_s,
-                               pass_compute_overhead_s=runtime.pass_compute_overhead_s)
+                               pass_compute_overhead_s=runtime.pass_compute_overhead_s,
+                               zero_bubble_pass_overhead_s=runtime.zero_bubble_pass_overhead_s)
 
 
 def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], repeats: int,

@@ -1,5 +1,5 @@
-"""Probe what the pipeline runtime itself adds to every pass: ``Cluster.pass_overhead_s`` and
-``Cluster.pass_byte_overhead_s``.
+"""Probe what the pipeline runtime itself adds to every pass: ``Cluster.pass_overhead_s``,
+``Cluster.pass_byte_overhead_s`` and ``Cluster.zero_bubble_pass_overhead_s``.
 
 Each forward or backward pass of a stage under ``torch.distributed.pipelining`` costs more than its
 ops and its bytes: the schedule's Python, preparing the stage's inputs and outputs, posting the
@@ -20,7 +20,15 @@ warm-up, twice over:
 2. a 4-layer elementwise model whose activations are ``BYTE_PROBE_SIZES`` large: with ``o`` fixed,
    the per-byte figure that makes the simulator predict each measured step; the mean over the sizes.
 
-Both are found by bisection, as the simulated step grows monotonically with either figure. Every rank
+3. the same MLP under ``zb-h1`` (torch's ``_PipelineScheduleRuntime``, which runs every zero-bubble schedule): the
+   per-pass figure of that runtime, ``z``, with the per-byte figure fixed. It takes each send and receive as an
+   action of its own and splits each backward into two autograd calls, and on passes as small as these it costs
+   more per pass than ``Schedule1F1B``: a plan of the digits MLP that ``o`` alone predicted about as fast under
+   ``zb-h2`` as under 1F1B ran about 1.3 times as long (``bench/schedules.py``, 2026-11-29). The stages' weight
+   gradients are taken as half their backward (the MLP's ``Linear`` layers: the input and the weight gradient are
+   one matrix product each); next to ``z`` they hardly count.
+
+All are found by bisection, as the simulated step grows monotonically with each figure. Every rank
 of the job must call :func:`probe_runtime`.
 
 *The compute the simulator is fed* is each stage's forward and backward timed alone, outside the runtime
@@ -49,9 +57,11 @@ from planner.formats.plan import Plan, Stage
 from planner.partition.sim.simulate import SimStage, simulate
 
 __all__ = ["PROBE_MICROBATCHES", "PROBE_STEPS", "BYTE_PROBE_SIZES", "TinyRun", "RuntimeProbe", "fit_pass_overhead",
-           "fit_byte_overhead", "inner_overhead", "probe_runtime"]
+           "fit_byte_overhead", "fit_zero_bubble_overhead", "inner_overhead", "probe_runtime"]
 
 PROBE_MICROBATCHES = 8
+ZERO_BUBBLE_PROBE = "zb-h1"
+"""The zero-bubble schedule the per-pass figure of torch's ``_PipelineScheduleRuntime`` is fitted on."""
 PROBE_STEPS = 15
 WARMUP_STEPS = 3
 LONE_REPEATS = 30
@@ -93,6 +103,8 @@ class RuntimeProbe:
     pass_byte_overhead_s: float
     pass_compute_overhead_s: float = 0.0
     """The part of ``pass_overhead_s`` spent inside the runtime's pass methods (``inner_overhead``)."""
+    zero_bubble_pass_overhead_s: float = 0.0
+    """``pass_overhead_s`` of the zero-bubble runtime (``fit_zero_bubble_overhead``)."""
 
     @property
     def source(self) -> str:
@@ -102,7 +114,8 @@ class RuntimeProbe:
                 f"{PROBE_STEPS} steps, fitted with the simulator fed each stage's compute timed alone "
                 f"(planner/runtime/probe.py): pass_overhead_s on a 4-layer, {WIDTH}-wide MLP, of which "
                 f"pass_compute_overhead_s inside the runtime's pass methods; pass_byte_overhead_s on a 4-layer "
-                f"elementwise model with {sizes} activations")
+                f"elementwise model with {sizes} activations; zero_bubble_pass_overhead_s on the MLP under "
+                f"{ZERO_BUBBLE_PROBE}")
 
 
 def fit_pass_overhead(run: TinyRun, link: Link, microbatches: int = PROBE_MICROBATCHES) -> float:
@@ -121,6 +134,15 @@ def fit_byte_overhead(run: TinyRun, link: Link, pass_overhead_s: float, microbat
                 run.step_s / (2 * microbatches * run.message_bytes))
 
 
+def fit_zero_bubble_overhead(run: TinyRun, link: Link, pass_byte_overhead_s: float,
+                             microbatches: int = PROBE_MICROBATCHES) -> float:
+    """The per-pass overhead that makes the simulated ``ZERO_BUBBLE_PROBE`` step of ``run``'s pipeline (the MLP run
+    under that schedule) equal its measured step, with ``pass_byte_overhead_s`` fixed (0 when the simulator already
+    predicts the measured step without one)."""
+    return _fit(lambda z: _simulated_step(run, link, microbatches, z, pass_byte_overhead_s, ZERO_BUBBLE_PROBE),
+                run.step_s, run.step_s / (3 * microbatches))
+
+
 def inner_overhead(run: TinyRun, microbatches: int = PROBE_MICROBATCHES) -> float:
     """Seconds per pass the runtime spends inside its pass methods beyond the stage's compute alone: the mean over the
     two ranks of (compute per pass inside the runtime - the same pass alone), at least 0 (0 without ``lone_s``)."""
@@ -130,13 +152,16 @@ def inner_overhead(run: TinyRun, microbatches: int = PROBE_MICROBATCHES) -> floa
     return max(statistics.fmean(inner), 0.0)
 
 
-def _simulated_step(run: TinyRun, link: Link, microbatches: int, overhead: float, per_byte: float) -> float:
+def _simulated_step(run: TinyRun, link: Link, microbatches: int, overhead: float, per_byte: float,
+                    schedule: str = "1f1b") -> float:
+    """The probe pipeline's step as the simulator gives it, charging ``overhead`` per pass of ``schedule`` (as
+    ``pass_overhead_s``, or as ``zero_bubble_pass_overhead_s`` under a zero-bubble schedule)."""
     per_pass = [run.pass_compute_s(rank, microbatches) for rank in (0, 1)]
-    stages = [SimStage("a", per_pass[0], per_pass[0], run.message_bytes, 0, 0, 0),
-              SimStage("b", per_pass[1], per_pass[1], 0, run.message_bytes, 0, 0)]
+    stages = [SimStage("a", per_pass[0], per_pass[0], run.message_bytes, 0, 0, 0, bwd_weight_s=per_pass[0] / 2),
+              SimStage("b", per_pass[1], per_pass[1], 0, run.message_bytes, 0, 0, bwd_weight_s=per_pass[1] / 2)]
     cluster = Cluster("probe", (Device("a", "probe", "h", 1), Device("b", "probe", "h", 1)), link, link,
-                      pass_overhead_s=overhead, pass_byte_overhead_s=per_byte)
-    return simulate(stages, cluster, "1f1b", microbatches, record_events=False).step_time_s
+                      pass_overhead_s=overhead, pass_byte_overhead_s=per_byte, zero_bubble_pass_overhead_s=overhead)
+    return simulate(stages, cluster, schedule, microbatches, record_events=False).step_time_s
 
 
 def _fit(step: Callable[[float], float], measured: float, high: float) -> float:
@@ -157,15 +182,18 @@ def probe_runtime(rank: int, device: torch.device, link: Link) -> RuntimeProbe:
     group = dist.new_group([0, 1])  # every rank takes part in creating it
     runs = [_gathered(rank, device, group, None)]
     runs += [_gathered(rank, device, group, size) for size in BYTE_PROBE_SIZES]
+    zero_bubble = _gathered(rank, device, group, None, ZERO_BUBBLE_PROBE)
     overhead = fit_pass_overhead(runs[0], link)
     per_byte = statistics.fmean(fit_byte_overhead(run, link, overhead) for run in runs[1:])
-    return RuntimeProbe(overhead, per_byte, min(inner_overhead(runs[0]), overhead))
+    return RuntimeProbe(overhead, per_byte, min(inner_overhead(runs[0]), overhead),
+                        fit_zero_bubble_overhead(zero_bubble, link, per_byte))
 
 
-def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | None) -> TinyRun:
+def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | None,
+              schedule: str = "1f1b") -> TinyRun:
     import torch.distributed as dist
 
-    mine = _run_tiny(rank, device, group, message_bytes) if rank in (0, 1) else None
+    mine = _run_tiny(rank, device, group, message_bytes, schedule) if rank in (0, 1) else None
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     (step0, compute0, nbytes, lone0), (step1, compute1, _, lone1) = gathered[0], gathered[1]
@@ -184,10 +212,10 @@ class _Elementwise(nn.Module):
         return torch.tanh(x * self.w + self.b)
 
 
-def _run_tiny(rank: int, device: torch.device, group: Any,
-              message_bytes: int | None) -> tuple[float, float, int, float]:
-    """This rank's half of a probe pipeline: (median step seconds, compute seconds per step, message bytes, its
-    stage's forward and backward alone).
+def _run_tiny(rank: int, device: torch.device, group: Any, message_bytes: int | None,
+              schedule: str = "1f1b") -> tuple[float, float, int, float]:
+    """This rank's half of a probe pipeline under ``schedule``: (median step seconds, compute seconds per step,
+    message bytes, its stage's forward and backward alone).
 
     ``message_bytes`` None: the small MLP; else the elementwise model with activations of that size."""
     import torch.distributed as dist
@@ -204,26 +232,26 @@ def _run_tiny(rank: int, device: torch.device, group: Any,
     captured = capture(module, (example,), "auto")
     names = [op.name for op in captured.ops]
     half = len(names) // 2
-    plan = Plan("probe", "1f1b", PROBE_MICROBATCHES,
+    plan = Plan("probe", schedule, PROBE_MICROBATCHES,
                 (Stage(0, "rank0", tuple(names[:half])), Stage(1, "rank1", tuple(names[half:]))),
                 {"step_time_s": 0.0}, {"device_ranks": ["rank0", "rank1"]})
     stages = build_rank_stages(captured, module, plan, rank, device, group)
-    schedule = build_schedule(stages, lambda out, target: ((out - target) ** 2).mean())
+    runner = build_schedule(stages, lambda out, target: ((out - target) ** 2).mean())
     batch = torch.randn(ROWS * PROBE_MICROBATCHES, width, device=device)
     target = torch.randn(ROWS * PROBE_MICROBATCHES, width, device=device)
     timer = RankTimer(rank, f"rank{rank}")
     for stage in stages.stages:
         instrument_stage(stage, timer)
     steps, computes = [], []
-    step_kwargs = training_step_kwargs(schedule)
+    step_kwargs = training_step_kwargs(runner)
     for i in range(WARMUP_STEPS + PROBE_STEPS):
         dist.barrier(group)
         timer.begin_round()
         start = time.perf_counter()
         if rank == 0:
-            schedule.step(batch, **step_kwargs)
+            runner.step(batch, **step_kwargs)
         else:
-            schedule.step(target=target, losses=[], **step_kwargs)
+            runner.step(target=target, losses=[], **step_kwargs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= WARMUP_STEPS:

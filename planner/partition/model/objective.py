@@ -133,9 +133,11 @@ def boundary_s(link: Link, fwd_bytes: int, bwd_bytes: int, per_byte_s: float = 0
 
 
 def pass_pair_s(problem: Problem) -> float:
-    """The runtime's fixed cost of a stage's forward and backward of one micro-batch (``Cluster.pass_overhead_s``
-    per pass, as the simulator charges it): part of every stage's latency in the formula."""
-    return 2 * problem.cluster.pass_overhead_s
+    """The runtime's fixed cost of a stage's passes of one micro-batch (``Cluster.pass_overhead_for`` the schedule per
+    pass, as the simulator charges it: a forward and a backward, or under a zero-bubble schedule a forward, an input
+    gradient and a weight gradient): part of every stage's latency in the formula."""
+    passes = 3 if problem.schedule in ZERO_BUBBLE_SCHEDULES else 2
+    return passes * problem.cluster.pass_overhead_for(problem.schedule)
 
 
 def stage_latencies_s(problem: Problem, partition: Partition) -> tuple[float, ...]:

@@ -11,7 +11,7 @@ resource decision is made at a completion time, so requests reach each link in t
 On links marked ``host_copy`` (gloo between CPU processes) the endpoints' processors move the bytes,
 so a transfer lengthens the sending and the receiving pass instead of overlapping them. After its last
 pass each device steps its optimizer (``SimStage.update_s``). Every pass also pays the runtime's own
-per-pass cost, ``Cluster.pass_overhead_s``, and per byte it sends or receives across devices,
+per-pass cost, ``Cluster.pass_overhead_for`` the schedule, and per byte it sends or receives across devices,
 ``Cluster.pass_byte_overhead_s`` (each 0 unless the cluster file gives one).
 
 See docs/simulator.md for the model and what it leaves out.
@@ -151,7 +151,7 @@ class _State:
     link_free: dict[tuple[int, int], float]
     heap: list[tuple[float, int, int]]
     pass_overhead_s: float
-    """Added to every pass: the runtime's own cost per pass (``Cluster.pass_overhead_s``)."""
+    """Added to every pass: the runtime's own cost per pass (``Cluster.pass_overhead_for`` the schedule run)."""
     events: list[Event] | None
     seq: int = 0
     marks: list[list[tuple[float, float, list[float]]]] | None = None
@@ -241,7 +241,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     best_step, ceiling = math.inf, [0] * len(ranks)
     for pattern in (*patterns, *(("1f1b",) if chunks == 1 else ())):  # 1F1B's whole backwards hold the least
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
-        step = _judged_step(state, stages, cluster, ranks, pattern, tied)
+        step = _judged_step(state, stages, cluster, ranks, "zb-planned", tied)  # as the zero-bubble runtime runs it
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
         if step < best_step - 1e-12:
             best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), step
@@ -435,7 +435,7 @@ def _async_result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, .
 
 def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tuple[str, ...], schedule: str) -> None:
     """Run the event loop of ``state`` to the end; raise when a device is left with passes it cannot start."""
-    state.pass_overhead_s = cluster.pass_overhead_s
+    state.pass_overhead_s = cluster.pass_overhead_for(schedule)
     _transfer_times(state, stages, cluster)
     for rank in range(len(ranks)):
         _try_start(state, stages, ranks, rank, 0.0)
