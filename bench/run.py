@@ -71,33 +71,50 @@ def parallel_capacity() -> float:
     return 2 * alone / together
 
 
-def probed_cluster(base: Path = CLUSTER) -> Path:
+PROBES = 3
+"""Probes ``probed_cluster`` takes the median of."""
+
+
+def probed_cluster(base: Path = CLUSTER, probes: int = PROBES) -> Path:
     """``base`` with its intra-host link and what the pipeline runtime costs (its ``runtime`` figures) probed now, on
-    2 ranks (``plan profile --probe-links``, about 20 s); its devices and memory kept. A bench whose predictions meet
-    the machine as it is that hour profiles the model afresh, and probes these with it: on a model whose passes take
-    a millisecond, the runtime's cost per pass and its messages are most of a step, and they move with the machine's
-    speed as much as the ops' times do, while ``base`` holds the figures of the day it was probed. Written to
-    ``CACHE``; the probe's own cluster beside it."""
+    2 ranks (``plan profile --probe-links``, about 20 s each), the median of ``probes`` probes figure by figure; its
+    devices and memory kept. A bench whose predictions meet the machine as it is that hour profiles the model afresh,
+    and probes these with it: on a model whose passes take a millisecond, the runtime's cost per pass and its messages
+    are most of a step, and they move with the machine's speed as much as the ops' times do, while ``base`` holds the
+    figures of the day it was probed. One probe is one launch, and launches of the same 2-rank pipeline differ (the
+    bundled cpu-2's five probes of 2026-11-28 spread 215-363 us per pass), hence the median. Written to ``CACHE``;
+    the probes' own clusters beside it."""
     import dataclasses
+    import statistics
     import subprocess
 
     from learning import PLAN
     from planner.formats.cluster import save_cluster
 
     CACHE.mkdir(parents=True, exist_ok=True)
-    probe = CACHE / "probe.cluster.json"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--no-python", *PLAN,
-                           "profile", "--probe-links", "-o", str(probe)], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"plan profile --probe-links failed:\n{done.stderr[-3000:]}")
-    cluster, probed = load_cluster(base), load_cluster(probe)
+    runs = []
+    for i in range(probes):
+        probe = CACHE / f"probe{i}.cluster.json"
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--no-python",
+                               *PLAN, "profile", "--probe-links", "-o", str(probe)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"plan profile --probe-links failed:\n{done.stderr[-3000:]}")
+        runs.append(load_cluster(probe))
+
+    def median(field: str, of: Any = None) -> float:
+        return statistics.median(getattr(of(run) if of else run, field) for run in runs)
+
+    cluster, first = load_cluster(base), runs[0]
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    where = f"median of {probes} probes, {stamp}, by bench/run.py probed_cluster"
     merged = dataclasses.replace(
-        cluster, name=f"{cluster.name}-probed", pass_overhead_s=probed.pass_overhead_s,
-        pass_byte_overhead_s=probed.pass_byte_overhead_s, pass_compute_overhead_s=probed.pass_compute_overhead_s,
-        zero_bubble_pass_overhead_s=probed.zero_bubble_pass_overhead_s,
-        pass_overhead_source=f"{probed.pass_overhead_source}; probed {stamp} by bench/run.py probed_cluster",
-        intra_host=dataclasses.replace(probed.intra_host, source=f"{probed.intra_host.source}; probed {stamp}"))
+        cluster, name=f"{cluster.name}-probed", pass_overhead_s=median("pass_overhead_s"),
+        pass_byte_overhead_s=median("pass_byte_overhead_s"), pass_compute_overhead_s=median("pass_compute_overhead_s"),
+        zero_bubble_pass_overhead_s=median("zero_bubble_pass_overhead_s"),
+        pass_overhead_source=f"{first.pass_overhead_source}; {where}",
+        intra_host=dataclasses.replace(first.intra_host, bandwidth_Bps=median("bandwidth_Bps", lambda c: c.intra_host),
+                                       latency_s=median("latency_s", lambda c: c.intra_host),
+                                       source=f"{first.intra_host.source}; {where}"))
     return save_cluster(merged, CACHE / f"{cluster.name}.probed.cluster.json")
 
 

@@ -44,8 +44,8 @@ from typing import Any, Mapping
 
 from _paths import REPO, slug  # first: the repository on sys.path, bench/ last (see bench/_paths.py)
 
-from run import (CACHE, calibrated_in_first_round, parallel_capacity, probed_cluster, profile_path,  # noqa: E402
-                 run_job, steady_step_s, with_extra)
+from run import (CACHE, PROBES, calibrated_in_first_round, parallel_capacity, probed_cluster,  # noqa: E402
+                 profile_path, run_job, steady_step_s, with_extra)
 
 from planner.app.partition import profile_ref  # noqa: E402
 from planner.clusters import load_cluster_spec  # noqa: E402
@@ -165,7 +165,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["error"] = r["measured_s"] / r["predicted_s"] - 1
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
                          "pass_overhead_s": cluster.pass_overhead_s, "steps": steps, "round_steps": round_steps,
-                         "zero_bubble_pass_overhead_s": cluster.zero_bubble_pass_overhead_s,
+                         "zero_bubble_pass_overhead_s": cluster.zero_bubble_pass_overhead_s, "probes": PROBES,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
 
@@ -495,7 +495,8 @@ def _made_rows(rows: list[dict[str, Any]]) -> str:
         made = row["made"]
         probed = " and the bundled cpu-2's runtime figures"
         if "pass_overhead_s" in row:
-            probed = f" and the runtime probed with it ({row['pass_overhead_s'] * 1e6:.0f} us per pass"
+            probes = f"the median of {row['probes']} probes, " if row.get("probes", 1) > 1 else ""
+            probed = f" and the runtime probed with it ({probes}{row['pass_overhead_s'] * 1e6:.0f} us per pass"
             if row.get("zero_bubble_pass_overhead_s"):
                 probed += f", {row['zero_bubble_pass_overhead_s'] * 1e6:.0f} us under the zero-bubble runtime"
             probed += ")"
