@@ -503,6 +503,38 @@ def test_zb_planned_plans_are_never_slower_than_zb_h1s_zbvs_or_zb_h2s_and_pass_t
         planned.extra["schedule_order"]  # deterministic
 
 
+@pytest.mark.parametrize(("profile", "microbatches", "replicas"), [("resnet_small", 8, 1), ("tx8", 4, 2)])
+def test_the_recorded_planned_order_is_the_order_the_prediction_simulated_on_ranks_sharing_cores(
+        profile: str, microbatches: int, replicas: int) -> None:
+    """On cpu-4 (4 ranks, 2 cores) the simulator stretches each rank's times to its share of the cores and plans
+    zb-planned's order on the stretched stages; the plan must record that order, not one planned on the stages as
+    profiled (on these two cases the two differ), or the plan runs another order than the one it predicts."""
+    from pathlib import Path
+
+    from planner.formats.catalog import load_catalog
+    from planner.formats.cluster import load_cluster
+    from planner.formats.profile import load_profile
+    from planner.partition import partition
+    from planner.partition.model.convert import partition_of
+    from planner.partition.model.cost import evaluate
+    from planner.partition.model.problem import build_problem
+
+    repo = Path(__file__).resolve().parents[1]
+    prof, catalog = load_profile(repo / "tests" / "golden" / "profiles" / f"{profile}.json"), load_catalog()
+    net = load_cluster(repo / "profiles" / "clusters" / "cpu-4.json")
+    plan = partition(prof, net, method="greedy", microbatches=microbatches, schedule="zb-planned",
+                     data_parallel=replicas, catalog=catalog)
+    problem = build_problem(prof, net, microbatches=microbatches, schedule="zb-planned", catalog=catalog)
+    result = evaluate(problem, partition_of(problem, plan))
+    assert result.core_stretch  # the case this is about: times stretched to the cores' shares
+    kinds = {"fwd": "F", "bwd": "B", "bwd_input": "I", "bwd_weight": "W"}
+    simulated: dict[str, list[str]] = {}
+    for event in result.events:
+        if event.kind in kinds:
+            simulated.setdefault(event.resource, []).append(f"{event.stage}{kinds[event.kind]}{event.microbatch}")
+    assert {str(r): simulated[d] for r, d in enumerate(plan.replica_devices())} == plan.extra["schedule_order"]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 29, 32])
 def test_zb_planned_refines_under_zb_h1s_order_and_is_never_slower_than_its_refined_plan(seed: int) -> None:
     """With --refine, zb-planned's stages are refined and polished under zb-h1's fixed order (its own order is

@@ -20,6 +20,7 @@ from planner.partition.model.problem import (Partition, Placed, Problem, StageSp
 from planner.partition.sim.schedules import (async_staleness, device_orders, pipeline_layout,
                                              stashed_versions)
 from planner.partition.sim.simulate import SimResult, SimStage, planned_orders
+from planner.partition.sim.step import stretched
 
 
 def build_plan(problem: Problem, partition: Partition, *, method: str,
@@ -52,7 +53,7 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     if problem.schedule in ASYNC_SCHEDULES:
         top["async"] = async_record(problem, partition, top.get("async"))
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-        top["schedule_order"] = schedule_order(problem, partition)
+        top["schedule_order"] = schedule_order(problem, partition, result.core_stretch)
     if degree_of(partition) > 1:
         top["data_parallel"] = shape_of(problem, partition).data_parallel()
     if tied := tied_stages(problem, partition):  # what plan show's replay all-reduces
@@ -67,13 +68,16 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     )
 
 
-def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str]]:
+def schedule_order(problem: Problem, partition: Partition,
+                   stretch: Mapping[str, float] | None = None) -> dict[str, list[str]]:
     """The plan's ``schedule_order`` (design.md section 5): per rank, its passes in torch's action notation
     (``"0F1"``: stage 0's forward of micro-batch 1; ``I`` and ``W`` the halves of a backward), what the runtime hands
     to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches:
     ``zb-h1``'s, ``zb-h2``'s, ``zbv``'s or ``dualpipev``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage
     times (``planned_orders``). Ranks are numbered by first appearance of their devices over the stages, replica by
-    replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``)."""
+    replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``). ``stretch``: the plan's
+    simulated ``core_stretch`` (ranks sharing a host's cores), under which the simulator planned and timed the order,
+    so the order recorded is the one predicted."""
     degree = degree_of(partition)
     shares = shares_of(partition, problem.microbatches)
     pipelines = [replica_of(partition, r) for r in range(degree)]
@@ -83,7 +87,7 @@ def schedule_order(problem: Problem, partition: Partition) -> dict[str, list[str
     for pipe, share in zip(pipelines, shares):
         devices, chunks = pipeline_layout([st.device for st in pipe], problem.schedule)
         if problem.schedule in GENERATED_ORDER_SCHEDULES:
-            orders = planned_orders(stage_sims(problem, pipe), problem.cluster, share, tied)
+            orders = planned_orders(stretched(stage_sims(problem, pipe), stretch or {}), problem.cluster, share, tied)
         else:
             orders = device_orders(problem.schedule, len(devices), chunks, share)
         for device, order in zip(devices, orders):
