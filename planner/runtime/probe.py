@@ -10,9 +10,9 @@ large activations inside a running pipeline also costs more than a ping-pong bet
 compute for the same cores, and a message that arrives before its receive is posted waits in the
 socket buffer.
 
-The probe runs this very runtime (``planner.runtime.pipeline.stages``) on ranks 0 and 1, a 2-stage 1F1B
+The probe runs this very runtime (``planner.runtime.pipeline.stages``) on ranks 0 and 1, a 2-stage
 pipeline with ``PROBE_MICROBATCHES`` micro-batches, the median of ``PROBE_STEPS`` steps after a
-warm-up, twice over:
+warm-up, three times over (under 1F1B, but the third):
 
 1. a 4-layer, 16-wide MLP (negligible compute and bytes): the per-pass figure ``o`` that makes the
    simulator (``planner.partition.sim.simulate``), fed with the probed link and each stage's compute as the

@@ -107,7 +107,9 @@ class RoundModel:
                 total = sum(self.predict_s(device, a, b, again) for a, b in runs)
                 out[device] = out.get(device, 0.0) + total * share * steps * stretch.get(device, 1.0)
         if simulated is not None and inner:
-            for device in out:  # the simulator charges every pass pass_overhead_s: its passes per step, times the part
+            # the simulator charges every pass its runtime's figure (Cluster.pass_overhead_for: a zero-bubble
+            # schedule's its own, taken to hold the same part inside the passes): its passes per step, times the part
+            for device in out:
                 out[device] += simulated.devices[device].overhead_s * inner * steps * stretch.get(device, 1.0)
         return out
 
