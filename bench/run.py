@@ -110,7 +110,7 @@ def probed_cluster(base: Path = CLUSTER, probes: int = PROBES) -> Path:
     merged = dataclasses.replace(
         cluster, name=f"{cluster.name}-probed", pass_overhead_s=median("pass_overhead_s"),
         pass_byte_overhead_s=median("pass_byte_overhead_s"), pass_compute_overhead_s=median("pass_compute_overhead_s"),
-        zero_bubble_pass_overhead_s=median("zero_bubble_pass_overhead_s"),
+        schedule_runtime_pass_overhead_s=median("schedule_runtime_pass_overhead_s"),
         pass_overhead_source=f"{first.pass_overhead_source}; {where}",
         intra_host=dataclasses.replace(first.intra_host, bandwidth_Bps=median("bandwidth_Bps", lambda c: c.intra_host),
                                        latency_s=median("latency_s", lambda c: c.intra_host),

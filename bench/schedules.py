@@ -165,7 +165,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 r["error"] = r["measured_s"] / r["predicted_s"] - 1
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
                          "pass_overhead_s": cluster.pass_overhead_s, "steps": steps, "round_steps": round_steps,
-                         "zero_bubble_pass_overhead_s": cluster.zero_bubble_pass_overhead_s, "probes": PROBES,
+                         "schedule_runtime_pass_overhead_s": cluster.schedule_runtime_pass_overhead_s, "probes": PROBES,
                          "capacity": [capacity, parallel_capacity()]})
     return rows
 
@@ -497,8 +497,8 @@ def _made_rows(rows: list[dict[str, Any]]) -> str:
         if "pass_overhead_s" in row:
             probes = f"the median of {row['probes']} probes, " if row.get("probes", 1) > 1 else ""
             probed = f" and the runtime probed with it ({probes}{row['pass_overhead_s'] * 1e6:.0f} us per pass"
-            if row.get("zero_bubble_pass_overhead_s"):
-                probed += f", {row['zero_bubble_pass_overhead_s'] * 1e6:.0f} us under the zero-bubble runtime"
+            if row.get("schedule_runtime_pass_overhead_s"):
+                probed += f", {row['schedule_runtime_pass_overhead_s'] * 1e6:.0f} us under torch's schedule runtime"
             probed += ")"
         if "steps" in row:
             probed += f"; runs of {row['steps']} steps in rounds of {row['round_steps']}"

@@ -119,17 +119,17 @@ def test_byte_overhead_is_what_makes_the_simulator_match_a_large_message_step():
 def test_zero_bubble_overhead_is_what_makes_the_simulated_zb_h1_step_match_and_only_zb_schedules_pay_it():
     from planner.formats.cluster import Cluster, Device, Link
     from planner.partition.sim.simulate import SimStage, simulate
-    from planner.runtime.probe import ZERO_BUBBLE_PROBE, TinyRun, fit_zero_bubble_overhead
+    from planner.runtime.probe import ZERO_BUBBLE_PROBE, TinyRun, fit_schedule_runtime_overhead
 
     link = Link(5e9, 50e-6, host_copy=True)
     stages = [SimStage("a", 1e-4, 1e-4, 256, 0, 0, 0, bwd_weight_s=5e-5),
               SimStage("b", 1e-4, 1e-4, 0, 256, 0, 0, bwd_weight_s=5e-5)]
     devices = (Device("a", "x", "h", 1), Device("b", "x", "h", 1))
-    cluster = Cluster("p", devices, link, link, pass_overhead_s=1e-4, zero_bubble_pass_overhead_s=3e-4)
+    cluster = Cluster("p", devices, link, link, pass_overhead_s=1e-4, schedule_runtime_pass_overhead_s=3e-4)
     measured = simulate(stages, cluster, ZERO_BUBBLE_PROBE, 8, record_events=False).step_time_s
     run = TinyRun(measured, (1e-4 * 16, 1e-4 * 16), 256, (2e-4, 2e-4))  # lone F + B: each pass 1e-4
-    assert fit_zero_bubble_overhead(run, link, 0.0) == pytest.approx(3e-4, rel=1e-6)
-    # every F, I and W of a zero-bubble schedule pays the zero-bubble runtime's figure; 1F1B's passes their own
+    assert fit_schedule_runtime_overhead(run, link, 0.0) == pytest.approx(3e-4, rel=1e-6)
+    # every F, I and W of a zero-bubble schedule pays torch's schedule runtime's figure; 1F1B's passes their own
     for schedule, per_pass, passes in (("zb-h1", 3e-4, 3), ("zb-h2", 3e-4, 3), ("1f1b", 1e-4, 2)):
         result = simulate(stages, cluster, schedule, 8, record_events=False)
         assert result.devices["a"].overhead_s == pytest.approx(passes * 8 * per_pass)
@@ -148,22 +148,23 @@ def test_runtime_overhead_round_trips_through_the_cluster_file():
                                   pass_overhead_s=probe.pass_overhead_s, pass_overhead_source=probe.source,
                                   pass_byte_overhead_s=probe.pass_byte_overhead_s,
                                   pass_compute_overhead_s=probe.pass_compute_overhead_s,
-                                  zero_bubble_pass_overhead_s=probe.zero_bubble_pass_overhead_s)
+                                  schedule_runtime_pass_overhead_s=probe.schedule_runtime_pass_overhead_s)
     assert "8 micro-batches" in probe.source and "1 MiB and 4 MiB" in probe.source
     assert "timed alone" in probe.source and "pass_compute_overhead_s" in probe.source
     assert cluster.to_dict()["runtime"]["pass_overhead_s"] == 1e-4 and cluster.pass_overhead_source
     assert cluster.to_dict()["runtime"]["pass_byte_overhead_s"] == 3e-10
     assert cluster.to_dict()["runtime"]["pass_compute_overhead_s"] == 4e-5
-    assert cluster.to_dict()["runtime"]["zero_bubble_pass_overhead_s"] == 1.5e-4 and "zb-h1" in probe.source
-    assert cluster.pass_overhead_for("zbv") == 1.5e-4 and cluster.pass_overhead_for("interleaved-1f1b") == 1e-4
+    assert cluster.to_dict()["runtime"]["schedule_runtime_pass_overhead_s"] == 1.5e-4 and "zb-h1" in probe.source
+    assert cluster.pass_overhead_for("zbv") == cluster.pass_overhead_for("interleaved-1f1b") == 1.5e-4  # torch's
+    assert cluster.pass_overhead_for("1f1b") == cluster.pass_overhead_for("async-1f1b") == 1e-4  # schedule runtime
     assert cluster_from_dict(cluster.to_dict()) == cluster
     broken = cluster.to_dict()
     broken["runtime"]["pass_compute_overhead_s"] = 2e-4  # more than the whole it is a part of
     with pytest.raises(InputFileError, match="pass_compute_overhead_s.*at most runtime.pass_overhead_s"):
         cluster_from_dict(broken)
     broken = cluster.to_dict()
-    broken["runtime"]["zero_bubble_pass_overhead_s"] = -1e-4
-    with pytest.raises(InputFileError, match="zero_bubble_pass_overhead_s"):
+    broken["runtime"]["schedule_runtime_pass_overhead_s"] = -1e-4
+    with pytest.raises(InputFileError, match="schedule_runtime_pass_overhead_s"):
         cluster_from_dict(broken)
     assert "runtime" not in build_cluster("t", [info(0, "h"), info(1, "h")], [fit(0, 1, 3e9, 40e-6)]).to_dict()
 
@@ -223,7 +224,7 @@ def test_two_gloo_ranks_write_a_valid_cluster(tmp_path):
                                                           host_copy=True)
     assert cluster.pass_overhead_s >= 0 and "measured" in cluster.pass_overhead_source  # the runtime probe ran
     assert cluster.pass_byte_overhead_s >= 0
-    assert cluster.zero_bubble_pass_overhead_s >= 0 and "zb-h1" in cluster.pass_overhead_source  # and under zb
+    assert cluster.schedule_runtime_pass_overhead_s >= 0 and "zb-h1" in cluster.pass_overhead_source  # and under zb
 
 
 @pytest.mark.distributed

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from planner.errors import InputFileError
 from planner.formats._validate import Checker
 from planner.formats.jsonio import read_document, write_json_atomic
-from planner.formats.plan import ZERO_BUBBLE_SCHEDULES
+from planner.formats.plan import SCHEDULE_RUNTIME_SCHEDULES
 
 SCHEMA_VERSION = 1
 
@@ -109,18 +109,19 @@ class Cluster:
     autograd call), at most ``pass_overhead_s``. The simulator charges ``pass_overhead_s`` whole; calibration adds
     this part to the cost model's compute before comparing it with a rank's measured compute, which holds it
     (``RoundModel.predicted_compute_s``). Probed by ``plan profile --probe-links``; 0 when the file gives none."""
-    zero_bubble_pass_overhead_s: float = 0.0
-    """``runtime.zero_bubble_pass_overhead_s``: ``pass_overhead_s`` for the zero-bubble schedules, which run through
-    torch's ``_PipelineScheduleRuntime``: every forward, input-gradient and weight-gradient pass (``F``, ``I``,
-    ``W``) pays it. That runtime takes each send and receive as an action of its own and splits each backward with
-    two autograd calls, so a pass costs it more than a pass of ``Schedule1F1B``. Probed by ``plan profile
-    --probe-links``; 0 (absent): ``pass_overhead_s``, as files written before it was probed say."""
+    schedule_runtime_pass_overhead_s: float = 0.0
+    """``runtime.schedule_runtime_pass_overhead_s``: ``pass_overhead_s`` for the schedules torch runs through its
+    ``_PipelineScheduleRuntime`` (``SCHEDULE_RUNTIME_SCHEDULES``: interleaved 1F1B and the zero-bubble ones), which
+    every pass of theirs pays (``F``, ``B``, ``I``, ``W``). That runtime takes each send and receive as an action of its
+    own and splits a backward with two autograd calls, so a pass costs it more than a pass of ``Schedule1F1B``.
+    Probed by ``plan profile --probe-links`` (under ``zb-h1``); 0 (absent): ``pass_overhead_s``, as files written
+    before it was probed say."""
 
     def pass_overhead_for(self, schedule: str) -> float:
-        """What the runtime adds to every pass of ``schedule`` (``zero_bubble_pass_overhead_s`` under a zero-bubble
-        schedule where the file gives it, else ``pass_overhead_s``)."""
-        if schedule in ZERO_BUBBLE_SCHEDULES and self.zero_bubble_pass_overhead_s:
-            return self.zero_bubble_pass_overhead_s
+        """What the runtime adds to every pass of ``schedule`` (``schedule_runtime_pass_overhead_s`` under a schedule
+        of ``SCHEDULE_RUNTIME_SCHEDULES`` where the file gives it, else ``pass_overhead_s``)."""
+        if schedule in SCHEDULE_RUNTIME_SCHEDULES and self.schedule_runtime_pass_overhead_s:
+            return self.schedule_runtime_pass_overhead_s
         return self.pass_overhead_s
 
     def device(self, device_id: str) -> Device:
@@ -173,8 +174,8 @@ class Cluster:
                 data["runtime"]["pass_byte_overhead_s"] = self.pass_byte_overhead_s
             if self.pass_compute_overhead_s:
                 data["runtime"]["pass_compute_overhead_s"] = self.pass_compute_overhead_s
-            if self.zero_bubble_pass_overhead_s:
-                data["runtime"]["zero_bubble_pass_overhead_s"] = self.zero_bubble_pass_overhead_s
+            if self.schedule_runtime_pass_overhead_s:
+                data["runtime"]["schedule_runtime_pass_overhead_s"] = self.schedule_runtime_pass_overhead_s
             if self.host_cores:
                 data["runtime"]["host_cores"] = self.host_cores
             if self.pass_overhead_source:
@@ -234,9 +235,9 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     if inner > overhead:
         check.fail("runtime.pass_compute_overhead_s", f"at most runtime.pass_overhead_s ({overhead:g}), of which it is a "
                    f"part", inner, "probe again with plan profile --probe-links, or lower it")
-    zero_bubble = float(check.opt(runtime, "zero_bubble_pass_overhead_s", (int, float), 0.0,
-                                  "runtime.zero_bubble_pass_overhead_s"))
-    check.non_negative(zero_bubble, "runtime.zero_bubble_pass_overhead_s")
+    zero_bubble = float(check.opt(runtime, "schedule_runtime_pass_overhead_s", (int, float), 0.0,
+                                  "runtime.schedule_runtime_pass_overhead_s"))
+    check.non_negative(zero_bubble, "runtime.schedule_runtime_pass_overhead_s")
     cores = check.opt(runtime, "host_cores", int, 0, "runtime.host_cores")
     if "host_cores" in runtime and (isinstance(cores, bool) or cores < 1):
         check.fail("runtime.host_cores", "a whole number of processor cores per host, 1 or more", cores,
@@ -267,7 +268,7 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         nics_per_host=int(nics),
         pass_byte_overhead_s=per_byte,
         pass_compute_overhead_s=inner,
-        zero_bubble_pass_overhead_s=zero_bubble,
+        schedule_runtime_pass_overhead_s=zero_bubble,
         host_cores=int(cores),
     )
 

@@ -35,6 +35,10 @@ GENERATED_ORDER_SCHEDULES = ("zb-planned",)
 ``schedule_order``; the others have a fixed pattern (``planner.partition.sim.schedules.device_orders``)."""
 FLUSHING_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b") + ZERO_BUBBLE_SCHEDULES
 """Schedules that finish every step's backwards before its optimizer step (torch.distributed.pipelining's)."""
+SCHEDULE_RUNTIME_SCHEDULES = ("interleaved-1f1b",) + ZERO_BUBBLE_SCHEDULES
+"""Schedules torch runs through its ``_PipelineScheduleRuntime`` (an action list per rank, each send and receive an
+action of its own; ``ScheduleInterleaved1F1B`` is one too): their passes cost the cluster's
+``schedule_runtime_pass_overhead_s`` (``Cluster.pass_overhead_for``)."""
 ASYNC_SCHEDULES = ("async-1f1b", "2bw")
 """Seed 000's schedules (docs/async.md): 1F1B with no flush between steps, weight stashing; ``2bw`` pins each step's
 forwards to the weights one update old (PipeDream-2BW)."""

@@ -160,7 +160,7 @@ def probe_links(sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5, name: st
     return dataclasses.replace(cluster, pass_overhead_s=runtime.pass_overhead_s, pass_overhead_source=runtime.source,
                                pass_byte_overhead_s=runtime.pass_byte_overhead_s,
                                pass_compute_overhead_s=runtime.pass_compute_overhead_s,
-                               zero_bubble_pass_overhead_s=runtime.zero_bubble_pass_overhead_s)
+                               schedule_runtime_pass_overhead_s=runtime.schedule_runtime_pass_overhead_s)
 
 
 def _sweep(dist: Any, rank: int, peer: int, leader: bool, sizes: Sequence[int], repeats: int,

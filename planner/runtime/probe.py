@@ -1,5 +1,5 @@
 """Probe what the pipeline runtime itself adds to every pass: ``Cluster.pass_overhead_s``,
-``Cluster.pass_byte_overhead_s`` and ``Cluster.zero_bubble_pass_overhead_s``.
+``Cluster.pass_byte_overhead_s`` and ``Cluster.schedule_runtime_pass_overhead_s``.
 
 Each forward or backward pass of a stage under ``torch.distributed.pipelining`` costs more than its
 ops and its bytes: the schedule's Python, preparing the stage's inputs and outputs, posting the
@@ -20,9 +20,11 @@ warm-up, three times over (under 1F1B, but the third):
 2. a 4-layer elementwise model whose activations are ``BYTE_PROBE_SIZES`` large: with ``o`` fixed,
    the per-byte figure that makes the simulator predict each measured step; the mean over the sizes.
 
-3. the same MLP under ``zb-h1`` (torch's ``_PipelineScheduleRuntime``, which runs every zero-bubble schedule): the
-   per-pass figure of that runtime, ``z``, with the per-byte figure fixed. It takes each send and receive as an
-   action of its own and splits each backward into two autograd calls, and on passes as small as these it costs
+3. the same MLP under ``zb-h1`` (torch's ``_PipelineScheduleRuntime``, which runs interleaved 1F1B and every
+   zero-bubble schedule): the per-pass figure of that runtime, ``z``, with the per-byte figure fixed. It takes
+   each send and receive as an action of its own and splits each backward into two autograd calls (interleaved
+   1F1B's whole backwards are charged the same figure: its sends and receives are actions too), and on passes as
+   small as these it costs
    more per pass than ``Schedule1F1B``: a plan of the digits MLP that ``o`` alone predicted about as fast under
    ``zb-h2`` as under 1F1B ran about 1.3 times as long (``bench/schedules.py``, 2026-11-29). The stages' weight
    gradients are taken as half their backward (the MLP's ``Linear`` layers: the input and the weight gradient are
@@ -57,7 +59,7 @@ from planner.formats.plan import Plan, Stage
 from planner.partition.sim.simulate import SimStage, simulate
 
 __all__ = ["PROBE_MICROBATCHES", "PROBE_STEPS", "BYTE_PROBE_SIZES", "TinyRun", "RuntimeProbe", "fit_pass_overhead",
-           "fit_byte_overhead", "fit_zero_bubble_overhead", "inner_overhead", "probe_runtime"]
+           "fit_byte_overhead", "fit_schedule_runtime_overhead", "inner_overhead", "probe_runtime"]
 
 PROBE_MICROBATCHES = 8
 ZERO_BUBBLE_PROBE = "zb-h1"
@@ -103,8 +105,8 @@ class RuntimeProbe:
     pass_byte_overhead_s: float
     pass_compute_overhead_s: float = 0.0
     """The part of ``pass_overhead_s`` spent inside the runtime's pass methods (``inner_overhead``)."""
-    zero_bubble_pass_overhead_s: float = 0.0
-    """``pass_overhead_s`` of the zero-bubble runtime (``fit_zero_bubble_overhead``)."""
+    schedule_runtime_pass_overhead_s: float = 0.0
+    """``pass_overhead_s`` of torch's ``_PipelineScheduleRuntime`` (``fit_schedule_runtime_overhead``)."""
 
     @property
     def source(self) -> str:
@@ -114,7 +116,7 @@ class RuntimeProbe:
                 f"{PROBE_STEPS} steps, fitted with the simulator fed each stage's compute timed alone "
                 f"(planner/runtime/probe.py): pass_overhead_s on a 4-layer, {WIDTH}-wide MLP, of which "
                 f"pass_compute_overhead_s inside the runtime's pass methods; pass_byte_overhead_s on a 4-layer "
-                f"elementwise model with {sizes} activations; zero_bubble_pass_overhead_s on the MLP under "
+                f"elementwise model with {sizes} activations; schedule_runtime_pass_overhead_s on the MLP under "
                 f"{ZERO_BUBBLE_PROBE}")
 
 
@@ -134,7 +136,7 @@ def fit_byte_overhead(run: TinyRun, link: Link, pass_overhead_s: float, microbat
                 run.step_s / (2 * microbatches * run.message_bytes))
 
 
-def fit_zero_bubble_overhead(run: TinyRun, link: Link, pass_byte_overhead_s: float,
+def fit_schedule_runtime_overhead(run: TinyRun, link: Link, pass_byte_overhead_s: float,
                              microbatches: int = PROBE_MICROBATCHES) -> float:
     """The per-pass overhead that makes the simulated ``ZERO_BUBBLE_PROBE`` step of ``run``'s pipeline (the MLP run
     under that schedule) equal its measured step, with ``pass_byte_overhead_s`` fixed (0 when the simulator already
@@ -155,12 +157,13 @@ def inner_overhead(run: TinyRun, microbatches: int = PROBE_MICROBATCHES) -> floa
 def _simulated_step(run: TinyRun, link: Link, microbatches: int, overhead: float, per_byte: float,
                     schedule: str = "1f1b") -> float:
     """The probe pipeline's step as the simulator gives it, charging ``overhead`` per pass of ``schedule`` (as
-    ``pass_overhead_s``, or as ``zero_bubble_pass_overhead_s`` under a zero-bubble schedule)."""
+    ``pass_overhead_s``, or as ``schedule_runtime_pass_overhead_s`` under a schedule of that runtime)."""
     per_pass = [run.pass_compute_s(rank, microbatches) for rank in (0, 1)]
     stages = [SimStage("a", per_pass[0], per_pass[0], run.message_bytes, 0, 0, 0, bwd_weight_s=per_pass[0] / 2),
               SimStage("b", per_pass[1], per_pass[1], 0, run.message_bytes, 0, 0, bwd_weight_s=per_pass[1] / 2)]
     cluster = Cluster("probe", (Device("a", "probe", "h", 1), Device("b", "probe", "h", 1)), link, link,
-                      pass_overhead_s=overhead, pass_byte_overhead_s=per_byte, zero_bubble_pass_overhead_s=overhead)
+                      pass_overhead_s=overhead, pass_byte_overhead_s=per_byte,
+                      schedule_runtime_pass_overhead_s=overhead)
     return simulate(stages, cluster, schedule, microbatches, record_events=False).step_time_s
 
 
@@ -186,7 +189,7 @@ def probe_runtime(rank: int, device: torch.device, link: Link) -> RuntimeProbe:
     overhead = fit_pass_overhead(runs[0], link)
     per_byte = statistics.fmean(fit_byte_overhead(run, link, overhead) for run in runs[1:])
     return RuntimeProbe(overhead, per_byte, min(inner_overhead(runs[0]), overhead),
-                        fit_zero_bubble_overhead(zero_bubble, link, per_byte))
+                        fit_schedule_runtime_overhead(zero_bubble, link, per_byte))
 
 
 def _gathered(rank: int, device: torch.device, group: Any, message_bytes: int | None,

@@ -241,7 +241,7 @@ def planned_orders(stages: Sequence[SimStage], cluster: Cluster, microbatches: i
     best_step, ceiling = math.inf, [0] * len(ranks)
     for pattern in (*patterns, *(("1f1b",) if chunks == 1 else ())):  # 1F1B's whole backwards hold the least
         state = _initial_state(stages, ranks, chunks, pattern, microbatches, False)
-        step = _judged_step(state, stages, cluster, ranks, "zb-planned", tied)  # as the zero-bubble runtime runs it
+        step = _judged_step(state, stages, cluster, ranks, "zb-planned", tied)  # as torch's schedule runtime runs it
         ceiling = [max(a, b) for a, b in zip(ceiling, state.peak_bytes)]
         if step < best_step - 1e-12:
             best, best_step = device_orders(pattern, len(ranks), chunks, microbatches), step
