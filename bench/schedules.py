@@ -8,9 +8,8 @@
    simulates faster (round-robin, in a V).
    Each row: the measured step time (mean over the rounds after the first, rebalancing off, runs of
    ``MEASURED_STEPS``; the median of ``--repeats`` runs, the schedules taking turns in a rotated order), the
-   plan's predicted step, and the
-   speed-up over 1F1B on the same stages and over 1F1B's own plan, all from the same run of this script; the
-   machine's load beside it.
+   plan's predicted step, and the speed-up over 1F1B on the same stages and over 1F1B's own plan, all from the same
+   run of this script; the machine's load beside it.
 2. Simulated, no runs: the bundled models on ``dgx-h100-8`` and the mixed clusters (one stage per device; ``zbv``
    and ``dualpipev`` two in a V when that simulates faster), at
    ``m = p`` and ``m = 4p``: step time, bubble (idle share of the step) and peak memory per schedule, each
