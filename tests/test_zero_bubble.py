@@ -518,6 +518,7 @@ def test_the_recorded_planned_order_is_the_order_the_prediction_simulated_on_ran
     from planner.partition.model.convert import partition_of
     from planner.partition.model.cost import evaluate
     from planner.partition.model.problem import build_problem
+    from planner.partition.sim.simulate import EVENT_KINDS
 
     repo = Path(__file__).resolve().parents[1]
     prof, catalog = load_profile(repo / "tests" / "golden" / "profiles" / f"{profile}.json"), load_catalog()
@@ -527,7 +528,7 @@ def test_the_recorded_planned_order_is_the_order_the_prediction_simulated_on_ran
     problem = build_problem(prof, net, microbatches=microbatches, schedule="zb-planned", catalog=catalog)
     result = evaluate(problem, partition_of(problem, plan))
     assert result.core_stretch  # the case this is about: times stretched to the cores' shares
-    kinds = {"fwd": "F", "bwd": "B", "bwd_input": "I", "bwd_weight": "W"}
+    kinds = {event: kind for kind, event in EVENT_KINDS.items()}  # the simulator's event kinds, as torch's actions
     simulated: dict[str, list[str]] = {}
     for event in result.events:
         if event.kind in kinds:

@@ -10,17 +10,15 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from planner.formats.plan import ASYNC_SCHEDULES, GENERATED_ORDER_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
+from planner.formats.plan import ASYNC_SCHEDULES, ZERO_BUBBLE_SCHEDULES, Plan, Stage
 from planner.partition.model.cost import (evaluate, recomputes, shape_of, stage_backward_halves, stage_fwd_bwd_s,
                                           stage_memory_bytes, stage_sims, stage_sync_s, stage_update_s, tied_stages,
                                           transfer_s)
 from planner.partition.model.feasibility import check_fits
 from planner.errors import PlanMismatchError
 from planner.partition.model.problem import (Partition, Placed, Problem, StageSpec, degree_of, replica_of, shares_of)
-from planner.partition.sim.schedules import (async_staleness, device_orders, pipeline_layout,
-                                             stashed_versions)
-from planner.partition.sim.simulate import SimResult, SimStage, planned_orders
-from planner.partition.sim.step import stretched
+from planner.partition.sim.schedules import async_staleness, stashed_versions
+from planner.partition.sim.simulate import SimResult, SimStage
 
 
 def build_plan(problem: Problem, partition: Partition, *, method: str,
@@ -53,7 +51,7 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     if problem.schedule in ASYNC_SCHEDULES:
         top["async"] = async_record(problem, partition, top.get("async"))
     if problem.schedule in ZERO_BUBBLE_SCHEDULES:
-        top["schedule_order"] = schedule_order(problem, partition, result.core_stretch)
+        top["schedule_order"] = schedule_order(problem, partition, result)
     if degree_of(partition) > 1:
         top["data_parallel"] = shape_of(problem, partition).data_parallel()
     if tied := tied_stages(problem, partition):  # what plan show's replay all-reduces
@@ -68,31 +66,18 @@ def build_plan(problem: Problem, partition: Partition, *, method: str,
     )
 
 
-def schedule_order(problem: Problem, partition: Partition,
-                   stretch: Mapping[str, float] | None = None) -> dict[str, list[str]]:
+def schedule_order(problem: Problem, partition: Partition, result: SimResult) -> dict[str, list[str]]:
     """The plan's ``schedule_order`` (design.md section 5): per rank, its passes in torch's action notation
     (``"0F1"``: stage 0's forward of micro-batch 1; ``I`` and ``W`` the halves of a backward), what the runtime hands
-    to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches:
-    ``zb-h1``'s, ``zb-h2``'s, ``zbv``'s or ``dualpipev``'s fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage
-    times (``planned_orders``). Ranks are numbered by first appearance of their devices over the stages, replica by
-    replica (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``). ``stretch``: the plan's
-    simulated ``core_stretch`` (ranks sharing a host's cores), under which the simulator planned and timed the order,
-    so the order recorded is the one predicted."""
-    degree = degree_of(partition)
-    shares = shares_of(partition, problem.microbatches)
-    pipelines = [replica_of(partition, r) for r in range(degree)]
-    rank = {dev: i for i, dev in enumerate(dict.fromkeys(st.device for pipe in pipelines for st in pipe))}
-    tied = tied_stages(problem, partition)  # stage indices, the same in every replica pipeline
-    out: dict[str, list[str]] = {}
-    for pipe, share in zip(pipelines, shares):
-        devices, chunks = pipeline_layout([st.device for st in pipe], problem.schedule)
-        if problem.schedule in GENERATED_ORDER_SCHEDULES:
-            orders = planned_orders(stretched(stage_sims(problem, pipe), stretch or {}), problem.cluster, share, tied)
-        else:
-            orders = device_orders(problem.schedule, len(devices), chunks, share)
-        for device, order in zip(devices, orders):
-            out[str(rank[device])] = [f"{s}{kind}{j}" for kind, s, j in order]
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+    to torch's ``_PipelineScheduleRuntime``. Each replica pipeline's order for its share of the micro-batches, as
+    ``result`` (the plan's simulation, ``evaluate``) ran it: ``zb-h1``'s, ``zb-h2``'s, ``zbv``'s or ``dualpipev``'s
+    fixed pattern, or ``zb-planned``'s order generated from that pipeline's stage times (``planned_orders``), under
+    the stretch of ranks sharing a host's cores where the simulation applied one, so the order recorded is the one
+    predicted. Ranks are numbered by first appearance of their devices over the stages, replica by replica
+    (``planner.runtime.pipeline.stages.rank_devices`` without ``device_ranks``)."""
+    pipelines = [replica_of(partition, r) for r in range(degree_of(partition))]
+    devices = dict.fromkeys(st.device for pipe in pipelines for st in pipe)
+    return {str(rank): [f"{s}{kind}{j}" for kind, s, j in result.orders[device]] for rank, device in enumerate(devices)}
 
 
 def async_record(problem: Problem, partition: Partition, given: Mapping[str, Any] | None = None) -> dict[str, Any]:

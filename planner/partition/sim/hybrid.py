@@ -103,4 +103,5 @@ def _replicas_result(step: float, devices: dict[str, DeviceStats], events: Seque
     return SimResult(step_time_s=step, devices=MappingProxyType(devices),
                      bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
                      events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))),
-                     stage_inflight=inflight, sync_s=tuple(sync_s))
+                     stage_inflight=inflight, sync_s=tuple(sync_s),
+                     orders=MappingProxyType({dev: order for run in runs for dev, order in run.orders.items()}))

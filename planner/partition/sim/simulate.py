@@ -120,6 +120,9 @@ class SimResult:
     core_stretch: Mapping[str, float] = field(default_factory=dict)
     """Device -> the factor its times were stretched by because its host's ranks share fewer cores than they are
     (``planner.partition.sim.step``); absent: as profiled."""
+    orders: Mapping[str, tuple[Op, ...]] = field(default_factory=dict)
+    """Device -> the passes it ran, in its order (a flushing schedule's step; empty for the asynchronous ones):
+    ``zb-planned``'s generated order as this simulation planned it, which a plan records (``convert.schedule_order``)."""
 
 
 @dataclass
@@ -652,4 +655,5 @@ def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], u
         bubble_fraction=idle / (len(ranks) * step) if step > 0 else 0.0,
         events=events,
         stage_inflight=tuple(state.peak_mb),
+        orders=MappingProxyType({dev: tuple(state.orders[r]) for r, dev in enumerate(ranks)}),
     )

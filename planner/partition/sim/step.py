@@ -40,7 +40,7 @@ from planner.formats.plan import ASYNC_SCHEDULES
 from planner.partition.sim.hybrid import simulate_async_replicas, simulate_hybrid
 from planner.partition.sim.simulate import SimResult, SimStage, simulate
 
-__all__ = ["core_stretch", "settle", "shared_stretch", "simulate_step", "stretched"]
+__all__ = ["core_stretch", "settle", "shared_stretch", "simulate_step"]
 
 ROUNDS = 2
 """Re-simulations at most; the first stretch leaves a few percent (unscaled copies and per-pass costs)."""
@@ -159,16 +159,16 @@ def simulate_step(pipelines: Sequence[Sequence[SimStage]], shares: Sequence[int]
         sync_s = exposed_sync_s(sync_s, compute_only_s(pipelines, shares, cluster, schedule), period)
     sync_s = [s / period for s in sync_s]
     if len(pipelines) == 1 and not any(sync_s):
-        return settle(lambda stretch, events: simulate(stretched(pipelines[0], stretch), cluster, schedule, shares[0],
+        return settle(lambda stretch, events: simulate(_stretched(pipelines[0], stretch), cluster, schedule, shares[0],
                                                        record_events=events, drain_every=drain_every, tied=tied),
                       cluster, [st.device for st in pipelines[0]], record_events)
 
     def run(stretch: Mapping[str, float], events: bool) -> SimResult:
         synced = [s * max(stretch.get(p[i].device, 1.0) for p in pipelines) for i, s in enumerate(sync_s)]
         if schedule in ASYNC_SCHEDULES:
-            return simulate_async_replicas([stretched(p, stretch) for p in pipelines], shares, synced, cluster,
+            return simulate_async_replicas([_stretched(p, stretch) for p in pipelines], shares, synced, cluster,
                                            schedule, drain_every=drain_every, record_events=events)
-        return simulate_hybrid([stretched(p, stretch) for p in pipelines], shares, synced, cluster, schedule,
+        return simulate_hybrid([_stretched(p, stretch) for p in pipelines], shares, synced, cluster, schedule,
                                record_events=events, tied=tied)
 
     return settle(run, cluster, [st.device for p in pipelines for st in p], record_events)
@@ -185,7 +185,7 @@ def exposed_sync_s(sync_s: Sequence[float], compute_s: float, steps: int = 1) ->
     return [max(s - steps * compute_s, 0.0) for s in sync_s]
 
 
-def stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[SimStage, ...]:
+def _stretched(sims: Sequence[SimStage], stretch: Mapping[str, float]) -> tuple[SimStage, ...]:
     """The stages with their device's stretch applied to compute and update times (a zero-bubble stage's weight
     gradient with the rest of its backward)."""
     if not stretch:
