@@ -122,7 +122,8 @@ class SimResult:
     (``planner.partition.sim.step``); absent: as profiled."""
     orders: Mapping[str, tuple[Op, ...]] = field(default_factory=dict)
     """Device -> the passes it ran, in its order (a flushing schedule's step; empty for the asynchronous ones):
-    ``zb-planned``'s generated order as this simulation planned it, which a plan records (``convert.schedule_order``)."""
+    ``zb-planned``'s generated order as this simulation planned it, which a plan records
+    (``convert.schedule_order``)."""
 
 
 @dataclass
