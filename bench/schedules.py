@@ -115,15 +115,18 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                      for s in SAME_STAGES}
             if one_per_rank(own) and [st.nodes for st in own.stages] != [st.nodes for st in base.stages]:
                 plans[OWN_1F1B] = own
+            not_measured: dict[str, str] = {}  # schedule -> why it has no row (the page says so)
             for schedule in OWN_STAGES:
                 try:
                     made = dp_plan(schedule)
                 except Exception as exc:  # noqa: BLE001 - a shape the schedule refuses is reported, not fatal
+                    not_measured[schedule] = f"no plan: {exc}"
                     print(f"{schedule} on {name} m={m}: {exc}", file=sys.stderr)
                     continue
                 if {st.device for st in made.stages} != set(cluster.device_ids):  # not a 2-rank run: no row
-                    print(f"{schedule} on {name} m={m}: its plan uses {sorted({st.device for st in made.stages})} "
-                          f"only; not measured", file=sys.stderr)
+                    used = ", ".join(sorted({st.device for st in made.stages}))
+                    not_measured[schedule] = f"its dp plan uses {used} only, so it is no 2-rank run"
+                    print(f"{schedule} on {name} m={m}: its plan uses {used} only; not measured", file=sys.stderr)
                     continue
                 plans[schedule] = made
             results: dict[str, Any] = {}
@@ -165,7 +168,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({"model": name, "microbatches": m, "schedules": results, "fresh_profile": True,
                          "pass_overhead_s": cluster.pass_overhead_s, "steps": steps, "round_steps": round_steps,
                          "schedule_runtime_pass_overhead_s": cluster.schedule_runtime_pass_overhead_s, "probes": PROBES,
-                         "capacity": [capacity, parallel_capacity()]})
+                         "capacity": [capacity, parallel_capacity()], "not_measured": not_measured})
     return rows
 
 
@@ -373,6 +376,11 @@ def render(results: dict[str, Any]) -> str:
         caps = "; ".join(f"{row['model']} m={row['microbatches']}: {row['capacity'][0]:.2f}, {row['capacity'][1]:.2f}"
                          for row in results["measured"])
         lines += ["", f"Capacity: {caps}.", ""]
+        missing = [f"{row['model']} m={row['microbatches']} {schedule}: "
+                   + row.get("not_measured", {}).get(schedule, "the row predates the record of why")
+                   for row in results["measured"] for schedule in OWN_STAGES if schedule not in row["schedules"]]
+        if missing:
+            lines += [f"Not measured: {'; '.join(missing)}.", ""]
         fours = [row for row in results["measured"] if row["microbatches"] == 4]
         if fours:
             lines += ["Best zero-bubble speed-up at 4 micro-batches (target >= 1.10x torch's 1F1B on the same stages, "
