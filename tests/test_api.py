@@ -96,6 +96,7 @@ def test_build_pipeline_refuses_a_job_with_more_ranks_than_the_plan_has_devices(
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # a fresh interpreter each: about 5 s
 @pytest.mark.parametrize("pipelining_first", [True, False], ids=["imported-before-init", "imported-after-init"])
 def test_destroy_process_group_frees_the_default_group_when_pipelining_came_first(pipelining_first: bool) -> None:
     """The CI failure of 2026-11-27: `own_loop.py` aborted a rank at exit ("terminate called without an active

@@ -111,6 +111,7 @@ def test_the_dp_walk_equals_the_best_answer_over_every_latency_bound(seed: int) 
     assert tried <= solved + 2 * math.ceil(math.log2(len(every) + 1))
 
 
+@pytest.mark.slow  # about 4 s
 @pytest.mark.timeout(120)
 def test_on_a_replica_pipeline_brute_force_dp_and_ilp_agree_with_the_sync_tails() -> None:
     """Issue 27, cuts that see the sync: on a replica pipeline (``Problem.replica_sync``: each device's all-reduce

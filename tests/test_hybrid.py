@@ -658,7 +658,8 @@ def test_the_run_time_model_predicts_a_plan_made_for_other_rows_as_the_planner_d
     assert model.step_time_s(plan, {}) == pytest.approx(plan.step_time_s, rel=1e-6)
 
 
-@pytest.mark.parametrize("cluster", ["cpu-2", pytest.param("a100-4", marks=pytest.mark.slow)])  # a100-4: about 8 s
+@pytest.mark.slow  # cpu-2: about 5 s, a100-4: about 8 s
+@pytest.mark.parametrize("cluster", ["cpu-2", "a100-4"])
 def test_refining_the_finalists_finds_the_plan_refining_every_candidate_finds(cluster: str) -> None:
     """--refine with --schedule/--microbatches auto plans every candidate quickly and refines the fastest few
     (settings.FINALISTS); on these cases that is the plan refining all of them gives, at a fraction of the time."""
@@ -869,6 +870,7 @@ def test_a_tie_in_the_last_bits_goes_to_the_earlier_candidate() -> None:
     assert _ranked(plans)[:2] == [0, 2]
 
 
+@pytest.mark.slow  # about 6 s
 def test_groupings_by_device_class_counts_find_the_cross_host_pairs_the_dealings_miss() -> None:
     """Issue 27, Metis's per-type counts: on mixed-3type-2host at m = 16, resnet_small is fastest as 4 replicas of 2
     devices that pair one fast and one slow class across the hosts ([H100, L4] and [A100, V100]), a grouping neither

@@ -75,6 +75,7 @@ def _assert_exact_holds(profile: Profile, cluster: Cluster, where: str, methods:
     return claims
 
 
+@pytest.mark.slow  # about 5 s
 def test_issue_case_dp_ilp_and_auto_fit_where_greedy_fits() -> None:
     """The issue's case: an unseen 8-layer transformer on 4 devices of 48 MiB, 1F1B, 8 micro-batches."""
     profile = load_profile(GOLDEN / "tx8.json")

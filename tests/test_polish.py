@@ -204,7 +204,8 @@ def test_optimal_never_loses_to_a_rival_in_the_simulator(model: str, kinds: tupl
     assert all(results.get(kind, 0) > 0 for kind in kinds), results  # both kinds are checked over the three models
 
 
-@pytest.mark.parametrize("model, data_parallel", [("unet_small", 1), ("resnet_small", 1), ("unet_small", "auto")])
+@pytest.mark.parametrize("model, data_parallel", [("unet_small", 1), ("resnet_small", 1),
+                                                  pytest.param("unet_small", "auto", marks=pytest.mark.slow)])  # 13 s
 def test_the_default_placers_plan_does_not_depend_on_the_cluster_files_order(model: str, data_parallel) -> None:
     """Issue 27: the same devices listed in another order are the same cluster. The polish's restart placed the
     time-balanced split on the devices in the file's order and its moves took unused devices in that order, so

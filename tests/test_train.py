@@ -46,11 +46,11 @@ def seed_cache(cache: Path, model: str, cluster: str, golden: str) -> None:
 
 
 @pytest.mark.parametrize("model, golden, cluster", [
-    ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "cpu-2"),
-    ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "a100-4"),
+    pytest.param("planner.examples.gpt:gpt_tiny", "gpt_tiny", "cpu-2", marks=pytest.mark.slow),  # about 4 s
+    pytest.param("planner.examples.gpt:gpt_tiny", "gpt_tiny", "a100-4", marks=pytest.mark.slow),  # about 9 s
     pytest.param("planner.examples.resnet:resnet_small", "resnet_small", "t4-4-pcie",
                  marks=pytest.mark.slow),  # about 30 s: the whole strategy search on 4 T4s
-    ("planner.examples.unet:unet_small", "unet_small", "cpu-2"),
+    pytest.param("planner.examples.unet:unet_small", "unet_small", "cpu-2", marks=pytest.mark.slow),  # about 5 s
 ])
 def test_dry_run_picks_the_fastest_recorded_candidate_and_the_plan_passes_check(
         tmp_path: Path, model: str, golden: str, cluster: str) -> None:
@@ -146,6 +146,7 @@ def test_under_torchrun_the_plan_uses_every_rank_though_one_device_is_fastest(tm
         _every_rank_degree(1, 2, "1")
 
 
+@pytest.mark.slow  # profiles a model twice for real: about 24 s
 def test_the_profile_cache_is_used_on_the_second_call_and_refreshed_when_the_model_changes(tmp_path: Path) -> None:
     cache, source = tmp_path / "cache", tmp_path / "tiny_model.py"
     source.write_text(MODEL_SOURCE.replace("WIDTH", "32"))
