@@ -45,12 +45,12 @@ def seed_cache(cache: Path, model: str, cluster: str, golden: str) -> None:
     shutil.copy(GOLDEN / f"{golden}.json", path)
 
 
+@pytest.mark.slow  # the whole strategy search: 4-9 s, and about 30 s on 4 T4s
 @pytest.mark.parametrize("model, golden, cluster", [
-    pytest.param("planner.examples.gpt:gpt_tiny", "gpt_tiny", "cpu-2", marks=pytest.mark.slow),  # about 4 s
-    pytest.param("planner.examples.gpt:gpt_tiny", "gpt_tiny", "a100-4", marks=pytest.mark.slow),  # about 9 s
-    pytest.param("planner.examples.resnet:resnet_small", "resnet_small", "t4-4-pcie",
-                 marks=pytest.mark.slow),  # about 30 s: the whole strategy search on 4 T4s
-    pytest.param("planner.examples.unet:unet_small", "unet_small", "cpu-2", marks=pytest.mark.slow),  # about 5 s
+    ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "cpu-2"),
+    ("planner.examples.gpt:gpt_tiny", "gpt_tiny", "a100-4"),
+    ("planner.examples.resnet:resnet_small", "resnet_small", "t4-4-pcie"),
+    ("planner.examples.unet:unet_small", "unet_small", "cpu-2"),
 ])
 def test_dry_run_picks_the_fastest_recorded_candidate_and_the_plan_passes_check(
         tmp_path: Path, model: str, golden: str, cluster: str) -> None:
