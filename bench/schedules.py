@@ -126,7 +126,7 @@ def measured(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if {st.device for st in made.stages} != set(cluster.device_ids):  # not a 2-rank run: no row
                     used = ", ".join(sorted({st.device for st in made.stages}))
                     not_measured[schedule] = f"its dp plan uses {used} only, so it is no 2-rank run"
-                    print(f"{schedule} on {name} m={m}: its plan uses {used} only; not measured", file=sys.stderr)
+                    print(f"{schedule} on {name} m={m}: {not_measured[schedule]}; not measured", file=sys.stderr)
                     continue
                 plans[schedule] = made
             results: dict[str, Any] = {}

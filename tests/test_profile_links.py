@@ -116,7 +116,7 @@ def test_byte_overhead_is_what_makes_the_simulator_match_a_large_message_step():
     assert fit_byte_overhead(TinyRun(measured, (1e-3 * 16, 1e-3 * 16), 0), link, 1e-4) == 0.0  # no bytes, no figure
 
 
-def test_zero_bubble_overhead_is_what_makes_the_simulated_zb_h1_step_match_and_only_zb_schedules_pay_it():
+def test_schedule_runtime_overhead_is_what_makes_the_simulated_zb_h1_step_match_and_only_its_schedules_pay_it():
     from planner.formats.cluster import Cluster, Device, Link
     from planner.partition.sim.simulate import SimStage, simulate
     from planner.runtime.probe import ZERO_BUBBLE_PROBE, TinyRun, fit_schedule_runtime_overhead

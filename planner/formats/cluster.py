@@ -235,9 +235,9 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
     if inner > overhead:
         check.fail("runtime.pass_compute_overhead_s", f"at most runtime.pass_overhead_s ({overhead:g}), of which it is a "
                    f"part", inner, "probe again with plan profile --probe-links, or lower it")
-    zero_bubble = float(check.opt(runtime, "schedule_runtime_pass_overhead_s", (int, float), 0.0,
-                                  "runtime.schedule_runtime_pass_overhead_s"))
-    check.non_negative(zero_bubble, "runtime.schedule_runtime_pass_overhead_s")
+    schedule_runtime = float(check.opt(runtime, "schedule_runtime_pass_overhead_s", (int, float), 0.0,
+                                       "runtime.schedule_runtime_pass_overhead_s"))
+    check.non_negative(schedule_runtime, "runtime.schedule_runtime_pass_overhead_s")
     cores = check.opt(runtime, "host_cores", int, 0, "runtime.host_cores")
     if "host_cores" in runtime and (isinstance(cores, bool) or cores < 1):
         check.fail("runtime.host_cores", "a whole number of processor cores per host, 1 or more", cores,
@@ -268,7 +268,7 @@ def cluster_from_dict(data: dict[str, Any], what: str = "cluster") -> Cluster:
         nics_per_host=int(nics),
         pass_byte_overhead_s=per_byte,
         pass_compute_overhead_s=inner,
-        schedule_runtime_pass_overhead_s=zero_bubble,
+        schedule_runtime_pass_overhead_s=schedule_runtime,
         host_cores=int(cores),
     )
 

@@ -24,11 +24,10 @@ warm-up, three times over (under 1F1B, but the third):
    zero-bubble schedule): the per-pass figure of that runtime, ``z``, with the per-byte figure fixed. It takes
    each send and receive as an action of its own and splits each backward into two autograd calls (interleaved
    1F1B's whole backwards are charged the same figure: its sends and receives are actions too), and on passes as
-   small as these it costs
-   more per pass than ``Schedule1F1B``: a plan of the digits MLP that ``o`` alone predicted about as fast under
-   ``zb-h2`` as under 1F1B ran about 1.3 times as long (``bench/schedules.py``, 2026-11-29). The stages' weight
-   gradients are taken as half their backward (the MLP's ``Linear`` layers: the input and the weight gradient are
-   one matrix product each); next to ``z`` they hardly count.
+   small as these it costs more per pass than ``Schedule1F1B``: a plan of the digits MLP that ``o`` alone predicted
+   about as fast under ``zb-h2`` as under 1F1B ran about 1.3 times as long (``bench/schedules.py``, 2026-11-29). The
+   stages' weight gradients are taken as half their backward (the MLP's ``Linear`` layers: the input and the weight
+   gradient are one matrix product each); next to ``z`` they hardly count.
 
 All are found by bisection, as the simulated step grows monotonically with each figure. Every rank
 of the job must call :func:`probe_runtime`.
@@ -137,7 +136,7 @@ def fit_byte_overhead(run: TinyRun, link: Link, pass_overhead_s: float, microbat
 
 
 def fit_schedule_runtime_overhead(run: TinyRun, link: Link, pass_byte_overhead_s: float,
-                             microbatches: int = PROBE_MICROBATCHES) -> float:
+                                  microbatches: int = PROBE_MICROBATCHES) -> float:
     """The per-pass overhead that makes the simulated ``ZERO_BUBBLE_PROBE`` step of ``run``'s pipeline (the MLP run
     under that schedule) equal its measured step, with ``pass_byte_overhead_s`` fixed (0 when the simulator already
     predicts the measured step without one)."""
