@@ -122,6 +122,10 @@ class RunHooks:
     def before_round(self, run: "RankRun") -> None:
         """Just before each round's first step."""
 
+    def after_step(self, run: "RankRun", index: int, steps: int) -> None:
+        """After step ``index`` (0-based) of a round of ``steps`` run one step at a time; the asynchronous pipeline runs
+        a round at once (``AsyncEngine.run_round``) and calls no hook between its steps."""
+
     def round_figures(self, run: "RankRun") -> tuple[float, ...]:
         """Right after each round's last step: numbers every rank should see. They travel in the round's one exchange
         (with the losses) and come back, from every rank, as ``on_round``'s ``stats.figures``. Every rank must return

@@ -196,8 +196,10 @@ class RankRun:
             self.update_s += self.engine.update_s - before
             self.step += steps
         else:
-            for _ in range(steps):
+            for index in range(steps):
                 local.append(self.train_step())
+                for hook in hooks:
+                    hook.after_step(self, index, steps)
         wall_s = self.clock() - start
         waited = self.sync.report().get("exposed_s", 0.0) - exposed
         parts = [tuple(x if x is not None else 0.0 for x in local), self.sync.round_figures((wall_s - waited) / steps),

@@ -69,7 +69,12 @@ class DynamicHooks(RunHooks):
         self.round_index = 0
         self.saved_step = 0
         self.warm_up = True
-        """The first round after the stages were (re)built pays one-off costs; it is logged, not judged."""
+        """The round after the stages were built pays one-off costs: at the start (or a resume) it is logged, not
+        judged; after a mid-run switch it is judged from its second step (``after_step``), where it has one."""
+        self.switched = False
+        """The plan changed at the end of the last round (the stages were rebuilt mid-run, the processes kept)."""
+        self.skipped_steps = 0
+        """Steps at the start of this round that its figures leave out (the first, after a switch)."""
         self.last_judged_s: float | None = None
         """Rank 0: the step time of the last judged round on the plan in force (None after a switch)."""
         self.spiked = False
@@ -153,6 +158,21 @@ class DynamicHooks(RunHooks):
             run.engine.timer = self.timer
         self.timer.begin_round()
         self._update_mark = run.update_s
+        self.skipped_steps = 0
+
+    def after_step(self, run: RankRun, index: int, steps: int) -> None:
+        """After a mid-run switch, the round's first step builds what the new stages first need (buffers, the
+        allocator's blocks, the new peers' connections); its second step runs as the plan will. So the round is
+        judged from its second step: every rank restarts its timer after the first, behind a barrier, so that every
+        rank's window starts where a round's would (without it, the rank that ends a step first would count as wait
+        the others' last backward). At the start of a run the first round stays a warm-up round whole: its
+        processes' one-off costs (first collectives, caches) last beyond one step."""
+        if not (self.switched and index == 0 and steps > 1):
+            return
+        _monitored_barrier(self.config.timeout_s)
+        self.timer.begin_round()
+        self._update_mark = run.update_s
+        self.skipped_steps = 1
 
     def round_figures(self, run: RankRun) -> tuple[float, ...]:
         """This rank's timings of the round, for the worker's round-end exchange."""
@@ -162,7 +182,10 @@ class DynamicHooks(RunHooks):
     def on_round(self, run: RankRun, stats: RoundEnd) -> None:
         _monitored_barrier(self.config.timeout_s)
         stats_all = stats_from_rows(stats.figures, self.ranks, round_index=self.round_index,
-                                    first_step=stats.first_step, steps=stats.steps)
+                                    first_step=stats.first_step + self.skipped_steps,
+                                    steps=stats.steps - self.skipped_steps)
+        if self.skipped_steps:
+            self.warm_up = False  # judged from its second step (``after_step``)
         if run.rank == 0 and self.model is not None and not self.warm_up:  # what the first steady rounds calibrate
             predicted = self.model.predicted_compute_s(run.plan, stats_all.steps)
             self.calibration_rounds.append(({d.device: d.compute_s for d in stats_all.devices}, predicted))
@@ -177,7 +200,7 @@ class DynamicHooks(RunHooks):
         moved, moved_bytes = (self._switch(run, new_plan) if new_plan is not None else (0, 0))
         if state is not None:
             self.state = RebalanceState.from_dict(state)
-        self.warm_up = new_plan is not None
+        self.warm_up = self.switched = new_plan is not None
         if self.log is not None and decision is not None:
             self.log.write(round_record(
                 stats_all, self.state, imbalance=decision["imbalance"], balanced=decision["balanced"],
@@ -218,7 +241,7 @@ class DynamicHooks(RunHooks):
             return result
         else:
             self.last_judged_s, self.spiked = stats.step_time_s, False
-        if not self.warm_up:  # the round after a switch builds stages: its compute is no measure of speed
+        if not self.warm_up:  # a round whose figures include building stages is no measure of speed
             held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices})
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
             result["state"] = self.state.to_dict()
@@ -231,13 +254,15 @@ class DynamicHooks(RunHooks):
             result["reason"] = "warm-up round after the stages were built: measured, not judged"
             return result
         decision = decide(self.state, stats, predicted, self.rebalance)
-        result.update(imbalance=decision.imbalance, balanced=decision.balanced, reason=decision.reason,
+        judged = decision.reason + (" (from the round's second step: its first built the new stages)"
+                                    if self.skipped_steps else "")
+        result.update(imbalance=decision.imbalance, balanced=decision.balanced, reason=judged,
                       state=decision.state.to_dict())
         if decision.replan:
             proposal = propose(self.model, run.plan, decision.state, method=self.method,
                                min_improvement=self.rebalance.min_improvement, ranks=self.ranks,
                                fixed_order=False, profile_ref=run.plan.extra.get("profile"))
-            result["reason"] = f"{decision.reason}; {proposal.reason}"
+            result["reason"] = f"{judged}; {proposal.reason}"
             if proposal.plan is not None:
                 result["plan"] = proposal.plan.to_dict()
         return result
