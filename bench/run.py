@@ -447,9 +447,13 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
               "- **Rebalancing** compares runs made minutes apart on a shared machine; the oracle and the "
               "rebalanced plan can differ by a few blocks and a few percent either way. The round log shows the "
               "mechanism: one unbalanced round, one re-plan with the measured speed factors, then balanced rounds "
-              "until S6 freezes the plan. A run whose first re-plan moved a cut far enough to show more of the "
-              "ops' error re-plans once more, two rounds later, and S6 then comes in round 7 (the round after a "
-              "switch is measured, not judged, and S6 wants 3 judged rounds without a change).", ""]
+              "until S6 freezes the plan: in round 4 after one re-plan in round 1, as the round after a switch is "
+              "judged from its second step (its first builds the new stages) and S6 wants 3 judged rounds without "
+              "a change. A run whose first re-plan moved a cut far enough to show more of the ops' error, or whose "
+              "one judged step after it came out above the threshold, re-plans once more in that round, and S6 "
+              "comes one or two rounds later. The speed ratio is read from how the devices' compute changed when "
+              "a cut moved (docs/rebalancing.md): where the ops' times on this host differ from the profile's "
+              "(the *static compute ratio* away from 1) and the rounds are noisy, it is off by more.", ""]
     return "\n".join(lines) + "\n"
 
 
