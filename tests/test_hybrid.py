@@ -265,9 +265,11 @@ def test_shares_follow_speed_with_a_floor() -> None:
 def brute_force_shape(problem) -> float:
     """The least simulated step time over every degree d, every ordered grouping of the devices into d pipelines
     of equal length, every contiguous cut into at most that many stages, and every split of the micro-batches
-    into d positive shares; only feasible plans count."""
+    into d positive shares; only feasible plans count. A plan is judged once: the permutations that differ only
+    in the devices past a pipeline's last stage give the same plan, which is looked up, not simulated again."""
     ids, n, m = problem.cluster.device_ids, len(problem.blocks), problem.microbatches
     best = float("inf")
+    judged: set[tuple[object, ...]] = set()
     for d in range(1, min(len(ids), m) + 1):
         k = len(ids) // d
         for used in itertools.permutations(ids, d * k):
@@ -278,6 +280,9 @@ def brute_force_shape(problem) -> float:
                     specs = tuple(StageSpec(a, b, pipelines[0][i], tuple(p[i] for p in pipelines) if d > 1 else ())
                                   for i, (a, b) in enumerate(bounds))
                     for shares in _compositions(m, d):
+                        if (specs, shares) in judged:
+                            continue
+                        judged.add((specs, shares))
                         plan = Placed(specs, shares=list(shares))
                         if not violations(problem, plan):
                             best = min(best, step_time_s(problem, plan))
