@@ -205,7 +205,7 @@ class DynamicHooks(RunHooks):
             self.log.write(round_record(
                 stats_all, self.state, imbalance=decision["imbalance"], balanced=decision["balanced"],
                 plan_changed=new_plan is not None, reason=decision["reason"], loss=stats.losses[-1],
-                moved_tensors=moved, moved_bytes=moved_bytes,
+                moved_tensors=moved, moved_bytes=moved_bytes, held=decision.get("held"),
                 stages=[{"device": s.device, "nodes": len(s.nodes), "first": s.nodes[0], "last": s.nodes[-1]}
                         for s in run.plan.stages]))
         self.round_index += 1
@@ -244,7 +244,7 @@ class DynamicHooks(RunHooks):
         if not self.warm_up:  # a round whose figures include building stages is no measure of speed
             held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices})
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
-            result["state"] = self.state.to_dict()
+            result.update(state=self.state.to_dict(), held=[h.to_list() for h in held])
         if not self.opt["rebalance"]:
             decision = decide(self.state, stats, predicted, replace(self.rebalance, threshold=float("inf")))
             result.update(imbalance=decision.imbalance, balanced=decision.imbalance <= self.rebalance.threshold,

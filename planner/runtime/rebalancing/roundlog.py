@@ -21,8 +21,9 @@ __all__ = ["round_record", "RoundLog"]
 
 def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, balanced: bool, plan_changed: bool,
                  reason: str, loss: float | None = None, moved_tensors: int = 0, moved_bytes: int = 0,
-                 stages: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The JSON-ready record of one round (after its decision and re-plan)."""
+                 stages: Sequence[Mapping[str, Any]] = (), held: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The JSON-ready record of one round (after its decision and re-plan); ``held``: what the speed fit took from
+    the round (``Held.to_list`` per device), None when it took nothing."""
     devices = {}
     for d in stats.devices:
         devices[d.device] = {"compute_s": d.compute_s, "wait_s": d.wait_s, "recv_s": d.recv_s,
@@ -41,6 +42,7 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
         "stable_rounds": state.stable_rounds, "converged": state.converged, "reason": reason,
         "loss": loss, "devices": devices, "stages": [dict(s) for s in stages],
         "cost_corrections": [list(c) for c in state.corrections],
+        "held": [list(h) for h in held] if held is not None else None,
     }
 
 
