@@ -112,7 +112,8 @@ def test_a_slowed_rank_triggers_a_replan_that_migrates_and_keeps_training_exact(
     assert not rounds[2]["plan_changed"] and rounds[2]["converged"]  # patience 1: S6 after one stable round
     assert not rounds[3]["plan_changed"] and (rounds[3]["first_step"], rounds[3]["steps"]) == (6, 2)
     # What the speed fit took from each judged round is logged (a bench's log is a trace for tests/test_speed.py).
-    assert rounds[0]["held"] is None and all(len(r["held"]) == 2 for r in rounds[1:])
+    # (rounds 1 and 2 follow no judged round on their plan, so neither can be a transient, which the fit skips)
+    assert rounds[0]["held"] is None and all(len(r["held"]) == 2 for r in rounds[1:3])
     first = {device: ranges for device, _, ranges in rounds[1]["held"]}
     assert first["cpu0"][0][0] == 0 and first["cpu0"][-1][1] == first["cpu1"][0][0]  # the cut, from node 0 on
     for r in rounds:
