@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from run import CACHE, CLUSTER  # noqa: E402  (bench/run.py: where it keeps its round logs, the cluster it runs)
 from planner.formats.catalog import load_catalog  # noqa: E402
 from planner.formats.cluster import load_cluster  # noqa: E402
 from planner.formats.plan import load_plan  # noqa: E402
@@ -34,7 +35,7 @@ def node_seconds(cache: Path, model: str) -> list[float]:
     """The cost model's seconds for one run of each profile node on the bench's cluster (its static plan's model)."""
     profile = load_profile(cache / f"{model}.profile.json")
     plan = load_plan(cache / f"{model}.mb8.plan.json")
-    cluster = load_cluster(ROOT / "profiles" / "clusters" / "cpu-2.json")
+    cluster = load_cluster(CLUSTER)
     rounds = RoundModel.build(profile, cluster, plan, catalog=load_catalog())
     device = plan.stages[0].device
     return [rounds.predict_s(device, i, i + 1) for i in range(len(profile.nodes))]
@@ -62,7 +63,7 @@ def trace(cache: Path, source: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cache", nargs="?", default=str(ROOT / "bench" / ".cache" / "run"))
+    parser.add_argument("cache", nargs="?", default=str(CACHE))
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("--source", required=True, help="Which bench run, when, and on what: kept in the trace.")
     args = parser.parse_args()

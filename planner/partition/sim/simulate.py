@@ -556,7 +556,9 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
         ready = state.bwd_ready[s][j]
         if ready is None:
             return
-        compute, copy = _compute_s(stages[s], kind), state.copy_bwd_s[s]
+        stage = stages[s]  # I: the input-gradient half; B: a whole backward, without the excess a split one costs
+        compute = stage.bwd_s - (stage.bwd_weight_s if kind == BWD_INPUT else stage.split_excess_s)
+        copy = state.copy_bwd_s[s]
     free = state.free_at[rank]
     start = now if now >= ready else ready
     if free > start:
@@ -575,17 +577,6 @@ def _try_start(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]
         state.events.append(Event(ranks[rank], EVENT_KINDS[kind], s, j, start, end))
     state.seq += 1
     heapq.heappush(state.heap, (end, state.seq, rank))
-
-
-def _compute_s(stage: SimStage, kind: str) -> float:
-    """Compute seconds of one pass: a forward, a whole backward, or one of its halves (``I``, ``W``)."""
-    if kind == FWD:
-        return stage.fwd_s
-    if kind == BWD_INPUT:
-        return stage.bwd_s - stage.bwd_weight_s
-    if kind == BWD_WEIGHT:
-        return stage.bwd_weight_s
-    return stage.bwd_s - stage.split_excess_s
 
 
 def _start_update(state: _State, stage: SimStage, device: str, rank: int, s: int, now: float) -> None:

@@ -42,7 +42,7 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
         "stable_rounds": state.stable_rounds, "converged": state.converged, "reason": reason,
         "loss": loss, "devices": devices, "stages": [dict(s) for s in stages],
         "cost_corrections": [list(c) for c in state.corrections],
-        "held": [list(h) for h in held] if held is not None else None,
+        "held": list(held) if held is not None else None,
     }
 
 
