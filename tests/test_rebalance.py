@@ -250,6 +250,36 @@ def test_the_speed_fit_reads_compute_on_the_profile_clock_and_the_stretch_alike(
     assert compute_cpu_clock(torch.device("meta")) is None
 
 
+def test_the_speed_probe_is_timed_on_the_fit_clock_stretched_and_outside_the_rounds_compute() -> None:
+    """The probe's median run, on the CPU clock and stretched by the slowdown as a pass is; it travels with the round
+    that follows it and adds nothing to that round's compute or wall."""
+    import torch
+
+    from planner.runtime.slowdown import Slowdown
+    from planner.runtime.timing import RankTimer, round_row, speed_probe, stats_from_rows
+
+    now, cpu = [0.0], [0.0]
+    slow = Slowdown(3.0, sleep=lambda s: now.__setitem__(0, now[0] + s))
+    timer = RankTimer(1, "cpu1", slow, clock=lambda: now[0], cpu_clock=lambda: cpu[0])
+    runs = iter([0.004, 0.001, 0.002, 0.009, 0.003])
+
+    def kernel() -> None:
+        took = next(runs)
+        now[0] += took
+        cpu[0] += took / 2  # half of each run went to other threads
+
+    assert timer.probe(kernel) == pytest.approx(3 * 0.003 / 2)  # the median, on the CPU clock, stretched 3x
+    timer.begin_round()
+    mine = timer.end_round()
+    assert (mine.compute_s, mine.wall_s) == (0.0, 0.0) and mine.probe_s == pytest.approx(0.0045)
+    assert stats_from_rows([round_row(mine)], ["cpu1"], round_index=0, first_step=0,
+                           steps=1).devices[0].probe_s == pytest.approx(0.0045)
+    name, probe = speed_probe(torch.device("cpu"))
+    state = torch.random.get_rng_state()
+    probe()
+    assert name == "matmul-384" and torch.equal(torch.random.get_rng_state(), state)  # the training's stream untouched
+
+
 def test_posting_update_and_the_loss_are_timed_where_they_belong() -> None:
     from planner.runtime.timing import RankTimer, instrument_schedule
 
@@ -281,7 +311,8 @@ def test_round_records_and_the_live_table(tmp_path) -> None:
     rec = round_record(stats, initial_state(["a", "b"]), imbalance=0.2, balanced=False, plan_changed=True,
                        reason="unbalanced", loss=1.5, moved_tensors=3, moved_bytes=120)
     assert rec["devices"]["a"] == {"compute_s": 4.0, "wait_s": 5.0, "recv_s": 0.0, "post_s": 0.0, "update_s": 0.0,
-                                     "emulated_s": 0.0, "compute_cpu_s": 0.0, "weight": 1.0, "speed_factor": 1.0}
+                                     "emulated_s": 0.0, "compute_cpu_s": 0.0, "probe_s": 0.0, "weight": 1.0,
+                                     "speed_factor": 1.0}
     assert (rec["max_wait_s"], rec["mean_wait_s"], rec["step_time_s"]) == (5.0, 3.0, 2.25)
     path = tmp_path / "rounds.jsonl"
     with RoundLog(path) as log:

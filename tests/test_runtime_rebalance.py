@@ -113,8 +113,13 @@ def test_a_slowed_rank_triggers_a_replan_that_migrates_and_keeps_training_exact(
     assert not rounds[3]["plan_changed"] and (rounds[3]["first_step"], rounds[3]["steps"]) == (6, 2)
     # What the speed fit took from each judged round is logged (a bench's log is a trace for tests/test_speed.py).
     # (rounds 1 and 2 follow no judged round on their plan, so neither can be a transient, which the fit skips)
-    assert rounds[0]["held"] is None and all(len(r["held"]) == 2 for r in rounds[1:3])
-    first = {device: ranges for device, _, ranges in rounds[1]["held"]}
+    # Each judged round: both ranks' work, then both ranks' speed probe (timed at the round's start; no ranges).
+    assert rounds[0]["held"] is None and all(len(r["held"]) == 4 for r in rounds[1:3])
+    for r in rounds[1:3]:
+        assert [(h[0], h[2], h[3]) for h in r["held"][2:]] == [("cpu0", [], "matmul-384:cpu"),
+                                                                ("cpu1", [], "matmul-384:cpu")]
+        assert all(h[1] > 0 for h in r["held"]) and all(d["probe_s"] > 0 for d in r["devices"].values())
+    first = {device: ranges for device, _, ranges in rounds[1]["held"][:2]}
     assert first["cpu0"][0][0] == 0 and first["cpu0"][-1][1] == first["cpu1"][0][0]  # the cut, from node 0 on
     for r in rounds:
         assert set(r["devices"]) == {"cpu0", "cpu1"} and r["step_time_s"] > 0

@@ -216,3 +216,38 @@ def test_the_drift_prior_trusts_a_steady_host_and_not_a_drifting_one() -> None:
     both = [tuple(Held(h.device, h.measured_s * scale, h.ranges) for h in held)
             for scale, held in zip((1.0, 1.2, 0.9), noisy)]
     assert drift_prior(drifting) < drift_prior(both) < 1.0
+
+
+def _probed(held: tuple[Held, ...], speeds: dict[str, float], drift: float) -> tuple[Held, ...]:
+    """``held`` on a host running ``drift`` times its usual time, each device then timing the speed probe (1 ms of
+    work at speed 1), the round's drift included."""
+    scaled = tuple(Held(h.device, h.measured_s * drift, h.ranges) for h in held)
+    return scaled + tuple(Held(h.device, MS * speeds[h.device] * drift, (), "matmul-384:cpu") for h in held)
+
+
+def test_a_probe_separates_speed_from_op_error_where_the_cuts_alone_cannot() -> None:
+    """A host that drifts between rounds leaves the fit only how the devices of a round compare: with K cuts seen,
+    K ratios against K + 1 corrections and a speed ratio, less a level, so the priors choose. Op errors that differ
+    much between atoms (resnet_small's read 0.6-1.4x, docs/rebalancing.md) then pull the ratio off the slowdown; the
+    probe every device of one type times measures the speed ratio in every round, whatever the drift."""
+    error = {**{i: 0.6 for i in range(3, 7)}, **{i: 1.4 for i in range(7, 10)}}
+    speeds = {"a": 1.0, "b": 3.0}
+    cuts, drifts = (3, 7, 7, 7, 8, 8), (1.0, 1.25, 0.85, 1.1, 0.8, 1.2)
+    rounds = [_round(cut, ("a", "b"), speeds, error) for cut in cuts]
+    scaled = [tuple(Held(h.device, h.measured_s * g, h.ranges) for h in held) for held, g in zip(rounds, drifts)]
+    without = fit_speeds(scaled, _predict)
+    assert abs(without.speed["b"] / without.speed["a"] / 3.0 - 1) > 0.10, without  # the priors chose wrong
+    probed = [_probed(held, speeds, g) for held, g in zip(rounds, drifts)]
+    fit = fit_speeds(probed, _predict)
+    assert fit.speed["b"] / fit.speed["a"] == pytest.approx(3.0, rel=0.02)
+    # a probe row round-trips through the state's history and the round log
+    assert [Held.from_list(h.to_list()) for h in probed[0]] == list(probed[0])
+    assert probed[0][2].to_list() == ["a", MS, [], "matmul-384:cpu"]
+
+
+def test_the_drift_prior_reads_the_work_not_the_probes() -> None:
+    from planner.partition.search.speed import drift_prior
+
+    rounds = [_round(5, ("a", "b"), {"a": 1.0, "b": 2.0}, {})] * 3
+    probed = [held + (Held("a", 5 * MS * (1 + k / 10), (), "p:cpu"),) for k, held in enumerate(rounds)]
+    assert drift_prior(probed) == drift_prior(rounds)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "instrument_stage", "instrument_schedule", "timed_p2p",
+__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "speed_probe", "PROBE_REPEATS", "instrument_stage", "instrument_schedule", "timed_p2p",
            "ROUND_FIELDS", "round_row", "stats_from", "stats_from_rows"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -62,6 +62,28 @@ def device_clock(device: Any) -> Callable[[], float]:
     return clock
 
 
+PROBE_REPEATS = 5
+"""Runs of the speed probe per round; the round keeps their median."""
+
+
+def speed_probe(device: Any) -> tuple[str, Callable[[], None]]:
+    """The fixed kernel every rank times at the start of a round, and its name: one product of two square matrices
+    (384 wide on a CPU, 1.5 ms on one core of this machine; 2048 on a GPU), built afresh from a private generator so
+    that neither the training's random stream nor its memory is touched between runs. Every device of one type runs
+    the same work, so its seconds differ between them by their speed alone: what separates a device's speed from the
+    cost model's error on the ops it holds (``planner.partition.search.speed``)."""
+    import torch
+
+    size = 384 if getattr(device, "type", "cpu") == "cpu" else 2048
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def kernel() -> None:
+        a = torch.rand(size, size, generator=generator, device=device)
+        torch.mm(a, a)
+
+    return f"matmul-{size}", kernel
+
+
 class RankTimer:
     """Accumulates compute and blocked time between ``begin_round`` and ``end_round``."""
 
@@ -73,6 +95,8 @@ class RankTimer:
         self._cpu_clock = cpu_clock
         """``compute_cpu_clock``: also time each compute interval on the thread's CPU clock (``compute_cpu_s``)."""
         self._depth = 0
+        self.probe_s = 0.0
+        """The last speed probe's seconds (``probe``), reported with the round that follows it."""
         self.begin_round()
 
     def begin_round(self) -> None:
@@ -84,7 +108,7 @@ class RankTimer:
         wall = self._clock() - self._start
         return DeviceRound(self.device, self.compute_s, max(wall - self.compute_s, 0.0), self.recv_s, self.post_s,
                            self.update_s, rank=self.rank, wall_s=wall, emulated_s=self.emulated_s,
-                           compute_cpu_s=self.compute_cpu_s)
+                           compute_cpu_s=self.compute_cpu_s, probe_s=self.probe_s)
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
@@ -103,6 +127,22 @@ class RankTimer:
                 self.compute_s += real + extra
                 self.compute_cpu_s += cpu * (real + extra) / real if real > 0 else cpu  # stretched alike
                 self.emulated_s += extra
+
+    def probe(self, kernel: Callable[[], None], repeats: int = PROBE_REPEATS) -> float:
+        """Time ``kernel`` (``speed_probe``) ``repeats`` times as the rank computes, on the clock the speed fit reads
+        (``DeviceRound.fitted_compute_s``) and stretched by the rank's slowdown like every compute interval; keep the
+        median in ``probe_s``. Outside the round's figures: call it before ``begin_round``."""
+        times = []
+        for _ in range(repeats):
+            start = self._clock()
+            cpu_start = self._cpu_clock() if self._cpu_clock is not None else 0.0
+            kernel()
+            real = self._clock() - start
+            cpu = self._cpu_clock() - cpu_start if self._cpu_clock is not None else real
+            extra = self.slowdown.stretch(real)
+            times.append(cpu * (real + extra) / real if real > 0 else cpu)
+        self.probe_s = sorted(times)[len(times) // 2]
+        return self.probe_s
 
     def blocked(self) -> contextlib.AbstractContextManager[None]:
         """Time an interval spent waiting on communication."""
@@ -190,7 +230,8 @@ def stats_from(rounds: list[DeviceRound], *, round_index: int, first_step: int, 
     return RoundStats(round=round_index, first_step=first_step, steps=steps, wall_s=wall, devices=devices)
 
 
-ROUND_FIELDS = ("compute_s", "wait_s", "recv_s", "post_s", "update_s", "wall_s", "emulated_s", "compute_cpu_s")
+ROUND_FIELDS = ("compute_s", "wait_s", "recv_s", "post_s", "update_s", "wall_s", "emulated_s", "compute_cpu_s",
+                "probe_s")
 """A ``DeviceRound``'s numbers, in the order ``round_row`` packs them (its device and rank are known on every rank)."""
 
 

@@ -64,6 +64,9 @@ class DeviceRound:
     """``compute_s`` on the clock the profile timed its ops with (``runtime.timing.compute_cpu_clock``: the thread's
     CPU time on a one-thread CPU rank), the emulated slowdown included; 0 where the rank has no such clock. The
     speed fit reads it (``fitted_compute_s``)."""
+    probe_s: float = 0.0
+    """The device's time for the speed probe at the round's start (``runtime.timing.speed_probe``, on the clock of
+    ``fitted_compute_s``, the emulated slowdown included); 0 where none ran. Not part of ``compute_s``."""
 
     @property
     def fitted_compute_s(self) -> float:

@@ -38,6 +38,13 @@ iterations, so it is deterministic):
   host that ran 20% faster in the round after a cut moved took the slow rank's factor from 2.0 to 3.1 (a
   recorded gpt_small run, ``tests/test_speed.py``).
 
+*Probes.* From rounds whose absolute times are not trusted (a drifting host) the fit reads only how the devices of a
+round compare, which leaves one unknown too many (``K`` cuts: ``K`` ratios against ``K + 1`` corrections and a speed
+ratio, less a common level), and the priors decide. A probe row (``Held.probe``: a fixed kernel every device of one
+type runs, timed at the round's start) adds ``log M = log g_r + log s_d + log L_k``, its level ``L_k`` free per probe
+and device type, so the speed ratio between devices of one type is measured in every round. Rounds without probes
+fit as before.
+
 This is the alternating speed/work decomposition that heterogeneity-aware schedulers fit from throughput
 observations (Gavel, Narayanan et al., OSDI 2020, fits job x accelerator throughputs; Cannikin, Zhang et al.,
 EuroSys 2024, fits per-node compute models from measured iterations), reduced here to one factor per device
@@ -53,7 +60,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR",
-           "MIN_NOISE", "DECAY", "ITERATIONS"]
+           "MIN_NOISE", "DECAY", "ITERATIONS", "PROBE_PRIOR"]
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
@@ -74,27 +81,36 @@ spread of their own."""
 MAX_DRIFT_PRIOR = 1e3
 """``lambda_g`` on a host that does not drift (identical rounds of one plan): the rounds' absolute times are
 trusted, and a moved cut separates speed from op error exactly."""
+PROBE_PRIOR = 1e-6
+"""How strongly a probe's level is pulled to 1 (only to keep the fit regular: its seconds are in no model's units)."""
 _GAUGE = 1e3
 """Weight of the row that holds the speed factors' geometric mean at 1."""
 
 
 @dataclass(frozen=True)
 class Held:
-    """What one device computed in one round and how long it took."""
+    """What one device computed in one round and how long it took: its share of the model's work, or a probe."""
 
     device: str
     measured_s: float
     ranges: tuple[tuple[int, int, float], ...]
-    """``(start, stop, runs)``: node indices ``[start, stop)`` of the profile, run ``runs`` times."""
+    """``(start, stop, runs)``: node indices ``[start, stop)`` of the profile, run ``runs`` times (empty for a
+    probe)."""
+    probe: str = ""
+    """Set for a probe: the name of the fixed kernel the device timed and of the device type it ran on
+    (``runtime.timing.speed_probe``). Devices that time the same probe ran the same work, so its seconds differ
+    between them by their speed alone."""
 
     def to_list(self) -> list[object]:
-        return [self.device, self.measured_s, [list(r) for r in self.ranges]]
+        out: list[object] = [self.device, self.measured_s, [list(r) for r in self.ranges]]
+        return out + [self.probe] if self.probe else out
 
     @staticmethod
     def from_list(data: Sequence[object]) -> "Held":
-        device, measured, ranges = data
+        device, measured, ranges, *probe = data
         return Held(str(device), float(measured),  # type: ignore[arg-type]
-                    tuple((int(a), int(b), float(n)) for a, b, n in ranges))  # type: ignore[union-attr, misc]
+                    tuple((int(a), int(b), float(n)) for a, b, n in ranges),  # type: ignore[union-attr, misc]
+                    str(probe[0]) if probe else "")
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ def drift_prior(rounds: Sequence[Sequence[Held]]) -> float:
     twice."""
     groups: dict[tuple[object, ...], list[dict[str, float]]] = {}
     for held in rounds:
+        held = [h for h in held if not h.probe]
         logs = {h.device: math.log(h.measured_s) for h in held if h.measured_s > 0}
         if logs:
             groups.setdefault(tuple(sorted((h.device, h.ranges) for h in held)), []).append(logs)
@@ -133,6 +150,10 @@ def drift_prior(rounds: Sequence[Sequence[Held]]) -> float:
     return min(noise / drift, MAX_DRIFT_PRIOR)
 
 
+def _probes(rounds: Sequence[Sequence[Held]]) -> list[str]:
+    return sorted({h.probe for held in rounds for h in held if h.probe})
+
+
 def _atoms(rounds: Sequence[Sequence[Held]]) -> list[tuple[int, int]]:
     cuts = sorted({x for held in rounds for h in held for a, b, _ in h.ranges for x in (a, b)})
     return list(zip(cuts, cuts[1:]))
@@ -142,49 +163,58 @@ def fit_speeds(rounds: Sequence[Sequence[Held]], predict: Callable[[str, int, in
                decay: float = DECAY) -> SpeedFit:
     """Fit speed factors and op-range corrections to ``rounds`` (oldest first); ``predict(device, start, stop)``
     is the cost model's seconds for one run of nodes ``[start, stop)`` on ``device`` (no speed factor)."""
-    atoms = _atoms(rounds)
+    atoms, probes = _atoms(rounds), _probes(rounds)
     devices = sorted({h.device for held in rounds for h in held})
-    if not atoms or not devices:
+    if not (atoms or probes) or not devices:
         return SpeedFit({}, ())
+    nd, na, nk, nr = len(devices), len(atoms), len(probes), len(rounds)
+    # theta: log s per device, log c per atom, the corrections' common level log m, log L per probe, log g per round
+    g0 = nd + na + 1 + nk
     first_atom = {a: k for k, (a, _) in enumerate(atoms)}
-    rows, logs, weights, owner, when = [], [], [], [], []
+    rows, logs, weights, owner, when, kernel = [], [], [], [], [], []
     for age, held in enumerate(reversed(rounds)):
         for h in held:
-            coeff = np.zeros(len(atoms))
+            coeff = np.zeros(na)
             for start, stop, runs in h.ranges:
-                for k in range(first_atom[start], len(atoms)):
+                for k in range(first_atom[start], na):
                     a, b = atoms[k]
                     if a >= stop:
                         break
                     coeff[k] += runs * predict(h.device, a, b)
-            if h.measured_s > 0 and coeff.sum() > 0:
+            if h.measured_s > 0 and (h.probe or coeff.sum() > 0):
                 rows.append(coeff)
                 logs.append(math.log(h.measured_s))
                 weights.append(decay ** age)
                 owner.append(devices.index(h.device))
                 when.append(age)
+                kernel.append(nd + na + 1 + probes.index(h.probe) if h.probe else -1)
     if not rows:
         return SpeedFit({}, ())
     P, y, w, dev = np.array(rows), np.array(logs), np.sqrt(np.array(weights)), np.array(owner)
-    nd, na, nr = len(devices), len(atoms), len(rounds)
-    g0 = nd + na + 1  # theta: log s per device, log c per atom, the corrections' common level log m, log g per round
+    probe_col = np.array(kernel)
+    probed = probe_col >= 0
     round_of = g0 + np.array(when)
     theta = np.zeros(g0 + nr)
-    # prior rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m); sqrt(lambda_g) log g_r
-    prior = np.zeros((nd + na + nr, g0 + nr))
+    # prior rows: sqrt(lambda_s) log s_d; sqrt(lambda_c) (log c_a - log m); sqrt(lambda_g) log g_r; a probe's level
+    # is free (the tiny PROBE_PRIOR only keeps the system regular)
+    prior = np.zeros((nd + na + nk + nr, g0 + nr))
     prior[:nd, :nd] = math.sqrt(SPEED_PRIOR) * np.eye(nd)
     prior[nd:nd + na, nd:nd + na] = math.sqrt(CORRECTION_PRIOR) * np.eye(na)
     prior[nd:nd + na, nd + na] = -math.sqrt(CORRECTION_PRIOR)
-    prior[nd + na:, g0:] = math.sqrt(drift_prior(rounds)) * np.eye(nr)
-    gauge = _GAUGE * np.r_[np.ones(nd), np.zeros(na + 1 + nr)][None, :]
+    prior[nd + na:nd + na + nk, nd + na + 1:g0] = math.sqrt(PROBE_PRIOR) * np.eye(nk)
+    prior[nd + na + nk:, g0:] = math.sqrt(drift_prior(rounds)) * np.eye(nr)
+    gauge = _GAUGE * np.r_[np.ones(nd), np.zeros(na + 1 + nk + nr)][None, :]
+    at = np.arange(len(y))
     for _ in range(ITERATIONS):
         c = np.exp(theta[nd:nd + na])
-        q = P @ c
-        residual = y - theta[dev] - theta[round_of] - np.log(q)
+        q = np.where(probed, 1.0, P @ c)
+        level = np.where(probed, theta[np.maximum(probe_col, 0)], np.log(q))
+        residual = y - theta[dev] - theta[round_of] - level
         jac = np.zeros((len(y), g0 + nr))
-        jac[np.arange(len(y)), dev] = 1.0
-        jac[np.arange(len(y)), round_of] = 1.0
-        jac[:, nd:nd + na] = P * c[None, :] / q[:, None]
+        jac[at, dev] = 1.0
+        jac[at, round_of] = 1.0
+        jac[:, nd:nd + na] = np.where(probed[:, None], 0.0, P * c[None, :] / q[:, None])
+        jac[at[probed], probe_col[probed]] = 1.0
         # one linear least squares per iteration: the weighted data, the priors and the gauge
         A = np.vstack([jac * w[:, None], prior, gauge])
         b = np.r_[residual * w, -prior @ theta, -gauge @ theta]

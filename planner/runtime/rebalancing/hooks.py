@@ -44,7 +44,7 @@ from planner.runtime.links import usable_cores
 from planner.runtime.slowdown import Slowdown, parse_slowdowns, touch_pages
 from planner.runtime.pipeline.stages import RankStages
 from planner.runtime.timing import (RankTimer, compute_cpu_clock, instrument_schedule, instrument_stage, round_row,
-                                    stats_from_rows, timed_p2p)
+                                    speed_probe, stats_from_rows, timed_p2p)
 from planner.runtime.pipeline.training import make_optimizer
 from planner.runtime.launch.config import RoundEnd, RunConfig, RunHooks
 from planner.runtime.launch.resume import IDENTITY_KEY
@@ -98,6 +98,8 @@ class DynamicHooks(RunHooks):
         self._p2p.__enter__()
         self.state = initial_state(self.ranks, start_weights(run.plan))
         self.model, self.no_model = self._round_model(run)
+        self.probe = speed_probe(run.device) if self.model is not None else None
+        """The speed fit's probe (name, kernel), timed at each round's start; None where nothing is fitted."""
         self.method = replan_method(run.plan, self.opt["replan_method"])
         self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \
             if run.rank == 0 else None
@@ -156,6 +158,8 @@ class DynamicHooks(RunHooks):
         instrument_schedule(run.schedule, self.timer)
         if run.engine is not None:  # the asynchronous pipeline times its own passes (docs/async.md)
             run.engine.timer = self.timer
+        if self.probe is not None:  # every rank at once, after the last round's closing collective
+            self.timer.probe(self.probe[1])
         self.timer.begin_round()
         self._update_mark = run.update_s
         self.skipped_steps = 0
@@ -242,7 +246,8 @@ class DynamicHooks(RunHooks):
         else:
             self.last_judged_s, self.spiked = stats.step_time_s, False
         if not self.warm_up:  # a round whose figures include building stages is no measure of speed
-            held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices})
+            held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices},
+                                   {d.device: d.probe_s for d in stats.devices}, self.probe[0] if self.probe else "")
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
             result.update(state=self.state.to_dict(), held=[h.to_list() for h in held])
         if not self.opt["rebalance"]:

@@ -123,9 +123,14 @@ class RoundModel:
     def _simulated(self, plan: Plan) -> SimResult:
         return evaluate(self.problem, partition_of(self.problem, plan), record_events=False)
 
-    def held(self, plan: Plan, steps: int, measured_s: Mapping[str, float]) -> list[Held]:
+    def held(self, plan: Plan, steps: int, measured_s: Mapping[str, float], probe_s: Mapping[str, float] | None = None,
+             probe: str = "") -> list[Held]:
         """Per device that computed: its measured seconds and the profile node ranges behind them, each run
-        (its replica's share x ``steps``) times: the speed fit's observation of one round."""
+        (its replica's share x ``steps``) times: the speed fit's observation of one round. With ``probe_s``, each
+        device's seconds for the kernel named ``probe`` (``runtime.timing.speed_probe``) follow as probe rows, named
+        with the device's type (the work is the same only on devices of one type); none for a device whose host's
+        ranks outnumber its cores in the step (``core_stretch``): all of them probe at once, which that stretch does not
+        describe."""
         shares = plan.replica_shares()
         stretch = self.core_stretch(plan)  # the fit sees each device's own speed, not its share of the cores
         ranges: dict[str, list[tuple[int, int, float]]] = {}
@@ -138,8 +143,11 @@ class RoundModel:
                     own = self.predict_s(device, run_start, run_stop, again)
                     ranges.setdefault(device, []).append(
                         (run_start, run_stop, share * steps * (own / as_priced if as_priced > 0 else 1.0)))
-        return [Held(d, float(measured_s[d]) / stretch.get(d, 1.0), tuple(r)) for d, r in sorted(ranges.items())
+        work = [Held(d, float(measured_s[d]) / stretch.get(d, 1.0), tuple(r)) for d, r in sorted(ranges.items())
                 if measured_s.get(d, 0.0) > 0]
+        probes = [Held(h.device, float(probe_s[h.device]), (), f"{probe}:{self.cluster.device(h.device).type}")
+                  for h in work if probe and (probe_s or {}).get(h.device, 0.0) > 0 and h.device not in stretch]
+        return work + probes
 
     def predict_s(self, device: str, start: int, stop: int, recompute: bool | None = None) -> float:
         """The cost model's forward + backward seconds for one run of profile nodes ``[start, stop)`` on ``device``

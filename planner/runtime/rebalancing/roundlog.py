@@ -28,7 +28,7 @@ def round_record(stats: RoundStats, state: RebalanceState, *, imbalance: float, 
     for d in stats.devices:
         devices[d.device] = {"compute_s": d.compute_s, "wait_s": d.wait_s, "recv_s": d.recv_s,
                              "post_s": d.post_s, "update_s": d.update_s, "emulated_s": d.emulated_s,
-                             "compute_cpu_s": d.compute_cpu_s,
+                             "compute_cpu_s": d.compute_cpu_s, "probe_s": d.probe_s,
                              "weight": state.weights.get(d.device, 1.0),
                              "speed_factor": state.speed_factors.get(d.device, 1.0)}
     waits = [d.wait_s for d in stats.devices]
