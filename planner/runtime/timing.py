@@ -24,13 +24,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "speed_probe", "PROBE_REPEATS", "instrument_stage", "instrument_schedule", "timed_p2p",
+__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "speed_probe", "SpeedProbe", "PROBE_REPEATS", "instrument_stage", "instrument_schedule", "timed_p2p",
            "ROUND_FIELDS", "round_row", "stats_from", "stats_from_rows"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -62,26 +62,36 @@ def device_clock(device: Any) -> Callable[[], float]:
     return clock
 
 
-PROBE_REPEATS = 5
-"""Runs of the speed probe per round; the round keeps their median."""
+PROBE_REPEATS = 9
+"""Timed runs of the speed probe per round; the round keeps the fastest."""
 
 
-def speed_probe(device: Any) -> tuple[str, Callable[[], None]]:
-    """The fixed kernel every rank times at the start of a round, and its name: one product of two square matrices
-    (384 wide on a CPU, 1.5 ms on one core of this machine; 2048 on a GPU), built afresh from a private generator so
-    that neither the training's random stream nor its memory is touched between runs. Every device of one type runs
-    the same work, so its seconds differ between them by their speed alone: what separates a device's speed from the
-    cost model's error on the ops it holds (``planner.partition.search.speed``)."""
+@dataclass(frozen=True)
+class SpeedProbe:
+    """A fixed kernel every rank times at the start of a round (``speed_probe``)."""
+
+    name: str
+    operands: Callable[[], tuple[Any, ...]]
+    """Builds the kernel's inputs (outside the timing)."""
+    kernel: Callable[..., None]
+    """Runs once on the operands (timed)."""
+
+
+def speed_probe(device: Any) -> SpeedProbe:
+    """One product of two square matrices, 384 wide on a CPU (1.2-1.4 ms on one core of this machine) and 2048 on a
+    GPU, its inputs drawn from a private generator (the training's random stream is not touched) and built afresh each
+    round (nothing held between rounds). Every device of one type runs the same work, so its time differs between them
+    by their speed alone: what separates a device's speed from the cost model's error on the ops it holds
+    (``planner.partition.search.speed``)."""
     import torch
 
     size = 384 if getattr(device, "type", "cpu") == "cpu" else 2048
-    generator = torch.Generator(device=device).manual_seed(0)
 
-    def kernel() -> None:
-        a = torch.rand(size, size, generator=generator, device=device)
-        torch.mm(a, a)
+    def operands() -> tuple[Any, ...]:
+        generator = torch.Generator(device=device).manual_seed(0)
+        return tuple(torch.rand(size, size, generator=generator, device=device) for _ in range(2))
 
-    return f"matmul-{size}", kernel
+    return SpeedProbe(f"matmul-{size}", operands, torch.mm)
 
 
 class RankTimer:
@@ -128,20 +138,23 @@ class RankTimer:
                 self.compute_cpu_s += cpu * (real + extra) / real if real > 0 else cpu  # stretched alike
                 self.emulated_s += extra
 
-    def probe(self, kernel: Callable[[], None], repeats: int = PROBE_REPEATS) -> float:
-        """Time ``kernel`` (``speed_probe``) ``repeats`` times as the rank computes, on the clock the speed fit reads
-        (``DeviceRound.fitted_compute_s``) and stretched by the rank's slowdown like every compute interval; keep the
-        median in ``probe_s``. Outside the round's figures: call it before ``begin_round``."""
+    def probe(self, probe: SpeedProbe, repeats: int = PROBE_REPEATS) -> float:
+        """Time ``probe``'s kernel ``repeats`` times (after one untimed run) as the rank computes: on the clock the
+        speed fit reads (``DeviceRound.fitted_compute_s``), each run stretched by the rank's slowdown like every compute
+        interval. Keep the fastest in ``probe_s`` (what else runs on the host only adds to a run: the fastest is the
+        device's). Outside the round's figures: call it before ``begin_round``."""
+        operands = probe.operands()
+        probe.kernel(*operands)
         times = []
         for _ in range(repeats):
             start = self._clock()
             cpu_start = self._cpu_clock() if self._cpu_clock is not None else 0.0
-            kernel()
+            probe.kernel(*operands)
             real = self._clock() - start
             cpu = self._cpu_clock() - cpu_start if self._cpu_clock is not None else real
             extra = self.slowdown.stretch(real)
             times.append(cpu * (real + extra) / real if real > 0 else cpu)
-        self.probe_s = sorted(times)[len(times) // 2]
+        self.probe_s = min(times)
         return self.probe_s
 
     def blocked(self) -> contextlib.AbstractContextManager[None]:

@@ -99,7 +99,7 @@ class DynamicHooks(RunHooks):
         self.state = initial_state(self.ranks, start_weights(run.plan))
         self.model, self.no_model = self._round_model(run)
         self.probe = speed_probe(run.device) if self.model is not None else None
-        """The speed fit's probe (name, kernel), timed at each round's start; None where nothing is fitted."""
+        """The speed fit's probe, timed at each round's start; None where nothing is fitted."""
         self.method = replan_method(run.plan, self.opt["replan_method"])
         self.log = RoundLog(self.opt["log"], json_stdout=bool(self.opt["json"]), live=bool(self.opt["live"])) \
             if run.rank == 0 else None
@@ -159,7 +159,7 @@ class DynamicHooks(RunHooks):
         if run.engine is not None:  # the asynchronous pipeline times its own passes (docs/async.md)
             run.engine.timer = self.timer
         if self.probe is not None:  # every rank at once, after the last round's closing collective
-            self.timer.probe(self.probe[1])
+            self.timer.probe(self.probe)
         self.timer.begin_round()
         self._update_mark = run.update_s
         self.skipped_steps = 0
@@ -247,7 +247,7 @@ class DynamicHooks(RunHooks):
             self.last_judged_s, self.spiked = stats.step_time_s, False
         if not self.warm_up:  # a round whose figures include building stages is no measure of speed
             held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices},
-                                   {d.device: d.probe_s for d in stats.devices}, self.probe[0] if self.probe else "")
+                                   {d.device: d.probe_s for d in stats.devices}, self.probe.name if self.probe else "")
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
             result.update(state=self.state.to_dict(), held=[h.to_list() for h in held])
         if not self.opt["rebalance"]:
