@@ -269,6 +269,7 @@ def test_the_speed_probe_is_timed_on_the_fit_clock_stretched_and_outside_the_rou
         cpu[0] += took / 2  # half of each run went to other threads
 
     assert timer.probe(SpeedProbe("k", lambda: (), kernel), repeats=4) == pytest.approx(3 * 0.002 / 2)
+    assert now[0] == pytest.approx(0.5 + 3 * 0.018)  # the four runs were stretched once, as one interval
     timer.begin_round()
     mine = timer.end_round()
     assert (mine.compute_s, mine.wall_s) == (0.0, 0.0) and mine.probe_s == pytest.approx(0.003)

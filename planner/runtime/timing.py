@@ -139,22 +139,24 @@ class RankTimer:
                 self.emulated_s += extra
 
     def probe(self, probe: SpeedProbe, repeats: int = PROBE_REPEATS) -> float:
-        """Time ``probe``'s kernel ``repeats`` times (after one untimed run) as the rank computes: on the clock the
-        speed fit reads (``DeviceRound.fitted_compute_s``), each run stretched by the rank's slowdown like every compute
-        interval. Keep the fastest in ``probe_s`` (what else runs on the host only adds to a run: the fastest is the
-        device's). Outside the round's figures: call it before ``begin_round``."""
+        """Time ``probe``'s kernel ``repeats`` times back to back (after one untimed run), on the clock the speed fit
+        reads (``DeviceRound.fitted_compute_s``), and keep the fastest run in ``probe_s`` (what else runs on the host
+        only adds to a run: the fastest is the device's). The runs are one compute interval, stretched by the rank's
+        slowdown as a pass is, after the last run: stretched run by run, the slowed rank's waits, which touch its
+        training state (``Slowdown.keep_warm``), left each next run a cold cache, and its probe read 2.7-3.9x the other
+        rank's for a 3x slowdown. Outside the round's figures: call it before ``begin_round``."""
         operands = probe.operands()
         probe.kernel(*operands)
         times = []
+        start = self._clock()
         for _ in range(repeats):
-            start = self._clock()
+            run_start = self._clock()
             cpu_start = self._cpu_clock() if self._cpu_clock is not None else 0.0
             probe.kernel(*operands)
-            real = self._clock() - start
-            cpu = self._cpu_clock() - cpu_start if self._cpu_clock is not None else real
-            extra = self.slowdown.stretch(real)
-            times.append(cpu * (real + extra) / real if real > 0 else cpu)
-        self.probe_s = min(times)
+            times.append(self._cpu_clock() - cpu_start if self._cpu_clock is not None else self._clock() - run_start)
+        real = self._clock() - start
+        extra = self.slowdown.stretch(real)
+        self.probe_s = min(times) * (real + extra) / real if real > 0 else min(times)
         return self.probe_s
 
     def blocked(self) -> contextlib.AbstractContextManager[None]:
