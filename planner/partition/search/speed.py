@@ -60,7 +60,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["Held", "SpeedFit", "fit_speeds", "drift_prior", "SPEED_PRIOR", "CORRECTION_PRIOR", "DRIFT_PRIOR",
-           "MIN_NOISE", "DECAY", "ITERATIONS", "PROBE_PRIOR"]
+           "MIN_NOISE", "DECAY", "ITERATIONS", "PROBE_PRIOR", "PROBE_HUBER"]
 
 SPEED_PRIOR = 1e-6
 """``lambda_s``: how strongly a speed factor is pulled to 1 (weak: differences between devices are speed)."""
@@ -81,6 +81,9 @@ spread of their own."""
 MAX_DRIFT_PRIOR = 1e3
 """``lambda_g`` on a host that does not drift (identical rounds of one plan): the rounds' absolute times are
 trusted, and a moved cut separates speed from op error exactly."""
+PROBE_HUBER = 0.1
+"""Residual (log units, about 10%) beyond which a probe row is down-weighted (Huber): on this shared host a whole
+probe window sometimes runs at half speed on one core while the other's runs clean (1 round in 5 or so)."""
 PROBE_PRIOR = 1e-6
 """How strongly a probe's level is pulled to 1 (only to keep the fit regular: its seconds are in no model's units)."""
 _GAUGE = 1e3
@@ -215,9 +218,12 @@ def fit_speeds(rounds: Sequence[Sequence[Held]], predict: Callable[[str, int, in
         jac[at, round_of] = 1.0
         jac[:, nd:nd + na] = np.where(probed[:, None], 0.0, P * c[None, :] / q[:, None])
         jac[at[probed], probe_col[probed]] = 1.0
+        # a probe run that something else on the host slowed is an outlier, not a speed: Huber weights (iteratively
+        # re-weighted) let a probe row whose residual exceeds PROBE_HUBER count as if it were that far off only
+        robust = w * np.where(probed, np.sqrt(np.minimum(1.0, PROBE_HUBER / np.maximum(np.abs(residual), 1e-12))), 1.0)
         # one linear least squares per iteration: the weighted data, the priors and the gauge
-        A = np.vstack([jac * w[:, None], prior, gauge])
-        b = np.r_[residual * w, -prior @ theta, -gauge @ theta]
+        A = np.vstack([jac * robust[:, None], prior, gauge])
+        b = np.r_[residual * robust, -prior @ theta, -gauge @ theta]
         step = np.linalg.lstsq(A, b, rcond=None)[0]
         theta = theta + step
         if float(np.abs(step).max()) < 1e-12:
