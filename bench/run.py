@@ -451,9 +451,12 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
               "judged from its second step (its first builds the new stages) and S6 wants 3 judged rounds without "
               "a change. A run whose first re-plan moved a cut far enough to show more of the ops' error, or whose "
               "one judged step after it came out above the threshold, re-plans once more in that round, and S6 "
-              "comes one or two rounds later. The speed ratio is read from how the devices' compute changed when "
-              "a cut moved (docs/rebalancing.md): where the ops' times on this host differ from the profile's "
-              "(the *static compute ratio* away from 1) and the rounds are noisy, it is off by more.", ""]
+              "comes one or two rounds later. The speed ratio is read from the speed probe every rank times at "
+              "each round's start and from how the devices' compute changed when a cut moved (docs/rebalancing.md); "
+              "a round whose probe ran slow on one core (this host's neighbours) moves it by a few percent, and a "
+              "first re-plan made on such a round can come late or move too far (S6 a round or two later). The "
+              "probe and the barrier after it cost the rebalanced run its time at each round's start (a few tens "
+              "of milliseconds on the slowed rank).", ""]
     return "\n".join(lines) + "\n"
 
 
