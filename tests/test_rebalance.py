@@ -278,7 +278,8 @@ def test_the_speed_probe_is_timed_on_the_fit_clock_stretched_and_outside_the_rou
     probe = speed_probe(torch.device("cpu"))
     state = torch.random.get_rng_state()
     RankTimer(0, "cpu0").probe(probe, repeats=1)
-    assert probe.name == "matmul-384" and torch.equal(torch.random.get_rng_state(), state)  # training's stream untouched
+    assert probe.name == "matmul-384"
+    assert torch.equal(torch.random.get_rng_state(), state)  # the training's random stream untouched
 
 
 def test_posting_update_and_the_loss_are_timed_where_they_belong() -> None:

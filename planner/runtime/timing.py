@@ -30,8 +30,9 @@ from typing import Any, Callable, Iterator, Sequence
 from planner.partition.search.rebalance import DeviceRound, RoundStats
 from planner.runtime.slowdown import Slowdown
 
-__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "speed_probe", "SpeedProbe", "PROBE_REPEATS", "instrument_stage", "instrument_schedule", "timed_p2p",
-           "ROUND_FIELDS", "round_row", "stats_from", "stats_from_rows"]
+__all__ = ["RankTimer", "compute_cpu_clock", "device_clock", "speed_probe", "SpeedProbe", "PROBE_REPEATS",
+           "instrument_stage", "instrument_schedule", "timed_p2p", "ROUND_FIELDS", "round_row", "stats_from",
+           "stats_from_rows"]
 
 _COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
