@@ -5,8 +5,9 @@ Environment variables, each ``RANK:STEP``:
   marker file in the checkpoint directory stops it repeating after torchrun restarts the job);
 - ``PLANNER_TEST_HANG_AT_STEP``: RANK stops answering there (it sleeps), so the others must end with a
   clear error instead of hanging;
-- ``PLANNER_TEST_HANG_BEFORE_STEP``: the same at the start of a round, so that its neighbours block inside
-  the schedule's transfers (the process group's timeout ends those);
+- ``PLANNER_TEST_HANG_BEFORE_STEP``: the same mid-round, after a round's first step (a round's start is a
+  boundary too: the speed probe's barrier), so that its neighbours block inside the next step's transfers (the
+  process group's timeout ends those);
 - ``PLANNER_TEST_RAISE_AT_STEP``: RANK raises a ``RuntimeError`` (not a ``PlannerError``: a crash) at the first
   round end at or after STEP, and its neighbours' next transfers fail on the closed connection.
 Set ``PLANNER_TEST_STALE_BUFFERS=1`` and the tensors torch's pipelining makes from metadata start with what reused
@@ -48,8 +49,9 @@ class _Faults(RunHooks):
     def __init__(self, config: RunConfig) -> None:
         self.checkpoint_dir = config.options.get("checkpoint_dir")
 
-    def before_round(self, run) -> None:  # type: ignore[no-untyped-def]
-        _hang(run.rank, run.step, "PLANNER_TEST_HANG_BEFORE_STEP")
+    def after_step(self, run, index: int, steps: int) -> None:  # type: ignore[no-untyped-def]
+        if index == 0 and steps > 1:
+            _hang(run.rank, run.step, "PLANNER_TEST_HANG_BEFORE_STEP")
 
     def on_round(self, run, stats: RoundEnd) -> None:  # type: ignore[no-untyped-def]
         kill = _rank_step(os.environ.get("PLANNER_TEST_KILL_AT_STEP"))
