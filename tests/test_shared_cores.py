@@ -146,3 +146,9 @@ def test_the_runtime_model_sees_the_stretch_it_predicts():
                 assert seconds == pytest.approx(stats[device]["compute_s"], rel=1e-6)
             held = {h.device: h.measured_s for h in model.held(plan, 1, compute)}
             assert all(held[d] == pytest.approx(compute[d] / stretch[d]) for d in compute)
+        # the speed probe: a row per device named with its type, but none where the host's ranks share its cores
+        # (all of them probe at once, which the step's stretch does not describe)
+        probed = [h for h in model.held(plan, 1, model.predicted_compute_s(plan, 1),
+                                        {d: 1e-3 for d in cluster.device_ids}, "matmul-384") if h.probe]
+        assert [(h.device, h.probe, h.ranges) for h in probed] == \
+            ([] if shared else [(d, "matmul-384:cpu", ()) for d in sorted(cluster.device_ids)])
