@@ -209,6 +209,8 @@ class DynamicHooks(RunHooks):
         if state is not None:
             self.state = RebalanceState.from_dict(state)
         self.warm_up = self.switched = new_plan is not None
+        if self.switched:  # a transient is judged against rounds of the plan in force: none yet
+            self.last_judged_s, self.spiked = None, False
         if self.log is not None and decision is not None:
             self.log.write(round_record(
                 stats_all, self.state, imbalance=decision["imbalance"], balanced=decision["balanced"],
