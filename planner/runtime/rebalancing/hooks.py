@@ -209,8 +209,8 @@ class DynamicHooks(RunHooks):
         if state is not None:
             self.state = RebalanceState.from_dict(state)
         self.warm_up = self.switched = new_plan is not None
-        if self.switched:  # a transient is judged against rounds of the plan in force: none yet
-            self.last_judged_s, self.spiked = None, False
+        if self.switched:  # a transient is judged against rounds of the plan in force: none yet (the one place this
+            self.last_judged_s, self.spiked = None, False  # is forgotten; a run starts without one)
         if self.log is not None and decision is not None:
             self.log.write(round_record(
                 stats_all, self.state, imbalance=decision["imbalance"], balanced=decision["balanced"],
@@ -242,16 +242,13 @@ class DynamicHooks(RunHooks):
             result["reason"] = self.no_model
             return result
         predicted = self.model.predicted_compute_s(run.plan, stats.steps)
-        if self.warm_up:
-            self.last_judged_s, self.spiked = None, False
-        elif self.opt["rebalance"] and is_spike(stats.step_time_s, self.last_judged_s, self.spiked, self.rebalance):
-            self.spiked = True
-            result["reason"] = (f"transient: step {stats.step_time_s / self.last_judged_s:.2f}x the last judged "
-                                f"round's on the same plan; measured, not judged (judged next round if it lasts)")
-            return result
-        else:
-            self.last_judged_s, self.spiked = stats.step_time_s, False
         if not self.warm_up:  # a round whose figures include building stages is no measure of speed
+            if self.opt["rebalance"] and is_spike(stats.step_time_s, self.last_judged_s, self.spiked, self.rebalance):
+                self.spiked = True
+                result["reason"] = (f"transient: step {stats.step_time_s / self.last_judged_s:.2f}x the last judged "
+                                    f"round's on the same plan; measured, not judged (judged next round if it lasts)")
+                return result
+            self.last_judged_s, self.spiked = stats.step_time_s, False
             held = self.model.held(run.plan, stats.steps, {d.device: d.fitted_compute_s for d in stats.devices},
                                    {d.device: d.probe_s for d in stats.devices}, self.probe.name if self.probe else "")
             self.state = observe(self.state, held, self.model.predict_s, self.rebalance)
