@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from _partition_cases import FREE, cluster
@@ -389,3 +391,51 @@ def test_a_plan_whose_stages_share_a_tied_weight_records_it_and_replays_its_step
     assert simulate_plan(saved).step_time_s == pytest.approx(plan.step_time_s, rel=1e-12)
     whole = build_plan(problem, (StageSpec(0, n, "cpu0"),), method="manual")
     assert "tied_sync" not in whole.extra
+
+
+def _layout(schedule: str, p: int, v: int) -> list[str]:
+    """Stage devices of a pipeline on ``p`` devices under ``schedule``: one stage each, ``v`` rounds of them
+    (interleaved), or a V (``zbv``, ``dualpipev``, and ``zb-planned`` when ``v`` is 2)."""
+    devices = [f"d{r}" for r in range(p)]
+    if schedule in ("zbv", "dualpipev") or (schedule == "zb-planned" and v == 2):
+        return devices + devices[::-1]
+    return devices * (v if schedule == "interleaved-1f1b" else 1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fixed_orders_time_exactly_as_the_event_loop(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_run_orders`` times fixed orders device by device; the event loop (``_run_events``) is the definition. On
+    random pipelines of every schedule, with queued and host-copied transfers, per-pass and per-byte costs, updates,
+    split backwards and tied weights, both give the same floats: step, every device's figures, memory, in-flight
+    micro-batches, orders and events."""
+    import random
+
+    from planner.formats.plan import ASYNC_SCHEDULES, SCHEDULES
+    from planner.partition.sim import simulate as sim
+
+    rng = random.Random(seed)
+    schedule = SCHEDULES[seed % len(SCHEDULES)]
+    p = rng.randint(2, 4) if schedule in ("zbv", "dualpipev") else rng.randint(1, 4)
+    v = 2 if schedule in ("zbv", "dualpipev") or (schedule == "zb-planned" and rng.random() < 0.5) else \
+        rng.randint(2, 3) if schedule == "interleaved-1f1b" else 1
+    m = p * rng.randint(1, 3) if schedule == "interleaved-1f1b" else rng.randint(2 * p, 3 * p + 2)
+    net = cluster(p, hosts=rng.randint(1, 2), bandwidth_Bps=rng.choice([1e3, 1e4]), latency_s=rng.random() * 0.01,
+                  inter_bandwidth_Bps=500.0, inter_latency_s=0.02,
+                  pairs=[{"a": "d0", "b": "d1", "bandwidth_Bps": 2e3, "latency_s": 0.0, "host_copy": True}]
+                  if p > 1 and rng.random() < 0.5 else ())
+    net = replace(net, pass_overhead_s=rng.choice([0.0, 0.01]), pass_byte_overhead_s=rng.choice([0.0, 1e-6]))
+    stages = []
+    for s, device in enumerate(_layout(schedule, p, v)):
+        bwd = rng.random() * 2
+        weight = bwd * rng.random() * 0.5
+        stages.append(SimStage(device, rng.random(), bwd, rng.randint(0, 200) if s < p * v - 1 else 0,
+                               rng.randint(0, 200) if s else 0, rng.randint(0, 100), rng.randint(1, 50),
+                               update_s=rng.random() * 0.3, bwd_weight_s=weight, split_excess_s=weight * 0.2))
+    tied = [((0, len(stages) - 1), 400)] if rng.random() < 0.5 and schedule not in ASYNC_SCHEDULES else ()
+    drain = rng.choice([None, 2]) if schedule in ASYNC_SCHEDULES else None
+    fast = simulate(stages, net, schedule, m, tied=tied, drain_every=drain)
+    monkeypatch.setattr(sim, "_run_orders", sim._run_events)
+    slow = simulate(stages, net, schedule, m, tied=tied, drain_every=drain)
+    key = (lambda e: (e.start_s, e.end_s, e.resource, e.kind, e.stage, e.microbatch))
+    assert sorted(fast.events, key=key) == sorted(slow.events, key=key) and fast.events
+    assert replace(fast, events=()) == replace(slow, events=())

@@ -6,6 +6,7 @@ from collections import Counter
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -124,10 +125,15 @@ class Cluster:
             return self.schedule_runtime_pass_overhead_s
         return self.pass_overhead_s
 
+    @cached_property
+    def _by_id(self) -> dict[str, Device]:
+        """Device id -> its device (the first listed, as ids are unique in a file)."""
+        return {dev.id: dev for dev in reversed(self.devices)}
+
     def device(self, device_id: str) -> Device:
-        for dev in self.devices:
-            if dev.id == device_id:
-                return dev
+        dev = self._by_id.get(device_id)
+        if dev is not None:
+            return dev
         known = ", ".join(d.id for d in self.devices)
         raise InputFileError(f"device {device_id!r} is not in cluster {self.name!r} (devices: {known})")
 

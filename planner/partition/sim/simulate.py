@@ -1,4 +1,4 @@
-"""Event-driven simulation of one pipelined training step (forward and backward of every micro-batch).
+"""Simulation of one pipelined training step (forward and backward of every micro-batch).
 
 Resources are the devices and the *directed* links between them. Each device runs its passes in the
 fixed order of its schedule (``planner.partition.sim.schedules``), one at a time, each as soon as the device
@@ -6,8 +6,9 @@ is free and its input has arrived. A finished forward sends its activations to t
 device, a finished backward sends gradients to the previous stage's device; a transfer of ``n`` bytes
 occupies its directed link for ``latency_s + n / bandwidth_Bps`` and transfers on the same link run one
 after another in request order (first come, first served). Compute and communication overlap, as they
-do with asynchronous point-to-point sends on separate streams. The heap holds pass completions; every
-resource decision is made at a completion time, so requests reach each link in time order.
+do with asynchronous point-to-point sends on separate streams. Fixed orders are timed device by device
+(``_run_orders``); ``zb-planned``'s generated order picks passes as they become ready, in an event loop whose heap
+holds pass completions (``_run_events``). Either way a directed link's requests reach it in time order.
 On links marked ``host_copy`` (gloo between CPU processes) the endpoints' processors move the bytes,
 so a transfer lengthens the sending and the receiving pass instead of overlapping them. After its last
 pass each device steps its optimizer (``SimStage.update_s``). Every pass also pays the runtime's own
@@ -438,23 +439,129 @@ def _async_result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, .
 
 
 def _run(state: _State, stages: Sequence[SimStage], cluster: Cluster, ranks: tuple[str, ...], schedule: str) -> None:
-    """Run the event loop of ``state`` to the end; raise when a device is left with passes it cannot start."""
+    """Run ``state`` to the end (fixed orders: ``_run_orders``; a planned order: the event loop); raise when a device
+    is left with passes it cannot start."""
     state.pass_overhead_s = cluster.pass_overhead_for(schedule)
     _transfer_times(state, stages, cluster)
-    for rank in range(len(ranks)):
-        _try_start(state, stages, ranks, rank, 0.0)
-    while state.heap:
-        now, _, rank = heapq.heappop(state.heap)
-        _finish(state, stages, ranks, rank, now)
     if state.planner is None:
+        _run_orders(state, stages, ranks)
         expected = [len(order) for order in state.orders]
-    else:  # a planned order: F, I and W per micro-batch of each stage the device holds
+    else:
+        _run_events(state, stages, ranks)  # a planned order: F, I and W per micro-batch of each stage the device holds
         expected = [3 * len(state.fwd_ready[0]) * state.rank_of_stage.count(r) for r in range(len(ranks))]
     stuck = [ranks[r] for r in range(len(ranks)) if state.position[r] < expected[r]]
     if stuck:
         raise PlannerError(f"schedule {schedule!r} deadlocked with {len(state.fwd_ready[0])} micro-batches on "
                            f"{len(ranks)} devices (stuck: {', '.join(stuck)}); the schedule's order is wrong for this "
                            f"case: report it with the plan, and meanwhile use another micro-batch count or schedule")
+
+
+def _run_events(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> None:
+    """The event loop: pass completions in time order from the heap, each deciding what starts next."""
+    for rank in range(len(ranks)):
+        _try_start(state, stages, ranks, rank, 0.0)
+    while state.heap:
+        now, _, rank = heapq.heappop(state.heap)
+        _finish(state, stages, ranks, rank, now)
+
+
+def _run_orders(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> None:
+    """The event loop's result for fixed orders, without its events: each device runs its passes in order, each
+    from ``max(input arrival, device free)``, so a device's passes can be timed one after another as far as their
+    inputs are known, and the devices swept until none moves. The same floats as the event loop (``_try_start``,
+    ``_finish``): an idle device's next pass is never ready (it would have started), so the loop's ``now`` never
+    decides a start; a directed link's sends all come from one device, in its order, which is their order in time;
+    a device's memory changes in the order of its own passes. Several times faster: the hottest code of every placer.
+    The planned order (``_OrderPlanner``) picks passes by the time they run, so it keeps the event loop."""
+    orders, position, free_at, busy_s, parts_of = state.orders, state.position, state.free_at, state.busy_s, state.parts
+    fwd_ready, bwd_ready, send_fwd_s, send_bwd_s = state.fwd_ready, state.bwd_ready, state.send_fwd_s, state.send_bwd_s
+    rank_of_stage, link_free = state.rank_of_stage, state.link_free
+    live_bytes, peak_bytes, live_mb, peak_mb = state.live_bytes, state.peak_bytes, state.live_mb, state.peak_mb
+    copy_fwd_s, copy_bwd_s, overhead, events = state.copy_fwd_s, state.copy_bwd_s, state.pass_overhead_s, state.events
+    last = len(stages) - 1
+    moved = True
+    while moved:
+        moved = False
+        for rank, order in enumerate(orders):
+            i, n = position[rank], len(order)
+            if i == n:
+                continue
+            free, busy, parts = free_at[rank], busy_s[rank], parts_of[rank]
+            start_i = i
+            while i < n:
+                kind, s, j = order[i]
+                stage = stages[s]
+                if kind == FWD:
+                    ready = fwd_ready[s][j]
+                    if ready is None:
+                        break
+                    compute, copy = stage.fwd_s, copy_fwd_s[s]
+                    live = live_bytes[rank] + stage.activation_bytes
+                    live_bytes[rank] = live
+                    if live > peak_bytes[rank]:
+                        peak_bytes[rank] = live
+                    in_flight = live_mb[s] + 1
+                    live_mb[s] = in_flight
+                    if in_flight > peak_mb[s]:
+                        peak_mb[s] = in_flight
+                elif kind == UPD:
+                    end = free + stage.update_s
+                    busy += stage.update_s
+                    parts[3] += stage.update_s
+                    if events is not None and stage.update_s > 0:
+                        events.append(Event(ranks[rank], "update", s, -1, free, end))
+                    free = end
+                    if state.marks is not None:
+                        state.marks[rank].append((end, busy, list(parts)))
+                    i += 1
+                    continue
+                elif kind == BWD_WEIGHT:
+                    ready = free
+                    compute, copy = stage.bwd_weight_s, 0.0
+                else:
+                    ready = bwd_ready[s][j]
+                    if ready is None:
+                        break
+                    compute = stage.bwd_s - (stage.bwd_weight_s if kind == BWD_INPUT else stage.split_excess_s)
+                    copy = copy_bwd_s[s]
+                start = ready if ready > free else free
+                duration = overhead + compute + copy
+                end = start + duration
+                busy += duration
+                parts[0] += compute
+                parts[1] += copy
+                parts[2] += overhead
+                if events is not None:
+                    events.append(Event(ranks[rank], EVENT_KINDS[kind], s, j, start, end))
+                free = end
+                i += 1
+                if kind == FWD:
+                    if s == last:
+                        bwd_ready[s][j] = end
+                        continue
+                    to, took = s + 1, send_fwd_s[s]
+                    arrivals = fwd_ready[to]
+                else:
+                    if kind in FREES:
+                        live_bytes[rank] -= stage.activation_bytes
+                        live_mb[s] -= 1
+                    if s == 0 or kind == BWD_WEIGHT:
+                        continue
+                    to, took = s - 1, send_bwd_s[s]
+                    arrivals = bwd_ready[to]
+                if took <= 0:
+                    arrivals[j] = end
+                    continue
+                if events is not None:
+                    arrivals[j] = _send(state, ranks, s, to, j, end)
+                    continue
+                # ``_send`` inline (the hottest call): the directed link's next free time, then the arrival
+                link = (rank, rank_of_stage[to])
+                at = link_free.get(link, 0.0)
+                arrivals[j] = link_free[link] = (end if end >= at else at) + took
+            if i > start_i:
+                position[rank], free_at[rank], busy_s[rank] = i, free, busy
+                moved = True
 
 
 def _held_by_rank(state: _State, stages: Sequence[SimStage], p: int) -> list[int]:
