@@ -19,7 +19,7 @@ from typing import Sequence
 
 from planner.errors import PlannerError
 from planner.formats.cluster import Cluster
-from planner.partition.sim.simulate import DeviceStats, Event, SimResult, SimStage, simulate
+from planner.partition.sim.simulate import BY_TIME, DeviceStats, Event, SimResult, SimStage, simulate
 
 __all__ = ["simulate_hybrid", "simulate_async_replicas"]
 
@@ -102,6 +102,6 @@ def _replicas_result(step: float, devices: dict[str, DeviceStats], events: Seque
     inflight = tuple(max(run.stage_inflight[s] for run in runs) for s in range(len(sync_s)))
     return SimResult(step_time_s=step, devices=MappingProxyType(devices),
                      bubble_fraction=idle / (len(devices) * step) if step > 0 else 0.0,
-                     events=tuple(sorted(events, key=lambda e: (e.start_s, e.end_s))),
+                     events=tuple(sorted(events, key=BY_TIME)),
                      stage_inflight=inflight, sync_s=tuple(sync_s),
                      orders=MappingProxyType({dev: order for run in runs for dev, order in run.orders.items()}))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
@@ -84,6 +85,10 @@ class Event:
     microbatch: int
     start_s: float
     end_s: float
+
+
+BY_TIME = operator.attrgetter("start_s", "end_s")
+"""The order of a result's events: by start, then by end (ties keep the order the simulation made them in)."""
 
 
 @dataclass(frozen=True)
@@ -432,7 +437,7 @@ def _async_result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, .
                                    compute_s=parts[0], copy_s=parts[1], overhead_s=parts[2], update_s=parts[3],
                                    end_s=step)
     idle = sum(d.idle_s for d in devices.values())
-    events = tuple(sorted(state.events, key=lambda e: (e.start_s, e.end_s))) if state.events is not None else ()
+    events = tuple(sorted(state.events, key=BY_TIME)) if state.events is not None else ()
     return SimResult(step_time_s=step, devices=MappingProxyType(devices),
                      bubble_fraction=idle / (p * step) if step > 0 else 0.0, events=events,
                      stage_inflight=tuple(state.peak_mb))
@@ -475,7 +480,8 @@ def _run_orders(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...
     The planned order (``_OrderPlanner``) picks passes by the time they run, so it keeps the event loop."""
     orders, position, free_at, busy_s, parts_of = state.orders, state.position, state.free_at, state.busy_s, state.parts
     fwd_ready, bwd_ready, send_fwd_s, send_bwd_s = state.fwd_ready, state.bwd_ready, state.send_fwd_s, state.send_bwd_s
-    rank_of_stage, link_free = state.rank_of_stage, state.link_free
+    rank_of_stage, p = state.rank_of_stage, len(orders)
+    link_free = [0.0] * (p * p)  # directed link a -> b at a * p + b (with events, ``_send`` keeps ``state.link_free``)
     live_bytes, peak_bytes, live_mb, peak_mb = state.live_bytes, state.peak_bytes, state.live_mb, state.peak_mb
     copy_fwd_s, copy_bwd_s, overhead, events = state.copy_fwd_s, state.copy_bwd_s, state.pass_overhead_s, state.events
     last = len(stages) - 1
@@ -556,8 +562,8 @@ def _run_orders(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...
                     arrivals[j] = _send(state, ranks, s, to, j, end)
                     continue
                 # ``_send`` inline (the hottest call): the directed link's next free time, then the arrival
-                link = (rank, rank_of_stage[to])
-                at = link_free.get(link, 0.0)
+                link = rank * p + rank_of_stage[to]
+                at = link_free[link]
                 arrivals[j] = link_free[link] = (end if end >= at else at) + took
             if i > start_i:
                 position[rank], free_at[rank], busy_s[rank] = i, free, busy
@@ -572,6 +578,12 @@ def _held_by_rank(state: _State, stages: Sequence[SimStage], p: int) -> list[int
 def _check_stages(stages: Sequence[SimStage]) -> None:
     """Times must be finite and non-negative, byte counts non-negative."""
     for s, stage in enumerate(stages):
+        values = (stage.fwd_s, stage.bwd_s, stage.send_fwd_bytes, stage.send_bwd_bytes, stage.static_bytes,
+                  stage.activation_bytes, stage.update_s, stage.bwd_weight_s, stage.split_excess_s,
+                  stage.recompute_bytes)
+        if min(values) >= 0 and sum(values) < math.inf and \
+                stage.bwd_s >= max(stage.bwd_weight_s, stage.split_excess_s):
+            continue  # the common case, at once (a NaN makes the sum fail); otherwise say which field is wrong
         for name in ("fwd_s", "bwd_s", "send_fwd_bytes", "send_bwd_bytes", "static_bytes", "activation_bytes",
                      "update_s", "bwd_weight_s", "split_excess_s", "recompute_bytes"):
             value = getattr(stage, name)
@@ -768,7 +780,7 @@ def _result(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...], u
         for r, dev in enumerate(ranks)
     }
     idle = sum(d.idle_s for d in devices.values())
-    events = tuple(sorted(state.events, key=lambda e: (e.start_s, e.end_s))) if state.events is not None else ()
+    events = tuple(sorted(state.events, key=BY_TIME)) if state.events is not None else ()
     return SimResult(
         step_time_s=step,
         devices=MappingProxyType(devices),
