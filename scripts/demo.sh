@@ -7,6 +7,7 @@
 # plan profile, partition, show, check and run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unset PYTHONDONTWRITEBYTECODE  # Python's default: modules compiled once are kept (scripts/setup.sh)
 bash scripts/setup.sh
 .venv/bin/plan train planner.examples.gpt:gpt_small --cluster cpu-2 --steps 40 -o out
 .venv/bin/plan check out/plan.json

@@ -4,6 +4,9 @@
 # against the committed golden plans (a planner regression fails here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python's default: modules are compiled once and kept (an environment may turn that off; the suite starts many
+# processes, each of which would compile what it imports again).
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 bash scripts/versions.sh
 # Two workers (pytest-xdist); the multi-process tests run one after another on one of them (tests/conftest.py).
