@@ -11,7 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv --system-site-packages .venv
+  # The venv uses the pip the system site-packages hold (installing pip into it took 6 s); ensurepip where none.
+  "$PYTHON" -m venv --system-site-packages --without-pip .venv
+fi
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  .venv/bin/python -m ensurepip --quiet
 fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   .venv/bin/python -m pip install --quiet --no-compile "torch==2.13.0"
