@@ -267,7 +267,21 @@ def placement_orders(problem: "Problem") -> tuple["Problem", ...]:
 
 
 def _sharing_tables(problem: "Problem", **changes: Any) -> "Problem":
-    """``replace(problem, **changes)`` keeping the cost tables ``problem`` built (only for changes they ignore)."""
+    """``replace(problem, **changes)`` keeping the cost tables ``problem`` built (only for changes they ignore). The
+    same changes give the same object again (kept on ``problem``, as its tables are), so a replica's share or a
+    schedule asked for many times is built once and its step times are remembered (``Problem.step_times``)."""
+    key = tuple(sorted(changes.items()))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable change (another cluster): not kept
+        return _built(problem, changes)
+    variants = problem.__dict__.setdefault("_variants", {})
+    if key not in variants:
+        variants[key] = _built(problem, changes)
+    return variants[key]
+
+
+def _built(problem: "Problem", changes: Mapping[str, Any]) -> "Problem":
     other = replace(problem, **changes)
     other.__dict__["tables"] = problem.tables
     return other
