@@ -471,13 +471,14 @@ def _run_events(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...
 
 
 def _run_orders(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...]) -> None:
-    """The event loop's result for fixed orders, without its events: each device runs its passes in order, each
-    from ``max(input arrival, device free)``, so a device's passes can be timed one after another as far as their
+    """The event loop's result for fixed orders, without a queue of events: each device runs its passes in order,
+    each from ``max(input arrival, device free)``, so a device's passes can be timed one after another as far as their
     inputs are known, and the devices swept until none moves. The same floats as the event loop (``_try_start``,
     ``_finish``): an idle device's next pass is never ready (it would have started), so the loop's ``now`` never
     decides a start; a directed link's sends all come from one device, in its order, which is their order in time;
-    a device's memory changes in the order of its own passes. Several times faster: the hottest code of every placer.
-    The planned order (``_OrderPlanner``) picks passes by the time they run, so it keeps the event loop."""
+    a device's memory changes in the order of its own passes. The hottest code of every placer, so it is written
+    for speed (docs/simulator.md, "Speed"). The planned order (``_OrderPlanner``) picks passes by the time they run,
+    so it keeps the event loop."""
     orders, position, free_at, busy_s, parts_of = state.orders, state.position, state.free_at, state.busy_s, state.parts
     fwd_ready, bwd_ready, send_fwd_s, send_bwd_s = state.fwd_ready, state.bwd_ready, state.send_fwd_s, state.send_bwd_s
     rank_of_stage, p = state.rank_of_stage, len(orders)
