@@ -482,7 +482,7 @@ def _run_orders(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...
     orders, position, free_at, busy_s, parts_of = state.orders, state.position, state.free_at, state.busy_s, state.parts
     fwd_ready, bwd_ready, send_fwd_s, send_bwd_s = state.fwd_ready, state.bwd_ready, state.send_fwd_s, state.send_bwd_s
     rank_of_stage, p = state.rank_of_stage, len(orders)
-    link_free = [0.0] * (p * p)  # directed link a -> b at a * p + b (with events, ``_send`` keeps ``state.link_free``)
+    link_free = [0.0] * (p * p)  # the directed link a -> b's next free time, at a * p + b
     live_bytes, peak_bytes, live_mb, peak_mb = state.live_bytes, state.peak_bytes, state.live_mb, state.peak_mb
     copy_fwd_s, copy_bwd_s, overhead, events = state.copy_fwd_s, state.copy_bwd_s, state.pass_overhead_s, state.events
     last = len(stages) - 1
@@ -559,13 +559,14 @@ def _run_orders(state: _State, stages: Sequence[SimStage], ranks: tuple[str, ...
                 if took <= 0:
                     arrivals[j] = end
                     continue
-                if events is not None:
-                    arrivals[j] = _send(state, ranks, s, to, j, end)
-                    continue
                 # ``_send`` inline (the hottest call): the directed link's next free time, then the arrival
                 link = rank * p + rank_of_stage[to]
                 at = link_free[link]
-                arrivals[j] = link_free[link] = (end if end >= at else at) + took
+                sent = end if end >= at else at
+                arrivals[j] = link_free[link] = sent + took
+                if events is not None:
+                    events.append(Event(f"{ranks[rank]}->{ranks[rank_of_stage[to]]}",
+                                        "send_fwd" if to > s else "send_bwd", s, j, sent, sent + took))
             if i > start_i:
                 position[rank], free_at[rank], busy_s[rank] = i, free, busy
                 moved = True
