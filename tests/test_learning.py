@@ -39,6 +39,29 @@ def test_digits_batches_are_deterministic_and_the_splits_disjoint() -> None:
     assert torch.equal(x, val_x[:16])  # validation batch 0 is the first 16 validation images, every time
 
 
+def test_the_digits_read_from_scikit_learns_file_are_its_load_digits(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """The file is read without importing scikit-learn (every rank paid 2.3 s for the import); the arrays are
+    ``load_digits``'s, and where the file is not where it is looked for, ``load_digits`` itself is asked."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from planner.data import digits
+
+    reference = pytest.importorskip("sklearn.datasets").load_digits()
+    pixels, labels = digits._read_digits()
+    assert np.array_equal(pixels, reference.data) and np.array_equal(labels, reference.target)
+    assert labels.dtype == np.int64 and pixels.shape == (1797, 64)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(origin=str(tmp_path / "x.py")))
+    pixels, labels = digits._read_digits()
+    assert np.array_equal(pixels, reference.data) and np.array_equal(labels, reference.target)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(digits.UsageError, match="pip install 'planner\\[data\\]'"):
+        digits._read_digits()
+
+
 def test_text_batches_are_deterministic_and_validation_comes_from_its_own_bytes() -> None:
     from planner.data import text
 
