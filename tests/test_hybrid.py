@@ -17,9 +17,9 @@ from planner.formats.plan import SCHEDULES, save_plan
 from planner.formats.profile import save_profile
 from planner.partition import partition
 from planner.partition.model.allreduce import allreduce_s
-from planner.partition.model.cost import evaluate, stage_sync_s, step_time_s
+from planner.partition.model.cost import evaluate, stage_sims, stage_sync_s, step_time_s
 from planner.partition.model.feasibility import violations
-from planner.partition.model.problem import Placed, StageSpec, build_problem
+from planner.partition.model.problem import Placed, StageSpec, build_problem, replica_of, shares_of
 from planner.partition.search.groups import pipelines_of
 from planner.partition.search.hybrid import proportional_shares
 from planner.partition.validate import validate_plan
@@ -266,7 +266,9 @@ def brute_force_shape(problem) -> float:
     """The least simulated step time over every degree d, every ordered grouping of the devices into d pipelines
     of equal length, every contiguous cut into at most that many stages, and every split of the micro-batches
     into d positive shares; only feasible plans count. A plan is judged once: the permutations that differ only
-    in the devices past a pipeline's last stage give the same plan, which is looked up, not simulated again."""
+    in the devices past a pipeline's last stage give the same plan, which is looked up, not simulated again. A plan
+    whose bound (``_step_bound_s``) is no shorter than the best step so far cannot beat it and is not
+    simulated."""
     ids, n, m = problem.cluster.device_ids, len(problem.blocks), problem.microbatches
     best = float("inf")
     judged: set[tuple[object, ...]] = set()
@@ -284,9 +286,24 @@ def brute_force_shape(problem) -> float:
                             continue
                         judged.add((specs, shares))
                         plan = Placed(specs, shares=list(shares))
-                        if not violations(problem, plan):
+                        if _step_bound_s(problem, plan) < best and not violations(problem, plan):
                             best = min(best, step_time_s(problem, plan))
     return best
+
+
+def _step_bound_s(problem, plan) -> float:
+    """A step ``plan`` cannot beat, at the times the simulator is given (``stage_sims``; transfers, syncs and
+    sharing a host's cores only add to them): a replica pipeline's stage ``i`` with ``s`` micro-batches starts once
+    micro-batch 0 has gone forward through the stages before it, runs ``s`` forwards and backwards one after another,
+    and after its last backward, its update runs on its device while that gradient goes back through the stages
+    before it."""
+    bound = 0.0
+    for r, share in enumerate(shares_of(plan, problem.microbatches)):
+        before_f = before_b = 0.0
+        for st in stage_sims(problem, replica_of(plan, r)):
+            bound = max(bound, before_f + share * (st.fwd_s + st.bwd_s) + max(st.update_s, before_b))
+            before_f, before_b = before_f + st.fwd_s, before_b + st.bwd_s
+    return bound
 
 
 def _compositions(m: int, d: int):
