@@ -34,7 +34,7 @@ from planner.formats.profile import Node, OpTime
 from planner.partition.model.cost import inflight_microbatches
 from planner.partition.sim.schedules import (BWD, BWD_INPUT, BWD_WEIGHT, FWD, device_orders, inflight_counts,
                                              order_violations)
-from planner.partition.sim.simulate import SimStage, planned_orders, simulate
+from planner.partition.sim.simulate import SimStage, plan_orders, planned_orders, simulate
 from planner.roofline import weight_share
 
 
@@ -221,7 +221,25 @@ def test_planned_orders_are_valid_for_torch_and_never_slower_than_zb_h1(seed: in
     planned = simulate(pipe, net, "zb-planned", m).step_time_s
     for fixed in ("zb-h1", "zb-h2", "1f1b"):
         assert planned <= simulate(pipe, net, fixed, m).step_time_s + 1e-12
-    assert planned_orders(pipe, net, m) == orders  # deterministic
+    assert plan_orders(pipe, net, m) == orders  # deterministic: planned afresh, not remembered
+
+
+def test_planned_orders_are_remembered_by_what_the_cluster_holds() -> None:
+    """A copy of the cluster (what a sub-problem makes) finds the order planned for the original; a cluster with
+    another link, or other stages, gets an order planned for it."""
+    from planner.partition.sim.simulate import _remembered_orders
+
+    times = [(1.0, 2.0, 0.8), (0.6, 1.5, 0.5), (1.2, 2.2, 1.0)]
+    pipe, net = stages(times, sends=10**6), cluster(3, bandwidth_Bps=1e9)
+    first = planned_orders(pipe, net, 6)
+    misses = _remembered_orders.cache_info().misses
+    assert planned_orders(list(pipe), dataclasses.replace(net), 6) is first
+    assert _remembered_orders.cache_info().misses == misses
+    slow = dataclasses.replace(net, intra_host=dataclasses.replace(net.intra_host, bandwidth_Bps=1e5))
+    other = [dataclasses.replace(pipe[0], fwd_s=3.0), *pipe[1:]]
+    for stages_, cluster_ in ((pipe, slow), (other, net)):
+        assert planned_orders(stages_, cluster_, 6) == plan_orders(stages_, cluster_, 6)
+    assert _remembered_orders.cache_info().misses == misses + 2
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -254,7 +272,7 @@ def test_planned_orders_in_a_v_are_valid_for_torch_and_never_slower_than_zbv(see
         assert planned.step_time_s <= dual.step_time_s + 1e-12
     for device, usage in planned.devices.items():  # within the memory the rule counts (it replays those orders)
         assert usage.peak_memory_bytes <= max(f.devices[device].peak_memory_bytes for f in fixed)
-    assert planned_orders(pipe, net, m) == orders  # deterministic
+    assert plan_orders(pipe, net, m) == orders  # deterministic: planned afresh, not remembered
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -126,6 +126,12 @@ class Cluster:
         return self.pass_overhead_s
 
     @cached_property
+    def content_key(self) -> str:
+        """Equal for clusters that hold the same (every field, as ``repr`` writes it): what results computed from a
+        cluster are remembered by, so that a copy made by ``dataclasses.replace`` finds them."""
+        return repr(self)
+
+    @cached_property
     def _by_id(self) -> dict[str, Device]:
         """Device id -> its device (the first listed, as ids are unique in a file)."""
         return {dev.id: dev for dev in reversed(self.devices)}
