@@ -279,3 +279,18 @@ def test_a_type_the_profile_lacks_needs_the_catalog_passed_in() -> None:
     """The core reads no file: estimating a type the profile did not time needs the caller's catalog."""
     with pytest.raises(PlannerError, match="needs the device catalog"):
         build_problem_without_catalog(chain(2), cluster(2, types=["cpu", "t4"]), microbatches=1, schedule="gpipe")
+
+
+def test_a_problems_variants_are_built_once_and_share_its_tables() -> None:
+    """The same change gives the same problem again (its step times are then remembered); another device order is
+    another problem, and the same order asked for again, on a new copy of the cluster, finds the one built first."""
+    from planner.partition.model.problem import with_device_order, with_microbatches
+
+    problem = build_problem(chain(4), cluster(3), microbatches=4, schedule="1f1b")
+    fewer = with_microbatches(problem, 2)
+    assert with_microbatches(problem, 2) is fewer and fewer.microbatches == 2 and fewer.tables is problem.tables
+    assert with_device_order(problem, ["d0", "d1", "d2"]) is problem
+    turned = with_device_order(problem, ["d2", "d0", "d1"])
+    assert turned.cluster.device_ids == ("d2", "d0", "d1") and turned.tables is problem.tables
+    assert with_device_order(problem, ["d2", "d0", "d1"]) is turned
+    assert with_device_order(problem, ["d1", "d2", "d0"]).cluster.device_ids == ("d1", "d2", "d0")

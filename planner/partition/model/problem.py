@@ -269,12 +269,10 @@ def placement_orders(problem: "Problem") -> tuple["Problem", ...]:
 def _sharing_tables(problem: "Problem", **changes: Any) -> "Problem":
     """``replace(problem, **changes)`` keeping the cost tables ``problem`` built (only for changes they ignore). The
     same changes give the same object again (kept on ``problem``, as its tables are), so a replica's share or a
-    schedule asked for many times is built once and its step times are remembered (``Problem.step_times``)."""
-    key = tuple(sorted(changes.items()))
-    try:
-        hash(key)
-    except TypeError:  # an unhashable change (another cluster): not kept
-        return _built(problem, changes)
+    schedule asked for many times is built once and its step times are remembered (``Problem.step_times``); another
+    cluster (``with_device_order``) is told apart by what it holds (``Cluster.content_key``)."""
+    key = tuple(sorted((name, value.content_key if isinstance(value, Cluster) else value)
+                       for name, value in changes.items()))
     variants = problem.__dict__.setdefault("_variants", {})
     if key not in variants:
         variants[key] = _built(problem, changes)
