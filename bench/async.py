@@ -17,8 +17,9 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
 
 - the rule alone: the engine's update rule in one process (``train_async_reference``, which the distributed run
   equals: ``tests/test_async.py``; on the text runs here, every seed's final loss to the last digit shown) on
-  ``gpt_bytes`` for longer and at a lower learning rate, every variant, 6 seeds (``--rule-seeds``). No timing, so
-  the final losses carry no noise from the machine: what separates two variants of one seed is their rule.
+  ``gpt_bytes`` for longer and at a lower learning rate, every variant, 6 seeds (``--rule-seeds``): the final loss,
+  and the step at which the target is first reached. No timing, so these carry no noise from the machine: what
+  separates two variants of one seed is their rule.
 
 Writes docs/bench-async.md, docs/bench-async.json and docs/img/async-*.png (``plan curves``); the 1-minute load
 average is recorded around every run.
@@ -67,7 +68,8 @@ WARMUP = DEFAULT_ASYNC_WARMUP
 """The synchronous warm-up of the variants that have one: ``plan partition``'s default."""
 SHORT_WARMUP = 20
 """A shorter warm-up, timed beside the default: on text most seeds reach the target within the default's
-synchronous steps, so a shorter one overlaps more of the steps before it (docs/async.md, "Measured")."""
+synchronous steps, so a shorter one overlaps more of the steps before it; the rule alone after 20 reaches the target
+at 1F1B's evaluation (the rule section's *target at step*, docs/async.md "Measured")."""
 VARIANTS = {  # name -> (schedule, correction, plain model parallelism, synchronous warm-up steps)
     "model parallel": ("1f1b", "predict", True, 0),
     "1f1b": ("1f1b", "predict", False, 0),
@@ -87,7 +89,8 @@ RUN_FLAGS = {"async-1f1b, receives ahead": ["--async-receives", "ahead"]}
 SPEED_VARIANTS = [v for v, (_, _, _, warmup) in VARIANTS.items() if not warmup]
 """The throughput runs' variants: the asynchronous steady state (a warm-up would only add 1F1B's steps)."""
 LEARN_VARIANTS = [v for v in VARIANTS if v != "model parallel" and v not in RUN_FLAGS]
-WARM_VARIANTS = {"async-1f1b, no correction, warm-up 50": ("async-1f1b", "none", False, WARMUP)}
+WARM_VARIANTS = {"async-1f1b, no correction, warm-up 50": ("async-1f1b", "none", False, WARMUP),
+                 "async-1f1b, warm-up 10": ("async-1f1b", "predict", False, 10)}
 """Variants of the rule alone only."""
 ROUND_STEPS = 10
 """Steps per round, in the throughput and the convergence runs alike: the asynchronous schedules drain the pipeline
@@ -208,11 +211,12 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
         plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
 
 
-def _rule_final(job: tuple[str, int, int, float]) -> float:
+def _rule_final(job: tuple[str, int, int, float]) -> tuple[float, int | None]:
     """One seed of one variant under the rule alone: ``train_async_reference`` on text's plan (for ``1f1b`` with one
     micro-batch in flight, which is synchronous training), then the validation loss ``plan run`` reports at its
-    last evaluation (the same 4 held-out batches). Model, data and loss are ``LEARN["text"]``'s, as ``plan run``
-    loads them."""
+    last evaluation (the same 4 held-out batches), and the step of the first round's end (every ``ROUND_STEPS``, where
+    the timed runs evaluate) whose validation loss reaches the text target (None: not within the steps). Model, data
+    and loss are ``LEARN["text"]``'s, as ``plan run`` loads them."""
     import dataclasses
 
     import torch
@@ -246,14 +250,23 @@ def _rule_final(job: tuple[str, int, int, float]) -> float:
         x, y = batches(seed, step, rows)
         return (x,), y
 
+    def validation_loss(weights: dict[str, torch.Tensor]) -> float:
+        with torch.no_grad():
+            return statistics.mean(float(criterion(torch.func.functional_call(model, weights, (x,)), y))
+                                   for x, y in (batches(seed, i, rows, "val") for i in range(4)))
+
+    target = float(spec["target"].split("=")[1])
+    reached: list[int] = []
+
+    def observe(done: int, weights: dict[str, torch.Tensor]) -> None:
+        if not reached and done < steps and validation_loss(weights) <= target:
+            reached.append(done)
+
     _, params = train_async_reference(graphs, model, start, criterion, "adam", lr, plan.schedule, plan.microbatches,
                                       batch, steps, ROUND_STEPS, correction, 1 if schedule == "1f1b" else None,
-                                      warmup=warmup)
-    final = {c: w for stage in params[0] for c, w in stage.items()}
-    with torch.no_grad():
-        losses = [float(criterion(torch.func.functional_call(model, final, (x,)), y))
-                  for x, y in (batches(seed, i, rows, "val") for i in range(4))]
-    return statistics.mean(losses)
+                                      warmup=warmup, observe=observe)
+    final = validation_loss({c: w for stage in params[0] for c, w in stage.items()})
+    return final, (reached[0] if reached else (steps if final <= target else None))
 
 
 def rule(results: dict[str, Any], seeds: int, variants: list[str]) -> None:
@@ -271,15 +284,18 @@ def rule(results: dict[str, Any], seeds: int, variants: list[str]) -> None:
     checks = [(v, 0, spec["steps"], spec["lr"]) for v in runs]
     print(f"rule: {len(jobs) + len(checks)} offline runs ...", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(2, mp_context=get_context("fork")) as pool:
-        finals = dict(zip(jobs + checks, pool.map(_rule_final, jobs + checks)))
+        outcomes = dict(zip(jobs + checks, pool.map(_rule_final, jobs + checks)))
+    finals = {job: final for job, (final, _) in outcomes.items()}
     today = time.strftime("%Y-%m-%d")
     for steps, lr in RULE_SETTINGS:
         key = f"rule/text/{steps}/{lr}"
         before = results.get(key) if (results.get(key) or {}).get("seeds") == seeds else None
         by = {v: [finals[(v, seed, steps, lr)] for seed in range(seeds)] for v in variants}
         kept = {v: f for v, f in (before or {}).get("finals", {}).items() if v not in by and v in RULE_VARIANTS}
+        reached = {v: r for v, r in (before or {}).get("reached", {}).items() if v in kept}
+        reached.update({v: [outcomes[(v, seed, steps, lr)][1] for seed in range(seeds)] for v in variants})
         dates = {**_rule_dates(before), **{v: today for v in by}}
-        results[key] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": {**kept, **by},
+        results[key] = {"steps": steps, "lr": lr, "seeds": seeds, "finals": {**kept, **by}, "reached": reached,
                         "dates": {v: dates[v] for v in {**kept, **by}}}
     check = results.get("rule_check/text") or {}
     if (check.get("steps"), check.get("lr")) != (spec["steps"], spec["lr"]):  # the runs' setting changed: start over
@@ -319,10 +335,12 @@ def _render_rule(results: dict[str, Any]) -> list[str]:
              "on the convergence runs' stages, data and seeds, for longer or at a lower learning rate. Nothing is "
              "timed, so a variant's final loss on a seed is exact: what separates two variants on a seed is their "
              "rule. *paired*: the median over seeds of the variant's final loss over 1f1b's on the same seed; "
-             "*above*: the seeds on which it ends above 1f1b; *run*: the day the row was computed. The rows *warm-up 50* "
-             f"run their first {WARMUP} steps synchronously (`--async-warmup {WARMUP}`, `plan partition`'s default; "
-             "[async.md](async.md), \"The synchronous warm-up\"), the other asynchronous rows none, as the timed runs "
-             "above. The last row is the control: 1f1b from initial weights "
+             "*above*: the seeds on which it ends above 1f1b; *target at step*: each seed's first round end (every "
+             f"{ROUND_STEPS} steps, where the timed runs evaluate) whose validation loss reaches the target "
+             f"({LEARN['text']['target']}; \"-\": not within the steps; blank: the row predates the column); *run*: the "
+             "day the row was computed. The rows *warm-up N* run their first N steps synchronously (`--async-warmup N`; "
+             f"{WARMUP} is `plan partition`'s default; [async.md](async.md), \"The synchronous warm-up\"), the other "
+             "asynchronous rows none, as the timed runs above. The last row is the control: 1f1b from initial weights "
              "each moved by one part in a million, so how far a seed's final loss goes when only rounding-sized noise "
              "changes (the plateau amplifies any difference): a paired difference within its spread says nothing.", ""]
     for key in keys:
@@ -331,15 +349,17 @@ def _render_rule(results: dict[str, Any]) -> list[str]:
         base = finals["1f1b"]
         dates = _rule_dates(entry)
         lines += [f"### {entry['steps']} steps at lr {entry['lr']:g}, {entry['seeds']} seeds", "",
-                  "| schedule | final loss (median) | vs 1f1b | paired | above | every seed | run |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| schedule | final loss (median) | vs 1f1b | paired | above | every seed | target at step | run |",
+                  "|---|---|---|---|---|---|---|---|"]
+        reached = entry.get("reached", {})
         for variant in (v for v in RULE_VARIANTS if v in finals):
             mine = finals[variant]
             paired = statistics.median(a / b - 1 for a, b in zip(mine, base))
+            at = ", ".join("-" if r is None else str(r) for r in reached[variant]) if variant in reached else ""
             lines.append(f"| {variant} | {statistics.median(mine):.3f} | "
                          f"{statistics.median(mine) / statistics.median(base) - 1:+.1%} | {paired:+.1%} | "
                          f"{sum(a > b for a, b in zip(mine, base))}/{len(mine)} | "
-                         f"{', '.join(f'{f:.3f}' for f in mine)} | {dates[variant]} |")
+                         f"{', '.join(f'{f:.3f}' for f in mine)} | {at} | {dates[variant]} |")
         lines.append("")
     check = results.get("rule_check/text")
     if check and check["pairs"]:

@@ -554,7 +554,9 @@ def test_the_reference_rule_equals_a_loop_written_from_the_docs_alone(tmp_path: 
     """An independent check of what ``train_async_reference`` (and so the engine) does, written from docs/async.md
     and not from the version rule: on two stages, async-1f1b runs the first micro-batch of every step but a round's
     first on the first stage's weights one update old, and nothing else is late. A whole-model loop that does just
-    that, with Adam, ends on the reference's weights; one that is never late (or late on every micro-batch) does not."""
+    that, with Adam, ends on the reference's weights; one that is never late (or late on every micro-batch) does not.
+    What the reference shows at each round's end (``observe``, where the bench evaluates it) is that loop's weights
+    after as many steps."""
     import dataclasses
 
     import torch
@@ -582,11 +584,16 @@ def test_the_reference_rule_equals_a_loop_written_from_the_docs_alone(tmp_path: 
         x, y = batches(seed=0, step=step, batch_size=rows)
         return (x,), y
 
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    def observe(done: int, weights: dict[str, torch.Tensor]) -> None:
+        seen[done] = {c: w.detach().clone() for c, w in weights.items()}
+
     _, reference = train_async_reference(graphs, model, init, F.cross_entropy, "adam", lr, plan.schedule, m, batch,
-                                         steps, rounds, "none")
+                                         steps, rounds, "none", observe=observe)
     expected = {c: w for stage in reference[0] for c, w in stage.items()}
 
-    def written(late: Callable[[int, int], bool]) -> dict[str, torch.Tensor]:
+    def written(late: Callable[[int, int], bool]) -> list[dict[str, torch.Tensor]]:
         live = {c: torch.nn.Parameter(w.clone()) for c, w in init.items()}
         optimizer = make_optimizer(live, "adam", lr)
         versions = [{c: w.detach().clone() for c, w in live.items()}]
@@ -604,11 +611,14 @@ def test_the_reference_rule_equals_a_loop_written_from_the_docs_alone(tmp_path: 
                 w.grad = grads[c] / m
             optimizer.step()
             versions.append({c: w.detach().clone() for c, w in live.items()})
-        return versions[-1]
+        return versions
 
-    def gap(weights: dict[str, torch.Tensor]) -> float:
-        return max(float((weights[c] - expected[c]).abs().max()) for c in expected)
+    def gap(weights: dict[str, torch.Tensor], to: dict[str, torch.Tensor] = expected) -> float:
+        return max(float((weights[c] - to[c]).abs().max()) for c in to)
 
-    assert gap(written(lambda step, j: j == 0 and step % rounds != 0)) < 1e-6
-    assert gap(written(lambda step, j: False)) > 1e-4
-    assert gap(written(lambda step, j: step % rounds != 0)) > 1e-4
+    documented = written(lambda step, j: j == 0 and step % rounds != 0)
+    assert gap(documented[-1]) < 1e-6
+    assert gap(written(lambda step, j: False)[-1]) > 1e-4
+    assert gap(written(lambda step, j: step % rounds != 0)[-1]) > 1e-4
+    assert sorted(seen) == [3, 6, 7]  # every round's end, the last one short
+    assert all(gap(documented[done], weights) < 1e-6 for done, weights in seen.items())

@@ -562,7 +562,8 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                           optimizer: str, lr: float, schedule: str, microbatches: int, batch: Batch, steps: int,
                           round_steps: int, correction: str = "predict", inflight: int | None = None,
                           shares: Sequence[int] | None = None, sync: str = "ssgd", period: int = 1,
-                          warmup: int = 0) -> tuple[list[float], list[list[dict[str, torch.Tensor]]]]:
+                          warmup: int = 0, observe: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+                          ) -> tuple[list[float], list[list[dict[str, torch.Tensor]]]]:
     """The asynchronous update rule in one process, from the documented delays alone: micro-batches in order,
     stage ``s``'s forward of ``k`` on version ``forward_version(...)`` of its own weights (predicted when
     ``correction == "predict"``), every stage's update after every ``m``-th micro-batch, a weight held by several
@@ -576,9 +577,10 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
     weighted by their shares (a version's delta is its optimizer step alone). ``model`` names the parameters
     (``canonical_param_names``; the graphs read its tensors) and ``params`` gives their starting values by those
     names. ``warmup``: the synchronous warm-up (``async.warmup``): rounds are cut into drained spans as the engine
-    cuts them (``async_spans``), and steps before it use their own step's version. Returns the step losses and, per
-    replica (one for ``ssgd``), each stage's weights at the end; the distributed run must equal it
-    (``tests/test_async.py``)."""
+    cuts them (``async_spans``), and steps before it use their own step's version. ``observe(steps, weights)`` is
+    called at each round's end (drained, where ``plan run`` evaluates) with the steps done and the first replica's
+    weights by canonical name (live: read them, do not keep them). Returns the step losses and, per replica (one for
+    ``ssgd``), each stage's weights at the end; the distributed run must equal it (``tests/test_async.py``)."""
     from planner.runtime.pipeline.training import make_optimizer
 
     if sync not in ("ssgd", "local-sgd"):
@@ -634,6 +636,9 @@ def train_async_reference(graphs: Sequence[StageGraph], model: torch.nn.Module, 
                 acc = [[{c: torch.zeros_like(w) for c, w in stage.items()} for stage in copy] for copy in live]
         if late is not None:
             late.apply_all()  # the span's end: it drains
+        done = first + count
+        if observe is not None and (done % round_steps == 0 or done == steps):
+            observe(done, {c: w for stage in live[0] for c, w in stage.items()})
     return losses, [[{c: w.detach().clone() for c, w in stage.items()} for stage in copy] for copy in live]
 
 
