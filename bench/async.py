@@ -226,6 +226,7 @@ def _rule_final(job: tuple[str, int, int, float]) -> tuple[float, int | None]:
     from planner.profile.capture import capture
     from planner.profile.loader import load_factory
     from planner.runtime.pipeline.asynchronous import train_async_reference
+    from planner.runtime.options import parse_target
     from planner.runtime.pipeline.stages import stage_graphs
 
     variant, seed, steps, lr = job
@@ -255,18 +256,18 @@ def _rule_final(job: tuple[str, int, int, float]) -> tuple[float, int | None]:
             return statistics.mean(float(criterion(torch.func.functional_call(model, weights, (x,)), y))
                                    for x, y in (batches(seed, i, rows, "val") for i in range(4)))
 
-    target = float(spec["target"].split("=")[1])
+    target = parse_target(spec["target"])  # as plan run reads --target (text's metric is the loss)
     reached: list[int] = []
 
     def observe(done: int, weights: dict[str, torch.Tensor]) -> None:
-        if not reached and done < steps and validation_loss(weights) <= target:
+        if not reached and done < steps and target.reached(validation_loss(weights), None):
             reached.append(done)
 
     _, params = train_async_reference(graphs, model, start, criterion, "adam", lr, plan.schedule, plan.microbatches,
                                       batch, steps, ROUND_STEPS, correction, 1 if schedule == "1f1b" else None,
                                       warmup=warmup, observe=observe)
     final = validation_loss({c: w for stage in params[0] for c, w in stage.items()})
-    return final, (reached[0] if reached else (steps if final <= target else None))
+    return final, (reached[0] if reached else (steps if target.reached(final, None) else None))
 
 
 def rule(results: dict[str, Any], seeds: int, variants: list[str]) -> None:
