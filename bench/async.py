@@ -13,7 +13,9 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
   the standard library's bytes (Adam lr 3e-3, target validation loss 3.0, 400 steps: the runs' final loss is taken
   where the seeds have left the plateau at the target, not on it) at 4 micro-batches,
   1f1b against the asynchronous schedules with and without the correction and async-1f1b after a synchronous
-  warm-up of 50 steps (``--async-warmup 50``, the default) and of 20, 9 seeds (``--seeds``), schedules interleaved.
+  warm-up of 50 steps (``--async-warmup 50``, the default) and of 20, 9 seeds (``--seeds``), schedules interleaved;
+  and a control, the same engine synchronous throughout (a warm-up longer than the run), which splits a lead over
+  1F1B into what the engine's cost per pass gives and what the asynchrony gives.
 
 - the rule alone: the engine's update rule in one process (``train_async_reference``, which the distributed run
   equals: ``tests/test_async.py``; on the text runs here, every seed's final loss to the last digit shown) on
@@ -70,6 +72,12 @@ SHORT_WARMUP = 20
 """A shorter warm-up, timed beside the default: on text most seeds reach the target within the default's
 synchronous steps, so a shorter one overlaps more of the steps before it; the rule alone after 20 reaches the target
 at 1F1B's evaluation (the rule section's *target at step*, docs/async.md "Measured")."""
+SYNCHRONOUS = "async-1f1b, synchronous throughout"
+"""The control of the convergence runs: the engine that runs async-1f1b, with a warm-up longer than the run, so every
+step drains as 1F1B's does and no gradient is late. Against torch's 1F1B it shows what the engine's own cost per pass
+does to the time to target; against the warm-up rows, what the asynchrony does (docs/async.md, "Measured")."""
+ALL_STEPS = 1_000_000
+"""A synchronous warm-up no run here reaches the end of."""
 VARIANTS = {  # name -> (schedule, correction, plain model parallelism, synchronous warm-up steps)
     "model parallel": ("1f1b", "predict", True, 0),
     "1f1b": ("1f1b", "predict", False, 0),
@@ -79,6 +87,7 @@ VARIANTS = {  # name -> (schedule, correction, plain model parallelism, synchron
     "2bw, no correction": ("2bw", "none", False, 0),
     "async-1f1b, warm-up 50": ("async-1f1b", "predict", False, WARMUP),
     "async-1f1b, warm-up 20": ("async-1f1b", "predict", False, SHORT_WARMUP),
+    SYNCHRONOUS: ("async-1f1b", "predict", False, ALL_STEPS),
     "async-1f1b, receives ahead": ("async-1f1b", "predict", False, 0),
 }
 """The timed runs' variants. The asynchronous ones but the last run with no synchronous warm-up (``--async-warmup
@@ -99,7 +108,7 @@ MICROBATCHES = (4, 8)
 JITTERED = "1f1b, start jittered"
 """The offline sections' control: synchronous training from initial weights each moved by one part in a million,
 how far a seed's final loss goes when nothing but rounding-sized noise changes."""
-RULE_VARIANTS = [*LEARN_VARIANTS, *WARM_VARIANTS, JITTERED]
+RULE_VARIANTS = [*(v for v in LEARN_VARIANTS if v != SYNCHRONOUS), *WARM_VARIANTS, JITTERED]
 RULE_SETTINGS = ((400, 0.003), (200, 0.0015))
 """(steps, Adam's learning rate) of the offline sections: the text convergence runs' setting (400 steps at 3e-3; until
 2026-11-29 they ran 200, and this section ran twice their steps), and 200 steps at half their rate."""
@@ -424,6 +433,25 @@ def _paired(row: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[str
     return time_text, f"{statistics.median(a / b - 1 for a, b in zip(mine['final'], theirs['final'])):+.1%}"
 
 
+def _control(variants: dict[str, Any], metric: str) -> list[str]:
+    """Where a lead over 1f1b comes from: the engine synchronous throughout (``SYNCHRONOUS``) against torch's 1F1B
+    (the engine's cost per pass alone), and each asynchronous row with a warm-up against it (the asynchrony alone)."""
+    control = variants.get(SYNCHRONOUS)
+    if control is None or not control.get("per_seed"):
+        return []
+    parts = []
+    for variant in (v for v in LEARN_VARIANTS if v in variants and VARIANTS[v][3] and v != SYNCHRONOUS):
+        paired_time, paired_final = _paired(variants[variant], control, metric)
+        mine, theirs = variants[variant]["time_to_target_s"], control["time_to_target_s"]
+        median = f"{theirs / mine:.2f}x" if mine and theirs else "-"
+        parts.append(f"*{variant}* {median} (paired {paired_time}; final {paired_final})")
+    base_time, base_final = _paired(control, variants["1f1b"], metric)
+    return [f"Where the lead comes from: *{SYNCHRONOUS}* (the engine that runs async-1f1b with a warm-up longer "
+            f"than the run, so every step drains and no gradient is late) against torch's 1F1B, the engine's own cost "
+            f"per pass: paired {base_time}, final {base_final}. Against that control, the asynchrony alone (its time "
+            f"over the row's; seeds paired; final metric against the control's): " + "; ".join(parts) + ".", ""]
+
+
 def _compute_bound(rows: dict[str, Any]) -> list[str]:
     """What no order of async-1f1b's passes can beat against plain model parallelism: MP's measured step over the
     busiest rank's compute per step under async-1f1b (every pass runs on its rank, one at a time), and over its compute
@@ -532,7 +560,8 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {variant} | {'not reached' if t is None else f'{t:.2f}'} | {ratio} | {paired_time} | "
                          f"{r['reached']}/{r['seeds']} | {final} | {diff} | {paired_final} | "
                          f"{r['step_time_s'] * 1e3:.1f} | {r['load'][0]:.2f} / {r['load'][1]:.2f} |")
-        lines += ["", f"Command (1f1b, seed 0): `{base['command']}`", "",
+        lines += [""] + _control(variants, metric)
+        lines += [f"Command (1f1b, seed 0): `{base['command']}`", "",
                   f"![{entry['data']}](img/async-{entry['data']}.png)", ""]
     lines += _render_rule(results)
     return "\n".join(lines) + "\n"
