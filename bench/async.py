@@ -27,7 +27,8 @@ Writes docs/bench-async.md, docs/bench-async.json and docs/img/async-*.png (``pl
 average is recorded around every run.
 
     python3 bench/async.py                           # everything (about 2.5 hours)
-    python3 bench/async.py --only throughput         # 3 runs of each schedule (about 25 minutes; --repeats)
+    python3 bench/async.py --only throughput         # 3 runs of each schedule (about 25 minutes; --repeats,
+                                                     # --models, --microbatches)
     python3 bench/async.py --only convergence --data text   # text's convergence, 9 seeds of 400 steps (about an hour)
     python3 bench/async.py --only rule               # the rule alone, offline, on both cores (about 30 minutes)
     python3 bench/async.py --render                  # the page again from docs/bench-async.json
@@ -36,6 +37,7 @@ average is recorded around every run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -48,7 +50,8 @@ from typing import Any
 from _paths import REPO  # first: the repository on sys.path
 from learning import median_of_all, plan_cli, train
 from run import CLUSTER, per_step, probed_cluster  # bench/run.py: per-device seconds per step; cpu-2, probed now
-from planner.formats.plan import ASYNC_SCHEDULES, DEFAULT_ASYNC_WARMUP
+from planner.formats.plan import ASYNC_SCHEDULES, DEFAULT_ASYNC_WARMUP, load_plan
+from planner.report.replay import simulate_plan
 
 WORK = REPO / "bench" / ".cache" / "async"
 OUTPUT = REPO / "docs" / "bench-async.md"
@@ -105,6 +108,9 @@ ROUND_STEPS = 10
 """Steps per round, in the throughput and the convergence runs alike: the asynchronous schedules drain the pipeline
 once per round, and the convergence runs evaluate at round ends, every 10 steps."""
 MICROBATCHES = (4, 8)
+PER_STEP = ("compute_s", "update_s", "recv_s")
+"""Each rank's seconds per step the throughput rows keep from the round logs: its passes, its optimizer updates, and
+its waits on receives (bench/run.py ``per_step``)."""
 JITTERED = "1f1b, start jittered"
 """The offline sections' control: synchronous training from initial weights each moved by one part in a million,
 how far a seed's final loss goes when nothing but rounding-sized noise changes."""
@@ -146,14 +152,15 @@ def profile_of(name: str, model: str, fresh: bool = False) -> Path:
     return out
 
 
-def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None:
+def throughput(results: dict[str, Any], repeats: int, models: list[str],
+               microbatches: tuple[int, ...] = MICROBATCHES) -> None:
     for name, spec in SPEED.items():
         if name not in models:
             continue
         profile = profile_of(name, spec["model"], fresh=True)  # the predictions are judged: time the machine as it is
         cluster = probed_cluster()  # and what the runtime costs per pass and message on it now
         probed = json.loads(cluster.read_text())["runtime"]
-        for m in MICROBATCHES:
+        for m in microbatches:
             first = sorted(SPEED_VARIANTS, key=lambda v: VARIANTS[v][2])  # plain model parallelism reuses 1f1b's new plan
             plans = {variant: make_plan(profile, name, m, variant, fresh=not VARIANTS[variant][2], cluster=str(cluster))
                      for variant in first}
@@ -166,7 +173,7 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
                     print(f"{tag} ...", file=sys.stderr, flush=True)
                     done = train(tag, plans[variant], spec, *extra, work=WORK, round_steps=ROUND_STEPS)
                     rounds = [json.loads(line) for line in (WORK / f"{tag}.jsonl").read_text().splitlines()]
-                    runs[variant].append({**done, **{f: per_step(rounds, f) for f in ("compute_s", "update_s")}})
+                    runs[variant].append({**done, **{f: per_step(rounds, f) for f in PER_STEP}})
             rows = {}
             samples = spec["rows"] * m
             for variant, done in runs.items():
@@ -175,13 +182,25 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str]) -> None
                 rows[variant] = {"step_time_s": run["step_time_s"], "samples_per_s": samples / run["step_time_s"],
                                  "runs_s": [r["step_time_s"] for r in done],
                                  **{f: {d: statistics.median(r[f][d] for r in done) for d in done[0][f]}
-                                    for f in ("compute_s", "update_s")},
+                                    for f in PER_STEP},
                                  "predicted_samples_per_s": None if VARIANTS[variant][2] else samples / predicted,
                                  "load": [min(r["load"][0] for r in done), max(r["load"][1] for r in done)],
-                                 "command": run["command"], "async": run.get("async")}
+                                 "command": run["command"], "async": run.get("async"),
+                                 "predicted_step_s": None if VARIANTS[variant][2] else predicted,
+                                 "predicted_steady_step_s": _steady_step_s(plans[variant])}
             results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
                                                  "round_steps": ROUND_STEPS, "date": time.strftime("%Y-%m-%d"),
                                                  "pass_overhead_s": probed["pass_overhead_s"]}
+
+
+def _steady_step_s(plan_path: Path) -> float | None:
+    """An asynchronous plan's step simulated with no drain at all (the steady state), beside its prediction for the
+    run's rounds, each of which drains once; None for a flushing schedule."""
+    plan = load_plan(plan_path)
+    if plan.schedule not in ASYNC_SCHEDULES:
+        return None
+    record = {k: v for k, v in (plan.extra.get("async") or {}).items() if k != "drain_every"}
+    return simulate_plan(dataclasses.replace(plan, extra={**plan.extra, "async": record})).step_time_s
 
 
 def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: bool = False) -> None:
@@ -395,6 +414,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(SPEED), choices=list(SPEED),
                         help="throughput: which models (the others' sections are kept)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
+    parser.add_argument("--microbatches", nargs="+", type=int, default=list(MICROBATCHES), choices=MICROBATCHES,
+                        help="throughput: which micro-batch counts (the others' sections are kept)")
     parser.add_argument("--rule-seeds", type=int, default=6, help="seeds of each offline section (the rule alone)")
     parser.add_argument("--rule-variants", nargs="+", default=RULE_VARIANTS, choices=RULE_VARIANTS, metavar="VARIANT",
                         help="the rule alone: which variants to run (the others' rows are kept)")
@@ -406,7 +427,7 @@ def main() -> None:
     if not args.render:
         began = time.time()
         if args.only in (None, "throughput"):
-            throughput(results, args.repeats, args.models)
+            throughput(results, args.repeats, args.models, tuple(args.microbatches))
         if args.only in (None, "convergence"):
             convergence(results, args.seeds, args.data, args.reuse_runs)
         if args.only in (None, "rule"):
@@ -474,6 +495,28 @@ def _compute_bound(rows: dict[str, Any]) -> list[str]:
             f"waiting on messages and in the runtime, not computing.", ""]
 
 
+def _breakdown(rows: dict[str, Any]) -> list[str]:
+    """Where async-1f1b's step goes on its busiest rank (the most compute and updates per step): its passes, its
+    optimizer updates, its waits on receives, and the rest (sending, adding each backward's gradients to the step's,
+    the weight versions, the round's drain beyond its waits); rows measured before receives were kept lack it."""
+    ours = rows["async-1f1b"]
+    if "recv_s" not in ours:
+        return []
+    busiest = max(ours["compute_s"], key=lambda d: ours["compute_s"][d] + ours["update_s"][d])
+    step = ours["step_time_s"]
+    parts = {"passes": ours["compute_s"][busiest], "optimizer updates": ours["update_s"][busiest],
+             "waiting on receives": ours["recv_s"][busiest]}
+    parts["the rest"] = step - sum(parts.values())
+    steady, predicted = ours.get("predicted_steady_step_s"), ours.get("predicted_step_s")
+    drains = (f" The simulator puts the rounds' drains at {predicted / steady - 1:.1%} of the steady step (its step "
+              f"for the run's rounds over its step with no drain)." if steady and predicted else "")
+    return [f"async-1f1b's step on its busiest rank ({busiest}; each part the median over the runs, the rest what "
+            f"the median step leaves): "
+            + ", ".join(f"{name} {seconds * 1e3:.1f} ms ({seconds / step:.1%})" for name, seconds in parts.items())
+            + "." + drains, ""]
+
+
+
 def _receives(rows: dict[str, Any]) -> list[str]:
     """async-1f1b as ``plan run`` runs it on gloo (each receive posted when the rank is about to wait for it) against
     the same plan with every receive posted one message ahead (``--async-receives ahead``), measured in turns."""
@@ -531,7 +574,7 @@ def render(results: dict[str, Any]) -> str:
                              f"{r['samples_per_s'] / base:.2f}x | {r['samples_per_s'] / plain:.2f}x | "
                              f"{', '.join(f'{s * 1e3:.1f}' for s in r.get('runs_s', [r['step_time_s']]))} | "
                              f"{r['load'][0]:.2f} / {r['load'][1]:.2f} |")
-            lines += [""] + _compute_bound(rows) + _receives(rows)
+            lines += [""] + _compute_bound(rows) + _breakdown(rows) + _receives(rows)
             lines += [f"Command (async-1f1b): `{rows['async-1f1b']['command']}`", ""]
     for key in sorted(k for k in results if k.startswith("convergence/")):
         entry = results[key]

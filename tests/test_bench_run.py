@@ -104,3 +104,63 @@ def test_a_partial_run_keeps_its_sections_in_the_history(bench_run: Any) -> None
     assert (gain, rebalance) == ("-", "-")
     assert counts == "3 of 4 / 3 of 3"  # 0.12 is beyond 10% raw; only one row has calibrated errors
     assert "gpt_small +4.0% (+1.0%, +4.0%, +12.0%)" in cases
+
+
+def test_the_async_bench_prices_the_rounds_drains_against_the_steady_state(tmp_path: Path) -> None:
+    """bench/async.py's *drains* figure: an asynchronous plan priced for rounds of 3 steps, re-simulated with no drain,
+    is the plan partition writes for the steady state (no ``--round-steps``), and faster; a flushing plan has none."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.formats.plan import load_plan
+
+    bench_async = _script("async")
+    profile = str(ROOT / "tests" / "golden" / "profiles" / "gpt_tiny.json")
+    made = {}
+    for name, extra in (("drained", ["-s", "async-1f1b", "--round-steps", "3"]), ("steady", ["-s", "async-1f1b"]),
+                        ("flushing", ["-s", "1f1b"])):
+        made[name] = tmp_path / f"{name}.json"
+        args = ["partition", profile, "--cluster", "cpu-2", "-m", "uniform", "-d", "1", "-n", "4", *extra]
+        result = CliRunner().invoke(app, [*args, "-o", str(made[name])])
+        assert result.exit_code == 0, result.output
+    drained, steady = load_plan(made["drained"]), load_plan(made["steady"])
+    assert drained.drain_every == 3 and steady.drain_every is None
+    assert bench_async._steady_step_s(made["drained"]) == pytest.approx(steady.step_time_s, rel=1e-9)
+    assert steady.step_time_s < drained.step_time_s
+    assert bench_async._steady_step_s(made["flushing"]) is None
+
+
+def test_the_async_bench_splits_the_busiest_ranks_step() -> None:
+    """bench/async.py's breakdown of async-1f1b's step on the rank with the most passes and updates: the parts and the
+    rest add up to the measured step, and the drains' share is the prediction over the steady state's; a row measured
+    before receives were kept shows none."""
+    bench_async = _script("async")
+    row = {"step_time_s": 0.5, "compute_s": {"cpu0": 0.40, "cpu1": 0.42}, "update_s": {"cpu0": 0.03, "cpu1": 0.005},
+           "recv_s": {"cpu0": 0.02, "cpu1": 0.04}, "predicted_step_s": 0.44, "predicted_steady_step_s": 0.4}
+    line = " ".join(bench_async._breakdown({"async-1f1b": row}))
+    assert "busiest rank (cpu0;" in line  # 0.43 of passes and updates against cpu1's 0.425
+    assert "passes 400.0 ms (80.0%), optimizer updates 30.0 ms (6.0%), waiting on receives 20.0 ms (4.0%), " \
+           "the rest 50.0 ms (10.0%)." in line
+    assert "drains at 10.0% of the steady step" in line
+    assert bench_async._breakdown({"async-1f1b": {k: v for k, v in row.items() if k != "recv_s"}}) == []
+
+
+def test_the_async_bench_compares_the_warm_ups_with_the_synchronous_engine() -> None:
+    """bench/async.py's control: the engine synchronous throughout against torch's 1F1B, then each row with a warm-up
+    against that control, seed by seed (times: the control's over the row's; finals: the row's against the
+    control's); sections without the control say nothing."""
+    bench_async = _script("async")
+
+    def row(times: list[float], finals: list[float]) -> dict[str, Any]:
+        return {"time_to_target_s": sorted(times)[len(times) // 2], "final": sorted(finals)[len(finals) // 2],
+                "per_seed": {"time_to_target_s": times, "final": finals}}
+
+    variants = {"1f1b": row([4.0, 8.0, 6.0], [0.95, 0.96, 0.97]),
+                bench_async.SYNCHRONOUS: row([2.0, 4.0, 3.0], [0.95, 0.96, 0.97]),
+                "async-1f1b, warm-up 50": row([1.0, 2.0, 1.5], [0.96, 0.96, 0.97]),
+                "async-1f1b": row([1.0, 1.0, 1.0], [0.9, 0.9, 0.9])}  # no warm-up: not judged against the control
+    line = " ".join(bench_async._control(variants, "accuracy"))
+    assert "against torch's 1F1B, the engine's own cost per pass: paired 2.00x (3), final +0.00 pp" in line
+    assert "*async-1f1b, warm-up 50* 2.00x (paired 2.00x (3); final +0.00 pp)" in line
+    assert "*async-1f1b* " not in line
+    assert bench_async._control({k: v for k, v in variants.items() if k != bench_async.SYNCHRONOUS}, "accuracy") == []
