@@ -52,6 +52,7 @@ from learning import median_of_all, plan_cli, train
 from run import CLUSTER, per_step, probed_cluster  # bench/run.py: per-device seconds per step; cpu-2, probed now
 from planner.formats.plan import ASYNC_SCHEDULES, DEFAULT_ASYNC_WARMUP, load_plan
 from planner.report.replay import simulate_plan
+from planner.runtime.options import parse_target
 
 WORK = REPO / "bench" / ".cache" / "async"
 OUTPUT = REPO / "docs" / "bench-async.md"
@@ -229,7 +230,8 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
             "variants": {v: {"time_to_target_s": median_of_all([r["time_to_target_s"] for r in rs]),
                              "reached": sum(r["time_to_target_s"] is not None for r in rs), "seeds": len(rs),
                              "per_seed": {"time_to_target_s": [r["time_to_target_s"] for r in rs],
-                                          "final": [r["eval"][-1][metric] for r in rs]},
+                                          "final": [r["eval"][-1][metric] for r in rs],
+                                          "target_step": [_target_step(r, spec["target"]) for r in rs]},
                              "final": statistics.median(r["eval"][-1][metric] for r in rs),
                              "step_time_s": statistics.median(r["step_time_s"] for r in rs),
                              "wall_s": statistics.median(r["wall_s"] for r in rs),
@@ -237,6 +239,12 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
                              "command": rs[0]["command"]} for v, rs in runs.items()}}
         logs = [str(WORK / f"{_tag('learn', name, v, 's0')}.json") for v in LEARN_VARIANTS]
         plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
+
+
+def _target_step(run: dict[str, Any], target: str) -> int | None:
+    """The step of a run's first evaluation that reaches ``target`` (where ``plan run`` stops its time to target)."""
+    goal = parse_target(target)
+    return next((e["step"] for e in run["eval"] if goal.reached(e["loss"], e.get("accuracy"))), None)
 
 
 def _rule_final(job: tuple[str, int, int, float]) -> tuple[float, int | None]:
@@ -254,7 +262,6 @@ def _rule_final(job: tuple[str, int, int, float]) -> tuple[float, int | None]:
     from planner.profile.capture import capture
     from planner.profile.loader import load_factory
     from planner.runtime.pipeline.asynchronous import train_async_reference
-    from planner.runtime.options import parse_target
     from planner.runtime.pipeline.stages import stage_graphs
 
     variant, seed, steps, lr = job
@@ -461,16 +468,35 @@ def _control(variants: dict[str, Any], metric: str) -> list[str]:
     if control is None or not control.get("per_seed"):
         return []
     parts = []
+    steps = control["per_seed"].get("target_step")
     for variant in (v for v in LEARN_VARIANTS if v in variants and VARIANTS[v][3] and v != SYNCHRONOUS):
-        paired_time, paired_final = _paired(variants[variant], control, metric)
-        mine, theirs = variants[variant]["time_to_target_s"], control["time_to_target_s"]
-        median = f"{theirs / mine:.2f}x" if mine and theirs else "-"
-        parts.append(f"*{variant}* {median} (paired {paired_time}; final {paired_final})")
+        row = variants[variant]
+        _, paired_final = _paired(row, control, metric)
+        pairs = [(theirs / mine, step) for mine, theirs, step in
+                 zip(row["per_seed"]["time_to_target_s"], control["per_seed"]["time_to_target_s"],
+                     steps or [None] * len(control["per_seed"]["time_to_target_s"])) if mine and theirs]
+        warmup = VARIANTS[variant][3]
+        after = [ratio for ratio, step in pairs if steps is None or step is None or step > warmup]
+        within = sorted(ratio for ratio, step in pairs if steps is not None and step is not None and step <= warmup)
+        text = (f"*{variant}* paired {statistics.median(after):.2f}x over {_seeds(len(after))}" if after else
+                f"*{variant}* no seed")
+        if steps is not None:
+            text += " whose target lies past its warm-up"
+        if within:
+            span = f"{within[0]:.2f}x" + (f" to {within[-1]:.2f}x" if len(within) > 1 else "")
+            text += (f"; on {_seeds(len(within))} the control reaches it within the warm-up, where the row runs the "
+                     f"control's own steps: {span}, the spread between identical runs")
+        parts.append(f"{text} (final {paired_final})")
     base_time, base_final = _paired(control, variants["1f1b"], metric)
     return [f"Where the lead comes from: *{SYNCHRONOUS}* (the engine that runs async-1f1b with a warm-up longer "
             f"than the run, so every step drains and no gradient is late) against torch's 1F1B, the engine's own cost "
-            f"per pass: paired {base_time}, final {base_final}. Against that control, the asynchrony alone (its time "
-            f"over the row's; seeds paired; final metric against the control's): " + "; ".join(parts) + ".", ""]
+            f"per pass: paired {base_time}, final {base_final}. Against that control, the asynchrony alone (the "
+            f"control's time over the row's, seed by seed; final metric against the control's): "
+            + "; ".join(parts) + ".", ""]
+
+
+def _seeds(count: int) -> str:
+    return f"{count} seed{'s' if count != 1 else ''}"
 
 
 def _compute_bound(rows: dict[str, Any]) -> list[str]:

@@ -161,6 +161,13 @@ def test_the_async_bench_compares_the_warm_ups_with_the_synchronous_engine() -> 
                 "async-1f1b": row([1.0, 1.0, 1.0], [0.9, 0.9, 0.9])}  # no warm-up: not judged against the control
     line = " ".join(bench_async._control(variants, "accuracy"))
     assert "against torch's 1F1B, the engine's own cost per pass: paired 2.00x (3), final +0.00 pp" in line
-    assert "*async-1f1b, warm-up 50* 2.00x (paired 2.00x (3); final +0.00 pp)" in line
+    assert "*async-1f1b, warm-up 50* paired 2.00x over 3 seeds (final +0.00 pp)" in line  # no target steps kept
     assert "*async-1f1b* " not in line
+    # seeds whose target the control reaches within the warm-up ran the same steps in both: the spread, not a lead
+    variants[bench_async.SYNCHRONOUS]["per_seed"]["target_step"] = [40, 60, 100]
+    variants["async-1f1b, warm-up 50"]["per_seed"]["time_to_target_s"] = [2.5, 2.0, 1.5]
+    line = " ".join(bench_async._control(variants, "accuracy"))
+    assert ("*async-1f1b, warm-up 50* paired 2.00x over 2 seeds whose target lies past its warm-up; on 1 seed the "
+            "control reaches it within the warm-up, where the row runs the control's own steps: 0.80x, the spread "
+            "between identical runs (final +0.00 pp)") in line
     assert bench_async._control({k: v for k, v in variants.items() if k != bench_async.SYNCHRONOUS}, "accuracy") == []
