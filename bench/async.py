@@ -52,7 +52,7 @@ from learning import median_of_all, plan_cli, train
 from run import CLUSTER, per_step, probed_cluster  # bench/run.py: per-device seconds per step; cpu-2, probed now
 from planner.formats.plan import ASYNC_SCHEDULES, DEFAULT_ASYNC_WARMUP, load_plan
 from planner.report.replay import simulate_plan
-from planner.runtime.options import parse_target
+from planner.runtime.options import Target, parse_target
 
 WORK = REPO / "bench" / ".cache" / "async"
 OUTPUT = REPO / "docs" / "bench-async.md"
@@ -187,7 +187,6 @@ def throughput(results: dict[str, Any], repeats: int, models: list[str],
                                  "predicted_samples_per_s": None if VARIANTS[variant][2] else samples / predicted,
                                  "load": [min(r["load"][0] for r in done), max(r["load"][1] for r in done)],
                                  "command": run["command"], "async": run.get("async"),
-                                 "predicted_step_s": None if VARIANTS[variant][2] else predicted,
                                  "predicted_steady_step_s": _steady_step_s(plans[variant])}
             results[f"throughput/{name}/{m}"] = {"model": name, "microbatches": m, "rows": rows,
                                                  "round_steps": ROUND_STEPS, "date": time.strftime("%Y-%m-%d"),
@@ -231,7 +230,8 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
                              "reached": sum(r["time_to_target_s"] is not None for r in rs), "seeds": len(rs),
                              "per_seed": {"time_to_target_s": [r["time_to_target_s"] for r in rs],
                                           "final": [r["eval"][-1][metric] for r in rs],
-                                          "target_step": [_target_step(r, spec["target"]) for r in rs]},
+                                          "target_step": [_target_step(r, parse_target(spec["target"]))
+                                                          for r in rs]},
                              "final": statistics.median(r["eval"][-1][metric] for r in rs),
                              "step_time_s": statistics.median(r["step_time_s"] for r in rs),
                              "wall_s": statistics.median(r["wall_s"] for r in rs),
@@ -241,10 +241,9 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
         plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
 
 
-def _target_step(run: dict[str, Any], target: str) -> int | None:
+def _target_step(run: dict[str, Any], target: Target) -> int | None:
     """The step of a run's first evaluation that reaches ``target`` (where ``plan run`` stops its time to target)."""
-    goal = parse_target(target)
-    return next((e["step"] for e in run["eval"] if goal.reached(e["loss"], e.get("accuracy"))), None)
+    return next((e["step"] for e in run["eval"] if target.reached(e["loss"], e.get("accuracy"))), None)
 
 
 def _rule_final(job: tuple[str, int, int, float]) -> tuple[float, int | None]:
@@ -468,16 +467,16 @@ def _control(variants: dict[str, Any], metric: str) -> list[str]:
     if control is None or not control.get("per_seed"):
         return []
     parts = []
-    steps = control["per_seed"].get("target_step")
+    times = control["per_seed"]["time_to_target_s"]
+    steps = control["per_seed"].get("target_step")  # absent from sections measured before it was kept
     for variant in (v for v in LEARN_VARIANTS if v in variants and VARIANTS[v][3] and v != SYNCHRONOUS):
-        row = variants[variant]
+        row, warmup = variants[variant], VARIANTS[variant][3]
         _, paired_final = _paired(row, control, metric)
-        pairs = [(theirs / mine, step) for mine, theirs, step in
-                 zip(row["per_seed"]["time_to_target_s"], control["per_seed"]["time_to_target_s"],
-                     steps or [None] * len(control["per_seed"]["time_to_target_s"])) if mine and theirs]
-        warmup = VARIANTS[variant][3]
-        after = [ratio for ratio, step in pairs if steps is None or step is None or step > warmup]
-        within = sorted(ratio for ratio, step in pairs if steps is not None and step is not None and step <= warmup)
+        after, within = [], []
+        for mine, theirs, step in zip(row["per_seed"]["time_to_target_s"], times, steps or [None] * len(times)):
+            if mine and theirs:
+                (within if step is not None and step <= warmup else after).append(theirs / mine)
+        within.sort()
         text = (f"*{variant}* paired {statistics.median(after):.2f}x over {_seeds(len(after))}" if after else
                 f"*{variant}* no seed")
         if steps is not None:
@@ -533,14 +532,15 @@ def _breakdown(rows: dict[str, Any]) -> list[str]:
     parts = {"passes": ours["compute_s"][busiest], "optimizer updates": ours["update_s"][busiest],
              "waiting on receives": ours["recv_s"][busiest]}
     parts["the rest"] = step - sum(parts.values())
-    steady, predicted = ours.get("predicted_steady_step_s"), ours.get("predicted_step_s")
+    steady = ours.get("predicted_steady_step_s")
+    # the predicted step for the run's rounds: the step's samples over the predicted samples per second
+    predicted = step * ours["samples_per_s"] / ours["predicted_samples_per_s"]
     drains = (f" The simulator puts the rounds' drains at {predicted / steady - 1:.1%} of the steady step (its step "
-              f"for the run's rounds over its step with no drain)." if steady and predicted else "")
+              f"for the run's rounds over its step with no drain)." if steady else "")
     return [f"async-1f1b's step on its busiest rank ({busiest}; each part the median over the runs, the rest what "
             f"the median step leaves): "
             + ", ".join(f"{name} {seconds * 1e3:.1f} ms ({seconds / step:.1%})" for name, seconds in parts.items())
             + "." + drains, ""]
-
 
 
 def _receives(rows: dict[str, Any]) -> list[str]:

@@ -136,7 +136,8 @@ def test_the_async_bench_splits_the_busiest_ranks_step() -> None:
     before receives were kept shows none."""
     bench_async = _script("async")
     row = {"step_time_s": 0.5, "compute_s": {"cpu0": 0.40, "cpu1": 0.42}, "update_s": {"cpu0": 0.03, "cpu1": 0.005},
-           "recv_s": {"cpu0": 0.02, "cpu1": 0.04}, "predicted_step_s": 0.44, "predicted_steady_step_s": 0.4}
+           "recv_s": {"cpu0": 0.02, "cpu1": 0.04}, "samples_per_s": 16.0, "predicted_samples_per_s": 16.0 * 0.5 / 0.44,
+           "predicted_steady_step_s": 0.4}  # predicted 0.44 s for the rounds, 0.4 s with no drain
     line = " ".join(bench_async._breakdown({"async-1f1b": row}))
     assert "busiest rank (cpu0;" in line  # 0.43 of passes and updates against cpu1's 0.425
     assert "passes 400.0 ms (80.0%), optimizer updates 30.0 ms (6.0%), waiting on receives 20.0 ms (4.0%), " \
