@@ -275,25 +275,34 @@ class _Block(torch.nn.Module):
 def test_identical_blocks_measure_alike_the_first_included() -> None:
     """Issue 12: every op is warmed before any is timed, so the first of N identical blocks is not inflated
     by the allocator's growth, cold caches or one-off kernel setup (it measured 15% to 4x its twins). A ratio
-    between ops of one profile, with a wide tolerance: no absolute time is asserted."""
+    between ops of one profile, with a wide tolerance: no absolute time is asserted.
+
+    This machine (2 shared cores) has slow spells of about half a second that inflate whichever block is timed
+    then by 25-55% (thread CPU time: 8 profiles in a row inflated block 0 twice and block 1 once, 2026-11-30), so
+    a profile outside the bounds is taken once more: an inflation due to the order shows in both."""
     from planner.profile.capture import capture
     from planner.profile.measure import measure
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_Block(192) for _ in range(6)])
     inputs = (torch.randn(32, 16, 192),)
-    measurement = measure(capture(model, inputs), model, inputs, device=torch.device("cpu"), repeats=7, warmup=2)
-    per_block: dict[str, float] = {}
     captured = capture(model, inputs)
-    for op, m in zip(captured.ops, measurement.ops):
-        block = op.module_path.split(".")[0]
-        if block.isdigit():
-            per_block[block] = per_block.get(block, 0.0) + m.fwd_s + m.bwd_s
-    times = [per_block[str(i)] for i in range(6)]
-    others = sorted(times[1:])[2]
-    assert times[0] / others < 1.35, times  # not inflated; measured here: 0.94-1.15 (10% noise between runs)
-    # Not much faster than its twins either. Against the fastest twin rather than the median: the suite runs beside
-    # other tests, whose load can change during the measurement, and one run on a fresh clone timed the six blocks
-    # 0.016, 0.019, 0.023, 0.024, 0.023, 0.022 s, a trend of the host's speed, not of the order.
+    for attempt in range(2):
+        measurement = measure(captured, model, inputs, device=torch.device("cpu"), repeats=7, warmup=2)
+        per_block: dict[str, float] = {}
+        for op, m in zip(captured.ops, measurement.ops):
+            block = op.module_path.split(".")[0]
+            if block.isdigit():
+                per_block[block] = per_block.get(block, 0.0) + m.fwd_s + m.bwd_s
+        times = [per_block[str(i)] for i in range(6)]
+        others = sorted(times[1:])[2]
+        # Not inflated (measured here: 0.94-1.15, 10% noise between runs), nor much faster than its twins. Against
+        # the fastest twin rather than the median: the suite runs beside other tests, whose load can change during
+        # the measurement, and one run on a fresh clone timed the six blocks 0.016, 0.019, 0.023, 0.024, 0.023,
+        # 0.022 s, a trend of the host's speed, not of the order.
+        within = times[0] / others < 1.35 and times[0] / min(times[1:]) > 1 / 1.35 and max(times) / min(times) < 2.0
+        if within or attempt == 1:
+            break
+    assert times[0] / others < 1.35, times
     assert times[0] / min(times[1:]) > 1 / 1.35, times
     assert max(times) / min(times) < 2.0, times
