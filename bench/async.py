@@ -16,7 +16,9 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
   warm-up of 50 steps (``--async-warmup 50``, the default) and of 20, 9 seeds (``--seeds``), schedules interleaved;
   and a control, the same engine synchronous throughout (a warm-up longer than the run), which splits a lead over
   1F1B into what the engine's cost per pass gives and what the asynchrony gives.
-
+- time to target over more seeds: 1f1b, the control and the two warm-ups only, 16 seeds (``--sooner-seeds``), each
+  run stopping at the target (``--stop-at-target``), so many seeds cost what a few full runs do: a lead of a few
+  percent shows against the spread between identical runs, which a handful of seeds does not narrow enough.
 - the rule alone: the engine's update rule in one process (``train_async_reference``, which the distributed run
   equals: ``tests/test_async.py``; on the text runs here, every seed's final loss to the last digit shown) on
   ``gpt_bytes`` for longer and at a lower learning rate, every variant, 6 seeds (``--rule-seeds``): the final loss,
@@ -30,6 +32,7 @@ average is recorded around every run.
     python3 bench/async.py --only throughput         # 3 runs of each schedule (about 25 minutes; --repeats,
                                                      # --models, --microbatches)
     python3 bench/async.py --only convergence --data text   # text's convergence, 9 seeds of 400 steps (about an hour)
+    python3 bench/async.py --only sooner             # time to target over 16 seeds, both data sets (about 30 min)
     python3 bench/async.py --only rule               # the rule alone, offline, on both cores (about 30 minutes)
     python3 bench/async.py --render                  # the page again from docs/bench-async.json
 """
@@ -105,6 +108,8 @@ LEARN_VARIANTS = [v for v in VARIANTS if v != "model parallel" and v not in RUN_
 WARM_VARIANTS = {"async-1f1b, no correction, warm-up 50": ("async-1f1b", "none", False, WARMUP),
                  "async-1f1b, warm-up 10": ("async-1f1b", "predict", False, 10)}
 """Variants of the rule alone only."""
+SOONER_VARIANTS = ["1f1b", SYNCHRONOUS, "async-1f1b, warm-up 50", "async-1f1b, warm-up 20"]
+"""The variants timed to the target over more seeds (``sooner``): 1F1B, the control and the two warm-ups."""
 ROUND_STEPS = 10
 """Steps per round, in the throughput and the convergence runs alike: the asynchronous schedules drain the pipeline
 once per round, and the convergence runs evaluate at round ends, every 10 steps."""
@@ -239,6 +244,33 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
                              "command": rs[0]["command"]} for v, rs in runs.items()}}
         logs = [str(WORK / f"{_tag('learn', name, v, 's0')}.json") for v in LEARN_VARIANTS]
         plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
+
+
+def sooner(results: dict[str, Any], seeds: int, data: list[str]) -> None:
+    """``SOONER_VARIANTS``' time to target on each of ``data`` over ``seeds`` seeds, seeds and variants interleaved,
+    every run stopping at the target (a seed that misses it runs its steps): the convergence runs' plans and setting,
+    without their final metric."""
+    for name, spec in LEARN.items():
+        if name not in data:
+            continue
+        profile = profile_of(name, spec["model"])
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in SOONER_VARIANTS}
+        for seed in range(seeds):
+            for variant in SOONER_VARIANTS:
+                tag = _tag("sooner", name, variant, f"s{seed}")
+                print(f"{tag} ...", file=sys.stderr, flush=True)
+                runs[variant].append(train(tag, make_plan(profile, name, 4, variant), spec, "--seed", str(seed),
+                                           "--eval-every", str(spec["eval_every"]), "--target", spec["target"],
+                                           "--stop-at-target", work=WORK, round_steps=ROUND_STEPS))
+        target = parse_target(spec["target"])
+        results[f"sooner/{name}"] = {
+            "data": name, "target": spec["target"], "date": time.strftime("%Y-%m-%d"), "steps": spec["steps"],
+            "lr": spec["lr"], "seeds": seeds,
+            "variants": {v: {"per_seed": {"time_to_target_s": [r["time_to_target_s"] for r in rs],
+                                          "target_step": [_target_step(r, target) for r in rs]},
+                             "step_time_s": statistics.median(r["step_time_s"] for r in rs),
+                             "load": [min(r["load"][0] for r in rs), max(r["load"][1] for r in rs)],
+                             "command": rs[0]["command"]} for v, rs in runs.items()}}
 
 
 def _target_step(run: dict[str, Any], target: Target) -> int | None:
@@ -408,7 +440,7 @@ def _render_rule(results: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["throughput", "convergence", "rule"])
+    parser.add_argument("--only", choices=["throughput", "convergence", "sooner", "rule"])
     parser.add_argument("--seeds", type=int, default=9,
                         help="convergence runs per schedule (one schedule's final text loss spreads over more than 10%% "
                              "from seed to seed, and the target loss sits at the end of a plateau the seeds leave "
@@ -422,6 +454,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
     parser.add_argument("--microbatches", nargs="+", type=int, default=list(MICROBATCHES), choices=MICROBATCHES,
                         help="throughput: which micro-batch counts (the others' sections are kept)")
+    parser.add_argument("--sooner-seeds", type=int, default=16,
+                        help="time to target over more seeds: runs per schedule (each stops at the target)")
     parser.add_argument("--rule-seeds", type=int, default=6, help="seeds of each offline section (the rule alone)")
     parser.add_argument("--rule-variants", nargs="+", default=RULE_VARIANTS, choices=RULE_VARIANTS, metavar="VARIANT",
                         help="the rule alone: which variants to run (the others' rows are kept)")
@@ -436,6 +470,8 @@ def main() -> None:
             throughput(results, args.repeats, args.models, tuple(args.microbatches))
         if args.only in (None, "convergence"):
             convergence(results, args.seeds, args.data, args.reuse_runs)
+        if args.only in (None, "sooner"):
+            sooner(results, args.sooner_seeds, args.data)
         if args.only in (None, "rule"):
             rule(results, args.rule_seeds, args.rule_variants)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
@@ -492,6 +528,80 @@ def _control(variants: dict[str, Any], metric: str) -> list[str]:
             f"per pass: paired {base_time}, final {base_final}. Against that control, the asynchrony alone (the "
             f"control's time over the row's, seed by seed; final metric against the control's): "
             + "; ".join(parts) + ".", ""]
+
+
+def _step_lead(variants: dict[str, Any]) -> list[str]:
+    """What the rows' step times alone give: each asynchronous row reaching the target at 1f1b's step on every seed,
+    its drained warm-up steps at the control's step time and the rest at its own (``step_time_s``, the steady step
+    after the warm-up), against 1f1b's steps and against the control's; medians over the seeds on which 1f1b reached
+    the target."""
+    base, control = variants["1f1b"], variants.get(SYNCHRONOUS)
+    steps = [s for s in (base.get("per_seed") or {}).get("target_step", []) if s is not None]
+    if not steps or control is None:
+        return []
+    parts = []
+    for variant in (v for v in LEARN_VARIANTS if v in variants and v not in ("1f1b", SYNCHRONOUS)):
+        warmup, row = VARIANTS[variant][3], variants[variant]
+        spent = [min(warmup, t) * control["step_time_s"] + max(0, t - warmup) * row["step_time_s"] for t in steps]
+        leads = [statistics.median(t * other["step_time_s"] / s for t, s in zip(steps, spent))
+                 for other in (base, control)]
+        parts.append(f"*{variant}* {leads[0]:.2f}x ({leads[1]:.2f}x)")
+    return [f"What the step times alone give: a row that reached the target at 1f1b's step on each seed "
+            f"({', '.join(map(str, steps))}), its warm-up's drained steps at the control's step time and the rest at "
+            "its own, would lead 1f1b by (median over those seeds; in brackets, the control, which is the asynchrony's "
+            "part) " + ", ".join(parts) + ". A row that leads by more in the table reached the target in fewer steps "
+            "than 1f1b on some seeds; one that leads by less needed more steps, or ran in a slower hour than 1f1b.", ""]
+
+
+def _render_sooner(results: dict[str, Any]) -> list[str]:
+    """The sections of ``sooner``: per variant, how many seeds reached the target, the median time to it, the ratio
+    of medians and the paired one against 1f1b, the paired one against the control split by where the control reached
+    the target (past the row's warm-up or within it), and the step at which the seeds reached it against 1f1b's."""
+    lines: list[str] = []
+    for key in sorted(k for k in results if k.startswith("sooner/")):
+        entry = results[key]
+        variants = entry["variants"]
+        base, control = variants["1f1b"], variants[SYNCHRONOUS]
+        lines += [f"## Time to target over more seeds: {entry['data']}, target {entry['target']}", "",
+                  f"Measured {entry['date']}, {entry['seeds']} seeds, the convergence runs' plans and setting (lr "
+                  f"{entry['lr']}, evaluation every 10 steps at round ends), schedules and seeds interleaved, each run "
+                  "stopping at the target (`--stop-at-target`; no final metric: the convergence section above has it). "
+                  "*to target*: the median; *vs 1f1b*: 1f1b's median over the row's; *paired*: the median over the "
+                  "seeds on which both reached the target of 1f1b's time over the row's; *vs control*: the same "
+                  "against the control, over the seeds whose target the control reaches past the row's warm-up, then "
+                  "over those within it (where both run the same drained steps: the spread between identical runs); "
+                  "*same step*: the seeds that reached the target at 1f1b's evaluation. No step time: runs that stop "
+                  "at the target mostly end within the warm-up (the convergence section above has the steady steps).",
+                  "", "| schedule | reached | to target (s) | vs 1f1b | paired | vs control: past warm-up / within | "
+                  "same step | load |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for variant in (v for v in SOONER_VARIANTS if v in variants):
+            row = variants[variant]
+            times, steps = row["per_seed"]["time_to_target_s"], row["per_seed"]["target_step"]
+            known = [t for t in times if t is not None]
+            median = median_of_all(times)
+            ratio = f"{median_of_all(base['per_seed']['time_to_target_s']) / median:.2f}x" if median else "-"
+            paired = _ratios(base["per_seed"]["time_to_target_s"], times)
+            split = ["-", "-"]
+            warmup = VARIANTS[variant][3]
+            if warmup and variant != SYNCHRONOUS:
+                ctrl_steps = control["per_seed"]["target_step"]
+                past = [i for i, s in enumerate(ctrl_steps) if s is not None and s > warmup]
+                split = [_ratios([control["per_seed"]["time_to_target_s"][i] for i in part],
+                                 [times[i] for i in part])
+                         for part in (past, [i for i in range(len(times)) if i not in past])]
+            same = sum(a == b and a is not None for a, b in zip(steps, base["per_seed"]["target_step"]))
+            lines.append(f"| {variant} | {len(known)}/{len(times)} | {f'{median:.2f}' if median else '-'} | {ratio} | "
+                         f"{paired} | {split[0]} / {split[1]} | {same}/{len(times)} | "
+                         f"{row['load'][0]:.2f} / {row['load'][1]:.2f} |")
+        lines += ["", f"Command (1f1b, seed 0): `{base['command']}`", ""]
+    return lines
+
+
+def _ratios(theirs: list[float | None], mine: list[float | None]) -> str:
+    """The median over the seeds both reached the target on of ``theirs`` over ``mine``, with the count; "-" if none."""
+    both = [b / a for a, b in zip(mine, theirs) if a and b]
+    return f"{statistics.median(both):.2f}x ({len(both)})" if both else "-"
 
 
 def _seeds(count: int) -> str:
@@ -629,10 +739,10 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {variant} | {'not reached' if t is None else f'{t:.2f}'} | {ratio} | {paired_time} | "
                          f"{r['reached']}/{r['seeds']} | {final} | {diff} | {paired_final} | "
                          f"{r['step_time_s'] * 1e3:.1f} | {r['load'][0]:.2f} / {r['load'][1]:.2f} |")
-        lines += [""] + _control(variants, metric)
+        lines += [""] + _control(variants, metric) + _step_lead(variants)
         lines += [f"Command (1f1b, seed 0): `{base['command']}`", "",
                   f"![{entry['data']}](img/async-{entry['data']}.png)", ""]
-    lines += _render_rule(results)
+    lines += _render_sooner(results) + _render_rule(results)
     return "\n".join(lines) + "\n"
 
 

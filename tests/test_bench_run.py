@@ -172,3 +172,48 @@ def test_the_async_bench_compares_the_warm_ups_with_the_synchronous_engine() -> 
             "control reaches it within the warm-up, where the row runs the control's own steps: 0.80x, the spread "
             "between identical runs (final +0.00 pp)") in line
     assert bench_async._control({k: v for k, v in variants.items() if k != bench_async.SYNCHRONOUS}, "accuracy") == []
+
+
+def test_the_async_bench_times_the_target_over_more_seeds_against_1f1b_and_the_control() -> None:
+    """bench/async.py's *more seeds* section: per row the seeds that reached the target, the ratio of medians and the
+    paired one against 1f1b, against the control split by where the control reached the target (past the row's
+    warm-up, or within it), and the seeds that reached it at 1f1b's evaluation; a missed seed counts in no ratio."""
+    bench_async = _script("async")
+
+    def row(times: list[float | None], steps: list[int | None], step_s: float) -> dict[str, Any]:
+        return {"per_seed": {"time_to_target_s": times, "target_step": steps}, "step_time_s": step_s,
+                "load": [1.0, 2.0], "command": "plan run ..."}
+
+    variants = {"1f1b": row([4.0, 8.0, 6.0, 2.0], [20, 80, 60, 20], 0.2),
+                bench_async.SYNCHRONOUS: row([4.0, 8.0, 6.0, 2.0], [20, 80, 60, 20], 0.18),
+                "async-1f1b, warm-up 50": row([4.0, 4.0, 3.0, None], [20, 80, 60, None], 0.15),
+                "async-1f1b, warm-up 20": row([2.0, 4.0, 6.0, 1.0], [20, 40, 60, 20], 0.15)}
+    lines = bench_async._render_sooner({"sooner/text": {"data": "text", "target": "loss=3.0", "date": "2026-11-30",
+                                                        "steps": 400, "lr": 0.003, "seeds": 4, "variants": variants}})
+    page = "\n".join(lines)
+    assert "## Time to target over more seeds: text, target loss=3.0" in page
+    assert "| 1f1b | 4/4 | 5.00 | 1.00x | 1.00x (4) | - / - | 4/4 | 1.00 / 2.00 |" in page
+    # a missed seed: no median, no ratio of medians; paired over the 3 others (1.0, 2.0, 2.0); against the control:
+    # past step 50 seeds 1 and 2 (2.0, 2.0), within seed 0 (1.0); the missed seed 3 in neither
+    assert "| async-1f1b, warm-up 50 | 3/4 | - | - | 2.00x (3) | 2.00x (2) / 1.00x (1) | 3/4 |" in page
+    # warm-up 20: past it seeds 1 and 2 (2.0, 1.0), within it seeds 0 and 3 (2.0, 2.0)
+    assert "| async-1f1b, warm-up 20 | 4/4 | 3.00 | 1.67x | 2.00x (4) | 1.50x (2) / 2.00x (2) | 3/4 |" in page
+
+
+def test_the_async_bench_gives_the_lead_the_step_times_allow_at_1f1bs_steps() -> None:
+    """bench/async.py's step lead: a row reaching the target at 1f1b's step, its warm-up's steps at the control's step
+    time and the rest at its own, against 1f1b's time for those steps (and the control's); a warm-up past every target
+    leaves only the engine's drained steps; sections without 1f1b's target steps or the control say nothing."""
+    bench_async = _script("async")
+    variants = {"1f1b": {"step_time_s": 0.2, "per_seed": {"target_step": [20, 100, None]}},
+                bench_async.SYNCHRONOUS: {"step_time_s": 0.18},
+                "async-1f1b": {"step_time_s": 0.15},
+                "async-1f1b, warm-up 50": {"step_time_s": 0.15}}
+    line = " ".join(bench_async._step_lead(variants))
+    assert "on each seed (20, 100)" in line  # a seed 1f1b never reached has no step to compare at
+    assert "*async-1f1b* 1.33x (1.20x)" in line  # 0.2 / 0.15, 0.18 / 0.15 on both seeds
+    # seed 20 lies within the warm-up: 0.2 / 0.18 = 1.11x (1.00x); seed 100: 100 * 0.2 / (50 * 0.18 + 50 * 0.15)
+    # = 1.21x (1.09x); the median of the two
+    assert "*async-1f1b, warm-up 50* 1.16x (1.05x)" in line
+    assert bench_async._step_lead({k: v for k, v in variants.items() if k != bench_async.SYNCHRONOUS}) == []
+    assert bench_async._step_lead({**variants, "1f1b": {"step_time_s": 0.2}}) == []
