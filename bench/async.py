@@ -208,25 +208,34 @@ def _steady_step_s(plan_path: Path) -> float | None:
     return simulate_plan(dataclasses.replace(plan, extra={**plan.extra, "async": record})).step_time_s
 
 
+def _learn_runs(name: str, seeds: int, variants: list[str], prefix: str, *extra: str,
+                reuse: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Each of ``variants``' timed runs on ``LEARN[name]`` for ``seeds`` seeds, seeds and variants interleaved (so load
+    drift hits them alike), with ``extra`` options, by variant; ``reuse``: the runs' summaries kept in the work
+    directory (``learning.train`` writes one per run) instead of running them again, where they exist."""
+    spec = LEARN[name]
+    profile = profile_of(name, spec["model"])
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for seed in range(seeds):
+        for variant in variants:
+            tag = _tag(prefix, name, variant, f"s{seed}")
+            kept = WORK / f"{tag}.json"
+            if reuse and kept.exists():
+                runs[variant].append(json.loads(kept.read_text()))
+                continue
+            print(f"{tag} ...", file=sys.stderr, flush=True)
+            runs[variant].append(train(tag, make_plan(profile, name, 4, variant), spec, "--seed", str(seed),
+                                       "--eval-every", str(spec["eval_every"]), "--target", spec["target"], *extra,
+                                       work=WORK, round_steps=ROUND_STEPS))
+    return runs
+
+
 def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: bool = False) -> None:
-    """Every variant's timed runs on each of ``data``, seeds interleaved; ``reuse``: aggregate the runs' summaries kept
-    in the work directory (``learning.train`` writes one per run) instead of running them again, where they exist."""
+    """Every variant's timed runs on each of ``data`` (``_learn_runs``; ``reuse``: aggregate the kept runs)."""
     for name, spec in LEARN.items():
         if name not in data:
             continue
-        profile = profile_of(name, spec["model"])
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in LEARN_VARIANTS}
-        for seed in range(seeds):
-            for variant in LEARN_VARIANTS:  # interleaved, so load drift hits them alike
-                plan = make_plan(profile, name, 4, variant)
-                tag = _tag("learn", name, variant, f"s{seed}")
-                kept = WORK / f"{tag}.json"
-                if reuse and kept.exists():
-                    runs[variant].append(json.loads(kept.read_text()))
-                    continue
-                print(f"{tag} ...", file=sys.stderr, flush=True)
-                runs[variant].append(train(tag, plan, spec, "--seed", str(seed), "--eval-every", str(spec["eval_every"]),
-                                           "--target", spec["target"], work=WORK, round_steps=ROUND_STEPS))
+        runs = _learn_runs(name, seeds, LEARN_VARIANTS, "learn", reuse=reuse)
         metric = spec["metric"]
         results[f"convergence/{name}"] = {
             "data": name, "target": spec["target"], "metric": metric, "date": time.strftime("%Y-%m-%d"),
@@ -246,22 +255,14 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
         plan_cli("curves", *logs, "-o", str(IMAGES / f"async-{name}.png"), work=WORK)
 
 
-def sooner(results: dict[str, Any], seeds: int, data: list[str]) -> None:
-    """``SOONER_VARIANTS``' time to target on each of ``data`` over ``seeds`` seeds, seeds and variants interleaved,
-    every run stopping at the target (a seed that misses it runs its steps): the convergence runs' plans and setting,
-    without their final metric."""
+def sooner(results: dict[str, Any], seeds: int, data: list[str], reuse: bool = False) -> None:
+    """``SOONER_VARIANTS``' time to target on each of ``data`` over ``seeds`` seeds (``_learn_runs``), every run
+    stopping at the target (a seed that misses it runs its steps): the convergence runs' plans and setting, without
+    their final metric."""
     for name, spec in LEARN.items():
         if name not in data:
             continue
-        profile = profile_of(name, spec["model"])
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in SOONER_VARIANTS}
-        for seed in range(seeds):
-            for variant in SOONER_VARIANTS:
-                tag = _tag("sooner", name, variant, f"s{seed}")
-                print(f"{tag} ...", file=sys.stderr, flush=True)
-                runs[variant].append(train(tag, make_plan(profile, name, 4, variant), spec, "--seed", str(seed),
-                                           "--eval-every", str(spec["eval_every"]), "--target", spec["target"],
-                                           "--stop-at-target", work=WORK, round_steps=ROUND_STEPS))
+        runs = _learn_runs(name, seeds, SOONER_VARIANTS, "sooner", "--stop-at-target", reuse=reuse)
         target = parse_target(spec["target"])
         results[f"sooner/{name}"] = {
             "data": name, "target": spec["target"], "date": time.strftime("%Y-%m-%d"), "steps": spec["steps"],
@@ -448,7 +449,8 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=list(LEARN), choices=list(LEARN),
                         help="convergence: which data sets (the others' sections are kept)")
     parser.add_argument("--reuse-runs", action="store_true",
-                        help="convergence: aggregate the runs kept in bench/.cache/async instead of running them again")
+                        help="convergence and sooner: aggregate the runs kept in bench/.cache/async instead of running "
+                             "them again")
     parser.add_argument("--models", nargs="+", default=list(SPEED), choices=list(SPEED),
                         help="throughput: which models (the others' sections are kept)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per schedule (the median is shown)")
@@ -471,7 +473,7 @@ def main() -> None:
         if args.only in (None, "convergence"):
             convergence(results, args.seeds, args.data, args.reuse_runs)
         if args.only in (None, "sooner"):
-            sooner(results, args.sooner_seeds, args.data)
+            sooner(results, args.sooner_seeds, args.data, args.reuse_runs)
         if args.only in (None, "rule"):
             rule(results, args.rule_seeds, args.rule_variants)
         results["_machine"] = {"cores": os.cpu_count(), "python": platform.python_version(),
