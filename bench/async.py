@@ -269,7 +269,6 @@ def sooner(results: dict[str, Any], seeds: int, data: list[str], reuse: bool = F
             "lr": spec["lr"], "seeds": seeds,
             "variants": {v: {"per_seed": {"time_to_target_s": [r["time_to_target_s"] for r in rs],
                                           "target_step": [_target_step(r, target) for r in rs]},
-                             "step_time_s": statistics.median(r["step_time_s"] for r in rs),
                              "load": [min(r["load"][0] for r in rs), max(r["load"][1] for r in rs)],
                              "command": rs[0]["command"]} for v, rs in runs.items()}}
 
@@ -489,9 +488,7 @@ def _paired(row: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[str
     mine, theirs = row.get("per_seed"), base.get("per_seed")
     if not mine or not theirs:
         return "-", "-"
-    both = [(b / a) for a, b in zip(mine["time_to_target_s"], theirs["time_to_target_s"])
-            if a is not None and b is not None and a > 0]
-    time_text = f"{statistics.median(both):.2f}x ({len(both)})" if both else "-"
+    time_text = _ratios(theirs["time_to_target_s"], mine["time_to_target_s"])
     if metric == "accuracy":
         final = statistics.median((a - b) * 100 for a, b in zip(mine["final"], theirs["final"]))
         return time_text, f"{final:+.2f} pp"
