@@ -28,7 +28,7 @@ parallelism and a flushing pipeline, and time to a target at equal final accurac
 Writes docs/bench-async.md, docs/bench-async.json and docs/img/async-*.png (``plan curves``); the 1-minute load
 average is recorded around every run.
 
-    python3 bench/async.py                           # everything (about 2.5 hours)
+    python3 bench/async.py                           # everything (about 3 hours)
     python3 bench/async.py --only throughput         # 3 runs of each schedule (about 25 minutes; --repeats,
                                                      # --models, --microbatches)
     python3 bench/async.py --only convergence --data text   # text's convergence, 9 seeds of 400 steps (about an hour)
