@@ -584,11 +584,11 @@ def _render_sooner(results: dict[str, Any]) -> list[str]:
             split = ["-", "-"]
             warmup = VARIANTS[variant][3]
             if warmup and variant != SYNCHRONOUS:
-                ctrl_steps = control["per_seed"]["target_step"]
-                past = [i for i, s in enumerate(ctrl_steps) if s is not None and s > warmup]
-                split = [_ratios([control["per_seed"]["time_to_target_s"][i] for i in part],
-                                 [times[i] for i in part])
-                         for part in (past, [i for i in range(len(times)) if i not in past])]
+                ctrl_steps = control["per_seed"]["target_step"]  # a seed the control missed is in neither
+                parts = ([i for i, s in enumerate(ctrl_steps) if s is not None and s > warmup],
+                         [i for i, s in enumerate(ctrl_steps) if s is not None and s <= warmup])
+                split = [_ratios([control["per_seed"]["time_to_target_s"][i] for i in part], [times[i] for i in part])
+                         for part in parts]
             same = sum(a == b and a is not None for a, b in zip(steps, base["per_seed"]["target_step"]))
             lines.append(f"| {variant} | {len(known)}/{len(times)} | {f'{median:.2f}' if median else '-'} | {ratio} | "
                          f"{paired} | {split[0]} / {split[1]} | {same}/{len(times)} | "

@@ -198,6 +198,13 @@ def test_the_async_bench_times_the_target_over_more_seeds_against_1f1b_and_the_c
     assert "| async-1f1b, warm-up 50 | 3/4 | - | - | 2.00x (3) | 2.00x (2) / 1.00x (1) | 3/4 |" in page
     # warm-up 20: past it seeds 1 and 2 (2.0, 1.0), within it seeds 0 and 3 (2.0, 2.0)
     assert "| async-1f1b, warm-up 20 | 4/4 | 3.00 | 1.67x | 2.00x (4) | 1.50x (2) / 2.00x (2) | 3/4 |" in page
+    # a seed the control missed lies neither past the warm-up nor within it
+    variants[bench_async.SYNCHRONOUS]["per_seed"] = {"time_to_target_s": [4.0, 8.0, 6.0, None],
+                                                      "target_step": [20, 80, 60, None]}
+    page = "\n".join(bench_async._render_sooner({"sooner/text": {"data": "text", "target": "loss=3.0",
+                                                                  "date": "2026-11-30", "steps": 400, "lr": 0.003,
+                                                                  "seeds": 4, "variants": variants}}))
+    assert "| async-1f1b, warm-up 20 | 4/4 | 3.00 | 1.67x | 2.00x (4) | 1.50x (2) / 2.00x (1) | 3/4 |" in page
 
 
 def test_the_async_bench_gives_the_lead_the_step_times_allow_at_1f1bs_steps() -> None:
