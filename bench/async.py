@@ -236,7 +236,7 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
         if name not in data:
             continue
         runs = _learn_runs(name, seeds, LEARN_VARIANTS, "learn", reuse=reuse)
-        metric = spec["metric"]
+        metric, target = spec["metric"], parse_target(spec["target"])
         results[f"convergence/{name}"] = {
             "data": name, "target": spec["target"], "metric": metric, "date": time.strftime("%Y-%m-%d"),
             "steps": spec["steps"], "lr": spec["lr"],
@@ -244,8 +244,7 @@ def convergence(results: dict[str, Any], seeds: int, data: list[str], reuse: boo
                              "reached": sum(r["time_to_target_s"] is not None for r in rs), "seeds": len(rs),
                              "per_seed": {"time_to_target_s": [r["time_to_target_s"] for r in rs],
                                           "final": [r["eval"][-1][metric] for r in rs],
-                                          "target_step": [_target_step(r, parse_target(spec["target"]))
-                                                          for r in rs]},
+                                          "target_step": [_target_step(r, target) for r in rs]},
                              "final": statistics.median(r["eval"][-1][metric] for r in rs),
                              "step_time_s": statistics.median(r["step_time_s"] for r in rs),
                              "wall_s": statistics.median(r["wall_s"] for r in rs),
@@ -502,19 +501,14 @@ def _control(variants: dict[str, Any], metric: str) -> list[str]:
     if control is None or not control.get("per_seed"):
         return []
     parts = []
-    times = control["per_seed"]["time_to_target_s"]
-    steps = control["per_seed"].get("target_step")  # absent from sections measured before it was kept
     for variant in (v for v in LEARN_VARIANTS if v in variants and VARIANTS[v][3] and v != SYNCHRONOUS):
-        row, warmup = variants[variant], VARIANTS[variant][3]
+        row = variants[variant]
         _, paired_final = _paired(row, control, metric)
-        after, within = [], []
-        for mine, theirs, step in zip(row["per_seed"]["time_to_target_s"], times, steps or [None] * len(times)):
-            if mine and theirs:
-                (within if step is not None and step <= warmup else after).append(theirs / mine)
+        after, within = _against_control(row["per_seed"]["time_to_target_s"], control, VARIANTS[variant][3])
         within.sort()
         text = (f"*{variant}* paired {statistics.median(after):.2f}x over {_seeds(len(after))}" if after else
                 f"*{variant}* no seed")
-        if steps is not None:
+        if "target_step" in control["per_seed"]:  # absent from sections measured before it was kept
             text += " whose target lies past its warm-up"
         if within:
             span = f"{within[0]:.2f}x" + (f" to {within[-1]:.2f}x" if len(within) > 1 else "")
@@ -581,14 +575,9 @@ def _render_sooner(results: dict[str, Any]) -> list[str]:
             median = median_of_all(times)
             ratio = f"{median_of_all(base['per_seed']['time_to_target_s']) / median:.2f}x" if median else "-"
             paired = _ratios(base["per_seed"]["time_to_target_s"], times)
-            split = ["-", "-"]
             warmup = VARIANTS[variant][3]
-            if warmup and variant != SYNCHRONOUS:
-                ctrl_steps = control["per_seed"]["target_step"]  # a seed the control missed is in neither
-                parts = ([i for i, s in enumerate(ctrl_steps) if s is not None and s > warmup],
-                         [i for i, s in enumerate(ctrl_steps) if s is not None and s <= warmup])
-                split = [_ratios([control["per_seed"]["time_to_target_s"][i] for i in part], [times[i] for i in part])
-                         for part in parts]
+            split = ([_ratio_text(r) for r in _against_control(times, control, warmup)]
+                     if warmup and variant != SYNCHRONOUS else ["-", "-"])
             same = sum(a == b and a is not None for a, b in zip(steps, base["per_seed"]["target_step"]))
             lines.append(f"| {variant} | {len(known)}/{len(times)} | {f'{median:.2f}' if median else '-'} | {ratio} | "
                          f"{paired} | {split[0]} / {split[1]} | {same}/{len(times)} | "
@@ -599,8 +588,26 @@ def _render_sooner(results: dict[str, Any]) -> list[str]:
 
 def _ratios(theirs: list[float | None], mine: list[float | None]) -> str:
     """The median over the seeds both reached the target on of ``theirs`` over ``mine``, with the count; "-" if none."""
-    both = [b / a for a, b in zip(mine, theirs) if a and b]
-    return f"{statistics.median(both):.2f}x ({len(both)})" if both else "-"
+    return _ratio_text([b / a for a, b in zip(mine, theirs) if a and b])
+
+
+def _ratio_text(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({len(ratios)})" if ratios else "-"
+
+
+def _against_control(times: list[float | None], control: dict[str, Any],
+                     warmup: int) -> tuple[list[float], list[float]]:
+    """The control's time to target over a row's (``times``, per seed) on each seed both reached it on, split by the
+    step at which the control reached it: past the row's warm-up (and every seed of a section that kept no target
+    steps), and within it, where both ran the same drained steps, so the ratio is the spread between identical runs."""
+    theirs = control["per_seed"]["time_to_target_s"]
+    steps = control["per_seed"].get("target_step") or [None] * len(theirs)
+    after: list[float] = []
+    within: list[float] = []
+    for mine, other, step in zip(times, theirs, steps):
+        if mine and other:
+            (within if step is not None and step <= warmup else after).append(other / mine)
+    return after, within
 
 
 def _seeds(count: int) -> str:
